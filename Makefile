@@ -1,0 +1,41 @@
+# The only commands anyone needs: `make quickstart` and `make test` (each installs first).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# CPU build of torch (installed first, pinned: an unpinned torch pulls a multi-GB CUDA build).
+# On GPU nodes: make install TORCH=torch==2.14.0 EXTRAS=vllm
+TORCH  ?= torch==2.13.0
+EXTRAS ?= test
+STAMP  := $(VENV)/.installed-stamp
+PACKAGES := -e "shared[$(EXTRAS)]" -e packages/datagen -e packages/egpo -e packages/mars -e packages/aed
+
+.PHONY: install quickstart test test-fast lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): shared/pyproject.toml packages/*/pyproject.toml requirements/*.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q $(PACKAGES)
+	$(BIN)/pip install -q --no-deps -r requirements/no-deps.txt
+	touch $(STAMP)
+
+quickstart: install
+	$(BIN)/palaestra run experiments/quickstart.yaml
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: install
+	for b in tools/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) mlruns outputs

@@ -1,0 +1,1 @@
+"""Jobs of palaestra-aed (registered through the `palaestra.jobs` entry point)."""

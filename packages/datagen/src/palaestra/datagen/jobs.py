@@ -1,0 +1,1 @@
+"""Jobs of palaestra-datagen (registered through the `palaestra.jobs` entry point)."""

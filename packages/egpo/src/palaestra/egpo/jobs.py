@@ -1,0 +1,1 @@
+"""Jobs of palaestra-egpo (registered through the `palaestra.jobs` entry point)."""

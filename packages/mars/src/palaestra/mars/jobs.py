@@ -1,0 +1,1 @@
+"""Jobs of palaestra-mars (registered through the `palaestra.jobs` entry point)."""

@@ -1,0 +1,151 @@
+"""Jobs: what ``palaestra run CONFIG`` executes.
+
+A job is a function ``run(cfg, tracker) -> dict`` with a config dataclass
+(a `JobConfig` subclass), registered by name::
+
+    @job("llm.generate", GenerateConfig)
+    def generate(cfg: GenerateConfig, tracker: Tracker) -> dict: ...
+
+Packages add jobs through the ``palaestra.jobs`` entry-point group: each entry
+point names a module whose import registers its jobs. Job functions import
+their heavy dependencies inside, so listing jobs stays instant.
+
+The built-in ``pipeline`` job runs a list of stages, each a job config of its
+own, as nested MLflow runs (the quickstart is one).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from palaestra.shared.config import ConfigError, JobConfig, read_yaml, resolve
+from palaestra.shared.registry import Registry
+from palaestra.shared.tracking import Tracker
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    config: type[JobConfig]
+    run: Callable[[Any, Tracker], dict | None]
+
+    @property
+    def summary(self) -> str:
+        return (self.run.__doc__ or "").strip().splitlines()[0] if self.run.__doc__ else ""
+
+
+JOBS: Registry[Job] = Registry("job", "palaestra.jobs")
+
+
+def job(name: str, config: type[JobConfig]) -> Callable:
+    """Register the decorated function as job `name` with config schema `config`."""
+
+    def decorator(fn: Callable) -> Callable:
+        JOBS.register(name, Job(name, config, fn))
+        return fn
+
+    return decorator
+
+
+def load_config(source: str | Path | dict[str, Any], overrides: list[str] = ()) -> JobConfig:
+    """Resolve a config file (or mapping) plus ``key=value`` overrides into its job's dataclass."""
+    data = read_yaml(source) if isinstance(source, str | Path) else dict(source)
+    name = next((o.split("=", 1)[1] for o in overrides if o.startswith("job=")), data.get("job"))
+    if not name:
+        where = source if isinstance(source, str | Path) else "config"
+        raise ConfigError(f"{where}: missing required key 'job' (see `palaestra jobs`)")
+    spec = JOBS.get(str(name))
+    if name == "pipeline" and isinstance(source, str | Path):
+        data.setdefault("config_dir", str(Path(source).parent))  # stage paths are relative to the file
+    return resolve(spec.config, data, overrides)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        torch.manual_seed(seed)
+    except ImportError:
+        pass
+
+
+def run_job(cfg: JobConfig, run_name: str | None = None) -> dict:
+    """Seed, open an MLflow run (nested if one is open), run the job, return its summary."""
+    spec = JOBS.get(cfg.job)
+    seed_everything(cfg.seed)
+    with Tracker.start(cfg, name=run_name) as tracker:
+        result = spec.run(cfg, tracker) or {}
+        numeric = {
+            f"result/{k}": v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        tracker.log_metrics(numeric)
+        tracker.set_tags({"palaestra.status": "finished"})
+        return {"run_id": tracker.run_id, **result}
+
+
+@dataclass
+class PipelineConfig(JobConfig):
+    """Run several job configs in order, each as a nested MLflow run under this one."""
+
+    stages: dict[str, Any] = field(default_factory=dict)
+    """Stage name -> a job config (inline mapping with a ``job`` key, or ``{config: path, overrides: [...]}``)."""
+    only: list[str] = field(default_factory=list)
+    """Run only these stages (empty: all)."""
+    config_dir: str = "."
+    """Directory that stage ``config:`` paths are relative to (set to the pipeline file's own directory)."""
+
+
+@job("pipeline", PipelineConfig)
+def pipeline(cfg: PipelineConfig, tracker: Tracker) -> dict:
+    """Run a sequence of job configs as nested runs (e.g. the quickstart)."""
+    unknown = [name for name in cfg.only if name not in cfg.stages]
+    if unknown:
+        raise ConfigError(f"unknown stage(s) {unknown} in 'only'; stages: {list(cfg.stages)}")
+    results = {}
+    for name, stage in cfg.stages.items():
+        if cfg.only and name not in cfg.only:
+            continue
+        stage_cfg = _stage_config(cfg, name, stage)
+        print(f"== stage {name}: {stage_cfg.job}", flush=True)
+        out = run_job(stage_cfg, run_name=name)
+        results.update({f"{name}/{k}": v for k, v in out.items() if k != "run_id"})
+    return results
+
+
+def _stage_config(cfg: PipelineConfig, name: str, stage: dict[str, Any]) -> JobConfig:
+    stage = dict(stage)
+    overrides = list(stage.pop("overrides", []))
+    source: Any = stage
+    if "config" in stage:
+        source = read_yaml(Path(cfg.config_dir) / stage.pop("config"))
+        source = {**source, **stage}
+    # stages inherit the pipeline's seed, tracking and cluster unless they set their own
+    inherited = {
+        "seed": cfg.seed,
+        "output_dir": cfg.output_dir,
+        "cluster": _plain(cfg.cluster),
+        "tracking": {**_plain(cfg.tracking), "run_name": name},
+    }
+    for key, value in inherited.items():
+        source.setdefault(key, value)
+    try:
+        return load_config(source, overrides)
+    except ConfigError as err:
+        raise ConfigError(f"stage '{name}': {err}") from None
+
+
+def _plain(obj: Any) -> dict:
+    from dataclasses import asdict
+
+    return asdict(obj)

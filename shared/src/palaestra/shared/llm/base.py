@@ -1,0 +1,138 @@
+"""The LLM client interface that every backend implements.
+
+`LLMClient.generate` takes prompts as token ids (token-in, token-out: the
+rollout engine never decodes and re-tokenizes) or as text, and returns
+`Completion`s with the generated token ids and their logprobs. `chat`
+renders messages (with tools) through the model's chat template first.
+
+Backends register in `LLM_BACKENDS` under the name used in ``llm.backend``;
+they are imported only when chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from palaestra.shared.registry import Registry
+
+
+class LLMError(RuntimeError):
+    """A user-facing LLM failure (model not found, server unreachable, prompt too long)."""
+
+
+@dataclass
+class LLMConfig:
+    """Which model, through which backend."""
+
+    backend: str = "transformers"
+    """transformers | vllm | openai (or a registered plugin)."""
+    model: str = "tiny"
+    """tiny | smollm2-135m | a local HF directory | a hub id (where a hub is reachable) | a served model name."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N (transformers backend)."""
+    dtype: str = "auto"
+    """auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16 | float16."""
+    base_url: str | None = None
+    """OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (openai backend)."""
+    api_key: str | None = None
+    """API key (openai backend); default: the OPENAI_API_KEY variable, else a placeholder."""
+    max_retries: int = 3
+    """Retries with exponential backoff (openai backend)."""
+    timeout_s: float = 60.0
+    """Per-request timeout (openai backend)."""
+    max_batch_size: int = 64
+    """Largest batch the backend generates at once (transformers backend)."""
+    gpu_memory_utilization: float = 0.5
+    """Share of GPU memory for vLLM's KV cache (vllm backend)."""
+    tensor_parallel_size: int = 1
+    """vLLM tensor parallelism (vllm backend)."""
+    seed: int = 0
+    """Seed for building the `tiny` model's random weights."""
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    max_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+    """Stop strings; the completion ends after the first one (included in the text)."""
+    n: int = 1
+    """Completions per prompt (returned consecutively)."""
+    seed: int | None = None
+    """Makes sampling reproducible (transformers and vllm backends)."""
+    logprobs: bool = True
+
+
+@dataclass
+class Completion:
+    """One generated continuation of one prompt."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] | None
+    """Log-probability of each generated token under the sampling distribution's model (before temperature)."""
+    prompt_token_ids: list[int]
+    finish_reason: str
+    """stop | length."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LLMClient:
+    """Base class of the backends."""
+
+    config: LLMConfig
+    tokenizer: Any  # a transformers tokenizer with the project's chat template
+
+    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None) -> list[Completion]:
+        raise NotImplementedError
+
+    def chat(
+        self,
+        conversations: list[list[dict]],
+        params: SamplingParams | None = None,
+        tools: list[dict] | list[list[dict]] | None = None,
+    ) -> list[Completion]:
+        """Generate one assistant turn for each conversation (OpenAI-style messages)."""
+        prompts = [
+            self.render(conv, tools[i] if _per_conversation(tools) else tools) for i, conv in enumerate(conversations)
+        ]
+        return self.generate(prompts, params)
+
+    def render(
+        self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Prompt token ids for `messages` through the chat template."""
+        return list(
+            self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                tokenize=True,
+                add_generation_prompt=add_generation_prompt,
+                return_dict=False,
+            )
+        )
+
+    def load_weights(self, state_dict: dict) -> None:
+        """Replace the model weights (weight sync from a learner)."""
+        raise NotImplementedError(f"{type(self).__name__} does not take weight updates")
+
+    def close(self) -> None:
+        pass
+
+
+def _per_conversation(tools) -> bool:
+    return bool(tools) and isinstance(tools[0], list)
+
+
+LLM_BACKENDS: Registry[type[LLMClient]] = Registry("LLM backend", "palaestra.llm_backends")
+LLM_BACKENDS.register("transformers", "palaestra.shared.llm.hf_backend:TransformersClient")
+LLM_BACKENDS.register("openai", "palaestra.shared.llm.openai_backend:OpenAIClient")
+LLM_BACKENDS.register("vllm", "palaestra.shared.llm.vllm_backend:VLLMClient")
+
+
+def make_client(cfg: LLMConfig) -> LLMClient:
+    """The client of `cfg.backend` for `cfg.model`."""
+    return LLM_BACKENDS.get(cfg.backend)(cfg)

@@ -1,0 +1,215 @@
+"""MLflow tracking: one run per job, nested runs per stage.
+
+`Tracker.start(cfg)` opens a run that records the flattened config as params,
+the resolved config as ``config.yaml``, and tags (git commit, package
+versions, seed). Jobs log metrics per step and artifacts through it.
+
+Default store: ``sqlite:///mlruns/mlflow.db`` with artifacts under
+``mlruns/artifacts`` (an explicit location, so runs are portable); any other
+tracking URI works too, including a remote ``mlflow server``.
+
+Ray workers log into their own child run: the driver creates it with
+`Tracker.child_run_id` and the worker attaches with `Tracker.attach`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from palaestra.shared.config import TrackingConfig, flatten, to_yaml
+
+PACKAGES = (
+    "palaestra-shared",
+    "palaestra-datagen",
+    "palaestra-egpo",
+    "palaestra-mars",
+    "palaestra-aed",
+    "torch",
+    "transformers",
+    "ray",
+    "mlflow",
+    "vllm",
+)
+MAX_PARAM_LEN = 6000
+
+
+def default_uri() -> str:
+    return f"sqlite:///{Path('mlruns').absolute() / 'mlflow.db'}"
+
+
+def _mlflow():
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    import mlflow
+
+    return mlflow
+
+
+class Tracker:
+    """A handle on one MLflow run (or on none, when tracking is disabled)."""
+
+    def __init__(self, cfg: TrackingConfig, run_id: str | None = None):
+        self.cfg = cfg
+        self.run_id = run_id
+        self.uri = cfg.uri or default_uri()
+
+    # -- lifecycle -------------------------------------------------------
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls, job_cfg: Any, name: str | None = None) -> Iterator[Tracker]:
+        """Open a run for `job_cfg` (a resolved `JobConfig`), nested if a run is active."""
+        cfg: TrackingConfig = job_cfg.tracking
+        if not cfg.enabled:
+            yield cls(cfg)
+            return
+        mlflow = _mlflow()
+        tracker = cls(cfg)
+        mlflow.set_tracking_uri(tracker.uri)
+        experiment_id = tracker._experiment_id(cfg.experiment)
+        nested = mlflow.active_run() is not None
+        with mlflow.start_run(
+            experiment_id=experiment_id, run_name=name or cfg.run_name or job_cfg.job, nested=nested
+        ) as run:
+            tracker.run_id = run.info.run_id
+            tracker._record_config(job_cfg)
+            try:
+                yield tracker
+            except BaseException:
+                mlflow.set_tag("palaestra.status", "failed")
+                raise
+
+    @classmethod
+    @contextlib.contextmanager
+    def attach(cls, cfg: TrackingConfig, run_id: str | None) -> Iterator[Tracker]:
+        """Resume an existing run (e.g. a child run made by the driver) from any process."""
+        if not cfg.enabled or run_id is None:
+            yield cls(cfg)
+            return
+        mlflow = _mlflow()
+        tracker = cls(cfg, run_id)
+        mlflow.set_tracking_uri(tracker.uri)
+        with mlflow.start_run(run_id=run_id):
+            yield tracker
+
+    def child_run_id(self, name: str, params: Mapping[str, Any] | None = None) -> str | None:
+        """Create a child run of this one (to be filled by another process); return its id."""
+        if self.run_id is None:
+            return None
+        client = self._client()
+        parent = client.get_run(self.run_id)
+        run = client.create_run(parent.info.experiment_id, run_name=name, tags={"mlflow.parentRunId": self.run_id})
+        client.set_terminated(run.info.run_id, "RUNNING")
+        for key, value in (params or {}).items():
+            client.log_param(run.info.run_id, key, _param(value))
+        return run.info.run_id
+
+    # -- logging ---------------------------------------------------------
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if self.run_id is None:
+            return
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        self._client().log_batch(self.run_id, metrics=[_metric(k, v, step) for k, v in clean.items()])
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        if self.run_id is None:
+            return
+        from mlflow.entities import Param
+
+        items = [Param(k, _param(v)) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self._client().log_batch(self.run_id, params=items[i : i + 100])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        if self.run_id is not None:
+            for key, value in tags.items():
+                self._client().set_tag(self.run_id, key, str(value))
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        if self.run_id is not None:
+            path = Path(path)
+            if path.is_dir():
+                self._client().log_artifacts(self.run_id, str(path), artifact_path)
+            else:
+                self._client().log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_text(self, text: str, filename: str) -> None:
+        if self.run_id is not None:
+            self._client().log_text(self.run_id, text, filename)
+
+    def log_dict(self, obj: Any, filename: str) -> None:
+        self.log_text(json.dumps(obj, indent=2, default=str), filename)
+
+    # -- internals -------------------------------------------------------
+    def _client(self):
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(self.uri)
+
+    def _experiment_id(self, name: str) -> str:
+        client = self._client()
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        location = None
+        if self.uri.startswith(("sqlite:", "file:")) or "://" not in self.uri:
+            root = Path(self.cfg.artifact_root or "mlruns/artifacts").absolute()
+            location = root.as_uri()
+        try:
+            return client.create_experiment(name, artifact_location=location)
+        except Exception:  # another process created it meanwhile
+            return client.get_experiment_by_name(name).experiment_id
+
+    def _record_config(self, job_cfg: Any) -> None:
+        self.log_params(flatten(job_cfg))
+        self.log_text(to_yaml(job_cfg), "config.yaml")
+        self.set_tags(
+            {
+                "palaestra.job": job_cfg.job,
+                "palaestra.seed": job_cfg.seed,
+                "mlflow.source.git.commit": git_commit(),
+                **package_versions(),
+            }
+        )
+
+
+def _metric(key: str, value: float, step: int | None):
+    import time
+
+    from mlflow.entities import Metric
+
+    return Metric(key, value, int(time.time() * 1000), step or 0)
+
+
+def _param(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    return text[:MAX_PARAM_LEN]
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent
+        )
+        return out.stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        with contextlib.suppress(PackageNotFoundError):
+            out[f"version.{name}"] = version(name)
+    return out
+
+
+def scratch_dir() -> Path:
+    """A temp dir for files to log as artifacts."""
+    return Path(tempfile.mkdtemp(prefix="palaestra-"))
