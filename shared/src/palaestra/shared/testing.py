@@ -1,0 +1,64 @@
+"""Test helpers shared by every package's tests (loaded by the root conftest.py).
+
+- torch runs on one thread (two threads on a shared core degrade badly);
+- `ray_local`: one small Ray instance for the whole session;
+- `tracking`: a `TrackingConfig` on a fresh sqlite MLflow store in a temp dir;
+- `tiny_llm`: the embedded `tiny` model through the transformers backend, built once.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from palaestra.shared.config import ClusterConfig, TrackingConfig
+
+TEST_CLUSTER = ClusterConfig(num_cpus=2, object_store_mb=128)
+
+
+def pytest_configure(config) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    from palaestra.shared import cluster
+
+    ray = cluster.init(TEST_CLUSTER)
+    yield ray
+
+
+@pytest.fixture
+def tracking(tmp_path) -> TrackingConfig:
+    return TrackingConfig(experiment="test", uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                          artifact_root=str(tmp_path / "artifacts"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llm():
+    from palaestra.shared.llm import LLMConfig, make_client
+
+    return make_client(LLMConfig(model="tiny", device="cpu"))
