@@ -137,6 +137,13 @@ class Registry(Generic[T]):
 
 
 def _same_target(a: object, b: object) -> bool:
-    """A module imported twice (e.g. by path and by name) re-registers the same function."""
-    qual = lambda o: (getattr(o, "__module__", None), getattr(o, "__qualname__", None))  # noqa: E731
-    return not isinstance(a, str) and not isinstance(b, str) and qual(a) == qual(b) and qual(a)[1] is not None
+    """A module imported twice (e.g. by path and by name) re-registers the same definition: allow that."""
+    return _definition_site(a) is not None and _definition_site(a) == _definition_site(b)
+
+
+def _definition_site(obj: object) -> tuple | None:
+    obj = getattr(obj, "run", obj)  # a Job is identified by its function
+    code = getattr(obj, "__code__", None)
+    if isinstance(obj, str) or code is None:
+        return None
+    return obj.__module__, obj.__qualname__, code.co_filename, code.co_firstlineno

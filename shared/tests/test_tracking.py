@@ -1,0 +1,148 @@
+"""MLflow tracking: one run per job with params, config artifact, metrics, tags; nested stages; a real server."""
+
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from palaestra.shared.config import JobConfig, TrackingConfig
+from palaestra.shared.jobs import job, load_config, run_job
+from palaestra.shared.tracking import Tracker
+
+
+@dataclass
+class CountConfig(JobConfig):
+    steps: int = 3
+
+
+@job("test.count", CountConfig)
+def count_job(cfg, tracker):
+    """Logs a metric per step."""
+    for step in range(cfg.steps):
+        tracker.log_metrics({"train/value": step * 2.0}, step=step)
+    return {"final": cfg.steps * 2.0}
+
+
+def client(tracking: TrackingConfig):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking.uri)
+
+
+def test_job_run_records_params_metrics_config_and_tags(tracking):
+    cfg = load_config({"job": "test.count", "seed": 7, "steps": 4, "tracking": vars(tracking)})
+    result = run_job(cfg)
+    run = client(tracking).get_run(result["run_id"])
+    assert run.data.params["steps"] == "4"
+    assert run.data.params["tracking.experiment"] == "test"
+    assert run.data.tags["palaestra.seed"] == "7"
+    assert run.data.tags["palaestra.status"] == "finished"
+    assert "mlflow.source.git.commit" in run.data.tags
+    assert run.data.tags["version.palaestra-shared"] == "0.1.0"
+    history = client(tracking).get_metric_history(run.info.run_id, "train/value")
+    assert [(m.step, m.value) for m in history] == [(0, 0.0), (1, 2.0), (2, 4.0), (3, 6.0)]
+    assert run.data.metrics["result/final"] == 8.0
+    # the resolved config artifact reloads to the same config
+    path = client(tracking).download_artifacts(run.info.run_id, "config.yaml", str(Path(tracking.artifact_root).parent))
+    assert yaml.safe_load(Path(path).read_text())["steps"] == 4
+    # artifacts live where the config said, not in the working directory
+    assert Path(tracking.artifact_root).exists()
+
+
+def test_pipeline_stages_are_nested_runs(tracking):
+    cfg = load_config(
+        {
+            "job": "pipeline",
+            "tracking": vars(tracking),
+            "stages": {"a": {"job": "test.count", "steps": 1}, "b": {"job": "test.count", "steps": 2}},
+        }
+    )
+    result = run_job(cfg)
+    assert result["a/final"] == 2.0 and result["b/final"] == 4.0
+    runs = client(tracking).search_runs(
+        [client(tracking).get_experiment_by_name("test").experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{result['run_id']}'",
+    )
+    assert sorted(r.info.run_name for r in runs) == ["a", "b"]
+
+
+def test_pipeline_stage_error_names_the_stage(tracking):
+    from palaestra.shared.config import ConfigError
+
+    cfg = load_config(
+        {"job": "pipeline", "tracking": vars(tracking), "stages": {"bad": {"job": "test.count", "stepz": 1}}}
+    )
+    with pytest.raises(ConfigError, match="stage 'bad': unknown key 'stepz'"):
+        run_job(cfg)
+
+
+def test_child_run_attached_from_another_process(tracking):
+    cfg = load_config({"job": "test.count", "tracking": vars(tracking)})
+    with Tracker.start(cfg) as tracker:
+        child_id = tracker.child_run_id("worker-0", params={"type": "rear_end"})
+        code = (
+            "import sys; from palaestra.shared.config import TrackingConfig; "
+            "from palaestra.shared.tracking import Tracker\n"
+            f"cfg = TrackingConfig(experiment='test', uri={tracking.uri!r}, artifact_root={tracking.artifact_root!r})\n"
+            f"with Tracker.attach(cfg, {child_id!r}) as t: t.log_metrics({{'m': 3.0}}, step=1)\n"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    child = client(tracking).get_run(child_id)
+    assert child.data.metrics["m"] == 3.0
+    assert child.data.params["type"] == "rear_end"
+    assert child.data.tags["mlflow.parentRunId"] == tracker.run_id
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_real_mlflow_server_on_loopback(tmp_path):
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--default-artifact-root",
+            str(tmp_path / "server-artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        tracking = TrackingConfig(experiment="remote", uri=uri)
+        result = run_job(load_config({"job": "test.count", "steps": 2, "tracking": vars(tracking)}))
+        run = client(tracking).get_run(result["run_id"])
+        assert run.data.metrics["train/value"] == 2.0
+        assert run.data.params["steps"] == "2"
+        assert [a.path for a in client(tracking).list_artifacts(run.info.run_id)] == ["config.yaml"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
