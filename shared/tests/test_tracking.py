@@ -88,7 +88,7 @@ def test_child_run_attached_from_another_process(tracking):
         code = (
             "import sys; from palaestra.shared.config import TrackingConfig; "
             "from palaestra.shared.tracking import Tracker\n"
-            f"cfg = TrackingConfig(experiment='test', uri={tracking.uri!r}, artifact_root={tracking.artifact_root!r})\n"
+            f"cfg = TrackingConfig(experiment='test', uri={tracking.uri!r})\n"
             f"with Tracker.attach(cfg, {child_id!r}) as t: t.log_metrics({{'m': 3.0}}, step=1)\n"
         )
         subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
