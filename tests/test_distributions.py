@@ -1,0 +1,75 @@
+"""The monorepo's packaging rules: five distributions, one PEP 420 namespace, no sibling imports.
+
+A full "install alone into a fresh venv" run is in CI's per-package matrix
+(.github/workflows/ci.yml); here we check what makes it work, quickly:
+- no ``palaestra/__init__.py`` anywhere (the namespace must stay open);
+- every subpackage depends on palaestra-shared and on no sibling;
+- every wheel builds and holds only its own subpackage;
+- every module of a subpackage imports with its siblings made unimportable.
+"""
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ["datagen", "egpo", "mars", "aed"]
+DISTS = {"shared": ROOT / "shared", **{p: ROOT / "packages" / p for p in PACKAGES}}
+
+
+def test_namespace_has_no_init():
+    for path in DISTS.values():
+        assert not (path / "src" / "palaestra" / "__init__.py").exists(), path
+        assert (path / "src" / "palaestra").is_dir()
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_depends_on_shared_and_no_sibling(name):
+    meta = tomllib.loads((DISTS[name] / "pyproject.toml").read_text())["project"]
+    deps = [d.split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip() for d in meta["dependencies"]]
+    assert meta["name"] == f"palaestra-{name}"
+    assert "palaestra-shared" in deps
+    assert not [d for d in deps if d.startswith("palaestra-") and d != "palaestra-shared"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(DISTS))
+def test_wheel_builds_with_only_its_own_package(name, tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path), str(DISTS[name])], check=True, timeout=300)
+    (wheel,) = tmp_path.glob("*.whl")
+    files = zipfile.ZipFile(wheel).namelist()
+    code = [f for f in files if f.startswith("palaestra/")]
+    assert "palaestra/__init__.py" not in files
+    assert code and all(f.startswith(f"palaestra/{name}/") for f in code), code[:5]
+
+
+BLOCK_SIBLINGS = """
+import importlib, pkgutil, sys
+own = sys.argv[1]
+siblings = {"datagen", "egpo", "mars", "aed"} - {own}
+
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        parts = name.split(".")
+        if len(parts) > 1 and parts[0] == "palaestra" and parts[1] in siblings:
+            raise ImportError(f"palaestra.{own} imports its sibling {name}")
+        return None
+
+sys.meta_path.insert(0, Blocker())
+package = importlib.import_module(f"palaestra.{own}")
+for info in pkgutil.walk_packages(package.__path__, prefix=f"palaestra.{own}."):
+    importlib.import_module(info.name)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PACKAGES)
+def test_imports_without_siblings(name):
+    out = subprocess.run([sys.executable, "-c", BLOCK_SIBLINGS, name], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
