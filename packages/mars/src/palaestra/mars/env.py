@@ -1,0 +1,204 @@
+"""OpenSpiel games as multi-agent text environments (the shared `TextEnv` protocol).
+
+`GameEnv` plays one MARS game between agents ``player_0`` and ``player_1``.
+Each agent has its own conversation: its first observation is the system
+prompt and a user message with GAME RULES / PLAYER INFORMATION / RESPONSE
+INSTRUCTIONS and the first GAME STATE / LEGAL ACTIONS; later ones are a user
+message with what happened since it last acted (the board in full for board
+games; the other player's actions for poker and Hanabi) and the new state.
+
+A response must be ``<think>...</think><answer>ACTION</answer>`` with ACTION
+exactly one of the legal action strings; anything else is a format loss that
+ends the game: the offender gets `Game.format_loss` (MARS: -1-10 board,
+-bet-10 poker, -score-10 Hanabi), the other agent 0. Rewards per step are the
+change in each player's OpenSpiel return, plus the shaping of `Shaping`
+(+0.05 per valid turn, a terminal return of 0 earns +0.1). Chance nodes are
+sampled by the env from its seeded RNG, so ``reset(seed)`` fixes the deal.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from palaestra.mars.games import KIND_BOARD, Game, make_game
+from palaestra.shared.rollout.env import Step, TextEnv
+
+ANSWER_RE = re.compile(r"^\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
+ANSWER_ONLY_RE = re.compile(r"^\s*(?:<think>(.*?)</think>)?\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
+END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
+
+
+@dataclass
+class Shaping:
+    """MARS reward shaping (all from config; zeros give OpenSpiel's payoffs exactly)."""
+
+    valid_turn_bonus: float = 0.05
+    """Added to the acting agent's reward for every well-formed, legal turn."""
+    draw_bonus: float = 0.1
+    """Added at the end of the game to each agent whose OpenSpiel return is 0."""
+    format_penalty: float = 10.0
+    """Extra penalty on a format loss, on top of losing (board -1, poker -bet, Hanabi -score)."""
+    require_think: bool = True
+    """Require the ``<think>...</think>`` block before ``<answer>`` (False: the answer alone is enough)."""
+
+
+def agent_name(player: int) -> str:
+    return f"player_{player}"
+
+
+def parse_answer(text: str, require_think: bool = True) -> tuple[str | None, str | None]:
+    """(action text, None) or (None, why it is malformed). Never raises."""
+    for marker in END_MARKERS:
+        text = text.replace(marker, "")
+    match = (ANSWER_RE if require_think else ANSWER_ONLY_RE).match(text)
+    if not match:
+        need = "<think>...</think><answer>ACTION</answer>" if require_think else "<answer>ACTION</answer>"
+        return None, f"response is not of the form {need}"
+    return match.group(2).strip(), None
+
+
+def render_response(action: str, thought: str = "") -> str:
+    """The well-formed response that plays `action` (scripted players, SFT targets)."""
+    return f"<think>{thought}</think><answer>{action}</answer>"
+
+
+class GameEnv(TextEnv):
+    """One MARS game between two agents, in the `TextEnv` protocol."""
+
+    def __init__(self, game: str | Game, shaping: Shaping | None = None):
+        self.game = make_game(game) if isinstance(game, str) else game
+        self.shaping = shaping or Shaping()
+        self.agents = [agent_name(p) for p in range(self.game.num_players)]
+        self.env_type = self.game.name
+        self.state = None
+        self._rng = random.Random(0)
+
+    # -- protocol ---------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> dict[str, Any]:
+        self._rng = random.Random(seed)
+        self.state = self.game.new_initial_state()
+        self._resolve_chance()
+        self._greeted = {a: False for a in self.agents}
+        self._unseen: dict[str, list[str]] = {a: [] for a in self.agents}  # others' moves since a last acted
+        self.turns = {a: 0 for a in self.agents}
+        self.format_loser: str | None = None
+        self.done = self.state.is_terminal()
+        return {"game": self.game.name, "seed": seed}
+
+    @property
+    def current_agent(self) -> str:
+        return agent_name(self.state.current_player()) if not self.done else self.agents[0]
+
+    @property
+    def current_player(self) -> int:
+        return self.state.current_player()
+
+    def observe(self, agent: str) -> list[dict]:
+        player = self.agents.index(agent)
+        parts = []
+        if self._unseen[agent] and self.game.kind != KIND_BOARD:
+            parts.append("\n".join(self._unseen[agent]))
+        self._unseen[agent] = []
+        legal = self.game.legal_action_strings(self.state)
+        note = self.game.action_note()
+        parts.append(f"GAME STATE:\n{self.game.render_state(self.state, player)}")
+        parts.append(f"LEGAL ACTIONS:\n{', '.join(legal)}." + (f" {note}" if note else ""))
+        turn = "\n\n".join(parts)
+        if self._greeted[agent]:
+            return [{"role": "user", "content": turn}]
+        self._greeted[agent] = True
+        first = (
+            f"GAME RULES:\n{self.game.rules()}\n\n"
+            f"PLAYER INFORMATION:\n{self.game.player_information(player)}\n\n"
+            f"RESPONSE INSTRUCTIONS:\n{self.response_instructions(legal[0])}\n\n{turn}"
+        )
+        return [{"role": "system", "content": self.game.system_prompt()}, {"role": "user", "content": first}]
+
+    def response_instructions(self, example: str) -> str:
+        form = "<think>[your thoughts]</think><answer>[your action]</answer>"
+        return (
+            f"Always choose only one action from the legal actions and output {form} with no extra text. "
+            f"For example, <think>I will take {example} because ...</think><answer>{example}</answer>. "
+            "Strictly follow this format. A response that does not follow it loses the game immediately."
+        )
+
+    def step(self, action: str) -> Step:
+        """Apply the acting agent's raw response text."""
+        if self.done:
+            raise RuntimeError("step() on a finished game; call reset()")
+        action_text, error = parse_answer(action, self.shaping.require_think)
+        action_id = None
+        if error is None:
+            action_id = self.game.action_from_string(self.state, action_text)
+            if action_id is None:
+                error = f"{action_text!r} is not a legal action"
+        if error is not None:
+            return self._format_loss(error, action_text)
+        return self.step_action(action_id)
+
+    def step_action(self, action_id: int) -> Step:
+        """Apply a legal OpenSpiel action of the acting agent (scripted players use this directly)."""
+        player = self.state.current_player()
+        agent = agent_name(player)
+        text = self.game.action_string(self.state, player, action_id)
+        before = self.state.returns()
+        self.state.apply_action(action_id)
+        self._resolve_chance()
+        after = self.state.returns()
+        rewards = {a: after[i] - before[i] for i, a in enumerate(self.agents)}
+        rewards[agent] += self.shaping.valid_turn_bonus
+        self.turns[agent] += 1
+        for other in self.agents:
+            if other != agent:
+                self._unseen[other].append(f"{agent} took action {text}.")
+        info: dict[str, Any] = {"action": text, "action_id": action_id, "player": player}
+        self.done = self.state.is_terminal()
+        if self.done:
+            returns = self.state.returns()
+            for i, a in enumerate(self.agents):
+                if returns[i] == 0:
+                    rewards[a] += self.shaping.draw_bonus
+            info.update(self._outcome(returns))
+        return Step(rewards=rewards, terminated=self.done, info=info)
+
+    # -- helpers -------------------------------------------------------------------
+    def legal_actions(self) -> list[str]:
+        return self.game.legal_action_strings(self.state)
+
+    def _resolve_chance(self) -> None:
+        while self.state.is_chance_node():
+            outcomes, probs = zip(*self.state.chance_outcomes())
+            self.state.apply_action(self._rng.choices(outcomes, weights=probs)[0])
+
+    def _format_loss(self, error: str, action_text: str | None) -> Step:
+        player = self.state.current_player()
+        agent = agent_name(player)
+        rewards = {a: 0.0 for a in self.agents}
+        rewards[agent] = self.game.format_loss(self.state, player, self.shaping.format_penalty)
+        self.format_loser = agent
+        self.done = True
+        info = {"format_error": error, "action": action_text, "player": player}
+        # the offender loses; in a cooperative game the team's score counts as lost too
+        returns = [0.0] * len(self.agents) if self.game.cooperative else [1.0] * len(self.agents)
+        if not self.game.cooperative:
+            returns[player] = -1.0
+        info.update(self._outcome(returns, format_loss=True))
+        return Step(rewards=rewards, terminated=True, info=info)
+
+    def _outcome(self, returns: list[float], format_loss: bool = False) -> dict[str, Any]:
+        if self.game.cooperative:
+            winner = None
+        elif returns[0] == returns[1]:
+            winner = -1
+        else:
+            winner = int(returns[1] > returns[0])
+        return {
+            "returns": list(returns),
+            "winner": winner,
+            "format_loss": format_loss,
+            "format_loser": self.format_loser,
+            "history": list(self.state.history()),
+        }

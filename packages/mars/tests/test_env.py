@@ -1,0 +1,178 @@
+"""GameEnv against OpenSpiel itself: same action sequences give the same outcomes and returns."""
+
+from __future__ import annotations
+
+import random
+
+import pyspiel
+import pytest
+
+from palaestra.mars.env import GameEnv, Shaping, parse_answer, render_response
+from palaestra.mars.games import GAME_FACTORIES, make_game
+
+HANABI = {
+    "mini_hanabi": (2, 2, 3, 3, 3),
+    "simple_hanabi": (3, 2, 5, 8, 3),
+    "full_hanabi": (3, 3, 5, 8, 3),
+}
+
+
+def reference_game(name: str) -> pyspiel.Game:
+    """The game loaded straight from pyspiel, with DESIGN.md's Hanabi parameters written out here."""
+    if name in HANABI:
+        c, r, hand, info, life = HANABI[name]
+        params = dict(players=2, colors=c, ranks=r, hand_size=hand, max_information_tokens=info, max_life_tokens=life)
+        return pyspiel.load_game("hanabi", params)
+    return pyspiel.load_game(name)
+
+
+def reference_string(name: str, state: pyspiel.State, player: int, action: int) -> str:
+    """MARS's action strings derived from OpenSpiel's own action strings (independently of games.py)."""
+    raw = state.action_to_string(player, action)
+    if name == "tic_tac_toe":  # "x(2,1)"
+        return "<" + raw[0].upper() + raw[1:] + ">"
+    if name == "connect_four":  # "x3"
+        return f"<{raw[0].upper()}({raw[1:]})>"
+    if name == "kuhn_poker":  # "Pass" / "Bet"
+        return "<" + raw.upper() + ">"
+    if name == "leduc_poker":  # "Fold" / "Call" / "Raise"
+        return "<" + raw.upper() + ">"
+    # hanabi: "(Play 0)" -> "<Play card 0>"
+    return raw.replace("(", "<").replace(")", ">").replace("Play ", "Play card ").replace("Discard ", "Discard card ")
+
+
+@pytest.mark.parametrize("name", list(GAME_FACTORIES))
+def test_random_playouts_match_openspiel(name):
+    """Play random legal action strings through the env; replay the same history in raw pyspiel."""
+    shaping = Shaping(valid_turn_bonus=0.0, draw_bonus=0.0)
+    env = GameEnv(name, shaping)
+    rng = random.Random(0)
+    for episode in range(40):
+        env.reset(seed=episode)
+        ref = reference_game(name).new_initial_state()
+        totals = dict.fromkeys(env.agents, 0.0)
+        while not env.done:
+            # catch the reference up on chance outcomes the env sampled
+            while ref.is_chance_node():
+                ref.apply_action(env.state.history()[len(ref.history())])
+            player = ref.current_player()
+            assert env.current_agent == f"player_{player}"
+            expected = sorted(reference_string(name, ref, player, a) for a in ref.legal_actions())
+            assert sorted(env.legal_actions()) == expected
+            env.observe(env.current_agent)
+            action = rng.choice(ref.legal_actions())
+            step = env.step(render_response(reference_string(name, ref, player, action), "random"))
+            ref.apply_action(action)
+            for agent, r in step.rewards.items():
+                totals[agent] += r
+        while ref.is_chance_node():  # hanabi deals after the last move of some games
+            ref.apply_action(env.state.history()[len(ref.history())])
+        assert ref.is_terminal()
+        assert step.info["returns"] == pytest.approx(ref.returns())
+        assert [totals[a] for a in env.agents] == pytest.approx(ref.returns())
+        assert step.info["history"] == ref.history()
+
+
+def test_reset_seed_fixes_the_deal():
+    env = GameEnv("leduc_poker")
+    deals = []
+    for _ in range(2):
+        env.reset(seed=7)
+        deals.append(env.state.history())
+    env.reset(seed=8)
+    assert deals[0] == deals[1]
+    assert any(GameEnv("leduc_poker").reset(seed=s) and env.state.history() != deals[0] for s in range(8, 20))
+
+
+def test_shaping_draw_and_valid_turn_bonus():
+    """A drawn tic-tac-toe game: 0 payoff -> +0.1, and +0.05 for each of the agent's turns."""
+    env = GameEnv("tic_tac_toe", Shaping(valid_turn_bonus=0.05, draw_bonus=0.1))
+    env.reset(0)
+    # X O X / X O O / O X X : a draw
+    moves = ["<X(0,0)>", "<O(0,1)>", "<X(0,2)>", "<O(1,1)>", "<X(1,0)>", "<O(2,0)>", "<X(2,1)>", "<O(1,2)>", "<X(2,2)>"]
+    totals = {"player_0": 0.0, "player_1": 0.0}
+    for move in moves:
+        step = env.step(render_response(move))
+        for a, r in step.rewards.items():
+            totals[a] += r
+    assert step.terminated and step.info["winner"] == -1
+    assert totals["player_0"] == pytest.approx(5 * 0.05 + 0.1)
+    assert totals["player_1"] == pytest.approx(4 * 0.05 + 0.1)
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "<answer><X(0,0)></answer>",
+        "<think>x</think><answer><X(3,3)></answer>",
+        "garbage",
+        "",
+        "<think>a</think><answer><O(0,0)></answer>",
+        "<think>a</think><answer><X(0,0)></answer> extra",
+    ],
+)
+def test_format_loss_board(response):
+    env = GameEnv("tic_tac_toe")
+    env.reset(0)
+    step = env.step(response)
+    assert step.terminated and step.info["format_loss"]
+    assert step.rewards == {"player_0": -11.0, "player_1": 0.0}
+
+
+def test_format_loss_poker_costs_the_bet():
+    env = GameEnv("kuhn_poker")
+    env.reset(0)
+    env.step(render_response("<BET>"))  # player_0 has put in 2 chips
+    step = env.step(render_response("<FOLD>"))  # player_1: not a Kuhn action
+    assert step.rewards == {"player_0": 0.0, "player_1": -1.0 - 10.0}
+    env.reset(1)
+    step = env.step("<think></think><answer>BET</answer>")  # no angle brackets: not a legal action string
+    assert step.rewards == {"player_0": -1.0 - 10.0, "player_1": 0.0}  # only the ante is in
+
+
+def test_format_loss_hanabi_costs_the_score():
+    env = GameEnv("mini_hanabi")
+    env.reset(0)
+    score_before = env.state.returns()[0]
+    step = env.step("I play my first card")
+    assert step.rewards["player_0"] == -score_before - 10.0 and step.rewards["player_1"] == 0.0
+
+
+def test_unknown_game_lists_known_ones():
+    with pytest.raises(ValueError, match="known games: tic_tac_toe, connect_four"):
+        make_game("tic_tac_tow")
+
+
+def test_parse_answer_never_raises():
+    assert parse_answer("<think>hm</think>\n<answer> <BET> </answer><|im_end|>") == ("<BET>", None)
+    assert parse_answer("<answer><BET></answer>", require_think=False) == ("<BET>", None)
+    for junk in ["", "<think>", "<answer></answer>", "\x00" * 10, "<think>a</think><answer>b"]:
+        action, error = parse_answer(junk)
+        assert action is None or action == ""
+        assert error is not None or action == ""
+
+
+def test_observations_hide_the_opponents_card():
+    env = GameEnv("kuhn_poker")
+    env.reset(3)
+    first = env.observe("player_0")
+    assert first[0]["role"] == "system" and "win in the game of Kuhn Poker" in first[0]["content"]
+    user = first[1]["content"]
+    for section in ("GAME RULES:", "PLAYER INFORMATION:", "RESPONSE INSTRUCTIONS:", "GAME STATE:", "LEGAL ACTIONS:"):
+        assert section in user
+    mine, theirs = env.state.history()[0], env.state.history()[1]
+    cards = "JQK"
+    assert f"Your card: {cards[mine]}" in user and f"Your card: {cards[theirs]}" not in user
+    env.step(render_response("<BET>"))
+    second = env.observe("player_1")
+    assert second[0]["role"] == "system"
+    env.step(render_response("<PASS>"))
+    assert env.done
+    env.reset(3)
+    env.observe("player_0")
+    env.step(render_response("<PASS>"))
+    env.observe("player_1")
+    env.step(render_response("<BET>"))
+    later = env.observe("player_0")
+    assert len(later) == 1 and later[0]["role"] == "user"
+    assert "player_1 took action <BET>." in later[0]["content"]
