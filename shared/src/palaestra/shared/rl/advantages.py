@@ -1,0 +1,242 @@
+"""Advantage estimators, registered by name and composed as a pipeline from config.
+
+Advantages live at turn granularity: one value per turn of each trajectory,
+broadcast later to that turn's response tokens (a single-turn trajectory has
+one). A pipeline is a list of steps; the first one makes values from rewards
+(`grpo`, `turn_level`), the next ones transform them (`agent_norm`,
+`entropy_clipped`, `mars_code_norm`)::
+
+    advantages:                       # EGPO
+      - {name: grpo}
+      - {name: entropy_clipped, options: {lam: 0.4, alpha: 2.0}}
+    advantages:                       # MARS
+      - {name: turn_level, options: {gamma: 1.0}}
+      - {name: agent_norm}
+
+Formulas:
+
+- ``grpo``: A_i = (r_i - mean(r_group)) / (std(r_group) + eps), r_i the
+  trajectory's total reward; the group is (group id, agent) so self-play seats
+  are compared with their own seat. ``scale``: group (default) | batch | none.
+  A group whose rewards are all equal gets 0 (never NaN).
+- ``entropy_clipped`` (EGPO): A + λ·clip(H, -|A|/α, |A|/α), H the mean token
+  entropy of the chain of thought (``<think>`` span), detached. With λ < α the
+  bonus is below |A| in size, so it never flips A's sign (H >= 0 anyway).
+- ``turn_level`` (MARS): R_t = Σ_{t'>=t} γ^{t'-t} r_{t'} over the agent's turns.
+- ``agent_norm`` (MARS): (x - mean_k) / (std_k + eps) over all turns of the batch
+  that share (agent, env type) k.
+- ``mars_code_norm``: our reading of DESIGN.md's note on the MARS code (not
+  verified line by line against their source): center per player (agent, env
+  type), whiten over all response tokens of the batch (token-weighted, as
+  ROLL's ``masked_whiten``), then subtract the mean of the distinct per-turn
+  values so duplicated tokens do not weigh the centre.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from palaestra.shared.registry import Registry
+from palaestra.shared.rollout.trajectory import Trajectory
+
+Values = list[np.ndarray]  # one float array per trajectory, one entry per turn
+
+
+@dataclass
+class AdvantageInput:
+    """What estimators see of a batch of trajectories."""
+
+    turn_rewards: Values
+    group_ids: list[str]
+    agents: list[str]
+    env_types: list[str]
+    turn_tokens: Values
+    """Response tokens per turn (for token-weighted statistics)."""
+    think_entropy: np.ndarray | None = None
+    """Per trajectory: mean token entropy over its ``<think>`` span (NaN: no span); set by the trainer."""
+
+    @classmethod
+    def from_trajectories(cls, trajs: Sequence[Trajectory], think_entropy: np.ndarray | None = None):
+        rewards = []
+        for t in trajs:
+            r = np.array([turn.reward for turn in t.turns], dtype=np.float64)
+            if len(r):
+                r[0] += t.extra_reward
+            rewards.append(r)
+        return cls(
+            turn_rewards=rewards,
+            group_ids=[t.group_id for t in trajs],
+            agents=[t.agent for t in trajs],
+            env_types=[t.env_type for t in trajs],
+            turn_tokens=[np.array([len(turn.response_ids) for turn in t.turns], dtype=np.float64) for t in trajs],
+            think_entropy=think_entropy,
+        )
+
+
+Estimator = Callable[..., Values]
+ADVANTAGES: Registry[Estimator] = Registry("advantage estimator", "palaestra.advantages")
+
+
+@dataclass
+class AdvantageStep:
+    """One step of an advantage pipeline."""
+
+    name: str = "grpo"
+    """Registered estimator (`ADVANTAGES`): grpo | entropy_clipped | turn_level | agent_norm | mars_code_norm."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the estimator (e.g. ``{lam: 0.4, alpha: 2.0}``)."""
+
+
+def compute_advantages(steps: Sequence[AdvantageStep], batch: AdvantageInput) -> Values:
+    """Run the pipeline; the first step makes values from rewards, the others transform them."""
+    if not steps:
+        raise ValueError("the advantage pipeline is empty; e.g. advantages: [{name: grpo}]")
+    values: Values | None = None
+    for step in steps:
+        fn = ADVANTAGES.get(step.name)
+        _check_options(step, fn)
+        values = fn(values, batch, **step.options)
+    return values
+
+
+def check_pipeline(steps: Sequence[AdvantageStep]) -> None:
+    """Fail early (before any rollout) on unknown names or options."""
+    for step in steps:
+        _check_options(step, ADVANTAGES.get(step.name))
+
+
+def _check_options(step: AdvantageStep, fn: Estimator) -> None:
+    params = inspect.signature(fn).parameters
+    known = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
+    for key in step.options:
+        if key not in known:
+            raise ValueError(f"advantage step {step.name!r}: unknown option {key!r}; options: {known}")
+
+
+def _safe_norm(x: np.ndarray, mean: float, std: float, eps: float) -> np.ndarray:
+    # an all-equal group (std 0) gives 0, never NaN, whatever eps is
+    if std + eps <= 0:
+        return np.zeros_like(x, dtype=np.float64)
+    return (x - mean) / (std + eps)
+
+
+def _require(values: Values | None, name: str) -> Values:
+    if values is None:
+        raise ValueError(f"advantage step {name!r} transforms values: put grpo or turn_level before it")
+    return values
+
+
+@ADVANTAGES.register("grpo")
+def grpo(values: Values | None, batch: AdvantageInput, *, eps: float = 1e-6, scale: str = "group") -> Values:
+    """Group-relative advantage of each trajectory's total reward, broadcast to all its turns."""
+    if values is not None:
+        raise ValueError("advantage step 'grpo' starts a pipeline (it reads rewards); put it first")
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"grpo: scale must be group | batch | none, got {scale!r}")
+    returns = np.array([r.sum() for r in batch.turn_rewards])
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, key in enumerate(zip(batch.group_ids, batch.agents)):
+        groups[key].append(i)
+    adv = np.zeros_like(returns)
+    for idx in groups.values():
+        r = returns[idx]
+        centred = r - r.mean()
+        if scale == "group":
+            adv[idx] = _safe_norm(r, r.mean(), r.std(ddof=1), eps) if len(r) > 1 else 0.0
+        else:
+            adv[idx] = centred
+    if scale == "batch" and len(returns) > 1:
+        adv = _safe_norm(adv, 0.0, returns.std(ddof=1), eps)
+    return [np.full(len(r), a) for r, a in zip(batch.turn_rewards, adv)]
+
+
+@ADVANTAGES.register("turn_level")
+def turn_level(values: Values | None, batch: AdvantageInput, *, gamma: float = 1.0) -> Values:
+    """Per-agent returns to go over turn rewards (MARS)."""
+    if values is not None:
+        raise ValueError("advantage step 'turn_level' starts a pipeline (it reads rewards); put it first")
+    out = []
+    for r in batch.turn_rewards:
+        ret = np.zeros_like(r)
+        running = 0.0
+        for t in range(len(r) - 1, -1, -1):
+            running = r[t] + gamma * running
+            ret[t] = running
+        out.append(ret)
+    return out
+
+
+def _player_groups(batch: AdvantageInput) -> dict[tuple, list[int]]:
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, key in enumerate(zip(batch.agents, batch.env_types)):
+        groups[key].append(i)
+    return groups
+
+
+@ADVANTAGES.register("agent_norm")
+def agent_norm(values: Values | None, batch: AdvantageInput, *, eps: float = 1e-6, by_env: bool = True) -> Values:
+    """Normalize over all turns of the batch per (agent, env type) (MARS's agent-specific normalization)."""
+    values = _require(values, "agent_norm")
+    groups = _player_groups(batch) if by_env else _group_by(batch.agents)
+    out = [v.astype(np.float64).copy() for v in values]
+    for idx in groups.values():
+        pooled = np.concatenate([values[i] for i in idx])
+        if len(pooled) < 2:
+            for i in idx:
+                out[i] = np.zeros_like(values[i], dtype=np.float64)
+            continue
+        mean, std = pooled.mean(), pooled.std(ddof=1)
+        for i in idx:
+            out[i] = _safe_norm(values[i], mean, std, eps)
+    return out
+
+
+def _group_by(keys: list[str]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, k in enumerate(keys):
+        groups[k].append(i)
+    return groups
+
+
+@ADVANTAGES.register("mars_code_norm")
+def mars_code_norm(values: Values | None, batch: AdvantageInput, *, eps: float = 1e-8) -> Values:
+    """Center per player, whiten token-weighted over the batch, re-center on the mean of distinct values."""
+    values = _require(values, "mars_code_norm")
+    centred = [v.astype(np.float64).copy() for v in values]
+    for idx in _player_groups(batch).values():
+        mean = np.concatenate([values[i] for i in idx]).mean()
+        for i in idx:
+            centred[i] = values[i] - mean
+    flat = np.concatenate(centred) if centred else np.zeros(0)
+    weights = np.concatenate(batch.turn_tokens) if centred else np.zeros(0)
+    if weights.sum() < 2:
+        return [np.zeros_like(v) for v in centred]
+    mean = np.average(flat, weights=weights)
+    var = np.average((flat - mean) ** 2, weights=weights) * weights.sum() / (weights.sum() - 1)
+    whitened = [(v - mean) / np.sqrt(var + eps) for v in centred]
+    shift = np.unique(np.concatenate(whitened)).mean()
+    return [w - shift for w in whitened]
+
+
+@ADVANTAGES.register("entropy_clipped")
+def entropy_clipped(values: Values | None, batch: AdvantageInput, *, lam: float = 0.4, alpha: float = 2.0) -> Values:
+    """EGPO: A + λ·clip(H, -|A|/α, |A|/α), H the (detached) mean entropy of the think span."""
+    values = _require(values, "entropy_clipped")
+    if alpha <= 0 or lam < 0:
+        raise ValueError(f"entropy_clipped: need alpha > 0 and lam >= 0, got lam={lam}, alpha={alpha}")
+    if lam >= alpha:
+        raise ValueError(f"entropy_clipped: lam ({lam}) >= alpha ({alpha}) could flip the advantage's sign")
+    if batch.think_entropy is None:
+        raise ValueError("entropy_clipped needs think-span entropies (the trainer computes them)")
+    out = []
+    for v, h in zip(values, batch.think_entropy):
+        h = 0.0 if not np.isfinite(h) else float(h)  # no think span: no bonus
+        bound = np.abs(v) / alpha
+        out.append(v + lam * np.clip(h, -bound, bound))
+    return out

@@ -1,0 +1,118 @@
+"""Token-level PPO-clip policy loss with the reductions of GRPO, DAPO and Dr. GRPO.
+
+Per response token, with ratio ρ = exp(logπ - logπ_old) and advantage A::
+
+    ℓ = -min(ρ·A, clip(ρ, 1-ε, 1+ε_high)·A)
+    dual clip (c > 1, Ye et al. 2020), for A < 0 only:  ℓ = min(ℓ, -c·A)
+    k3 KL to a frozen reference (Schulman):  ℓ += β·(exp(ref - logπ) - (ref - logπ) - 1)
+
+Reductions over the masked tokens (as TRL's ``GRPOTrainer``):
+
+- ``grpo``: mean over each sequence's tokens, then mean over sequences;
+- ``dapo``: mean over all tokens of the batch;
+- ``dr_grpo``: sum over all tokens / (batch size · a constant max length).
+
+`policy_loss` returns the loss and detached metrics (entropy, clip fraction, kl).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+REDUCTIONS = ("grpo", "dapo", "dr_grpo")
+
+
+@dataclass
+class LossConfig:
+    """The PPO loss."""
+
+    epsilon: float = 0.2
+    """Lower clip range: ratio >= 1 - epsilon."""
+    epsilon_high: float | None = None
+    """Upper clip range: ratio <= 1 + epsilon_high (None: epsilon; DAPO's clip-higher uses e.g. 0.28)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (None: off; MARS uses 3)."""
+    kl_coef: float = 0.0
+    """β of the k3 KL to the frozen reference model (0: no reference model is kept)."""
+    reduction: str = "grpo"
+    """grpo | dapo | dr_grpo."""
+    max_len: int = 0
+    """dr_grpo's constant length (0: the rollout's max tokens per turn)."""
+
+
+def policy_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    ref_logps: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss over (B, T) tensors; `advantages` is (B, T) or (B,)."""
+    if cfg.reduction not in REDUCTIONS:
+        raise ValueError(f"unknown loss reduction {cfg.reduction!r}; known: {', '.join(REDUCTIONS)}")
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    mask = mask.to(logps.dtype)
+    eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
+
+    ratio = torch.exp(logps - old_logps)
+    clipped = torch.clamp(ratio, 1 - cfg.epsilon, 1 + eps_high)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    if cfg.dual_clip is not None:
+        if cfg.dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1, got {cfg.dual_clip}")
+        per_token = torch.where(advantages < 0, torch.min(per_token, -cfg.dual_clip * advantages), per_token)
+
+    kl = None
+    if cfg.kl_coef != 0.0:
+        if ref_logps is None:
+            raise ValueError("kl_coef != 0 needs reference logprobs")
+        delta = ref_logps - logps
+        kl = torch.exp(delta) - delta - 1
+        per_token = per_token + cfg.kl_coef * kl
+
+    loss = reduce_tokens(per_token, mask, cfg)
+
+    with torch.no_grad():
+        tokens = mask.sum().clamp(min=1.0)
+        low = (ratio < 1 - cfg.epsilon) & (advantages < 0)
+        high = (ratio > 1 + eps_high) & (advantages > 0)
+        metrics = {
+            "loss": loss.item(),
+            "clip_fraction": (((low | high).to(mask.dtype) * mask).sum() / tokens).item(),
+            "kl": ((kl * mask).sum() / tokens).item() if kl is not None else 0.0,
+            "ratio_mean": ((ratio * mask).sum() / tokens).item(),
+        }
+        if entropies is not None:
+            metrics["entropy"] = ((entropies * mask).sum() / tokens).item()
+    return loss, metrics
+
+
+def reduce_tokens(per_token: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    if cfg.reduction == "grpo":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if cfg.reduction == "dapo":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    if cfg.max_len <= 0:
+        raise ValueError("dr_grpo needs loss.max_len > 0 (the constant normalizer)")
+    return (per_token * mask).sum() / (per_token.size(0) * cfg.max_len)
+
+
+def token_logprobs_and_entropy(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each next token under `model` (logits / temperature), and the entropy there; shape (B, L-1)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logps = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logps, entropy

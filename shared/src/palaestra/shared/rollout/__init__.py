@@ -1,0 +1,1 @@
+"""Text environments, token-exact trajectories and the batched rollout engine."""

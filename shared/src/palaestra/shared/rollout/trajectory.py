@@ -1,0 +1,110 @@
+"""Trajectories: what a rollout keeps, token for token.
+
+A `Turn` is one model call: the prompt token ids exactly as given to the model,
+the response token ids exactly as generated, and the sampler's logprobs. A
+`Trajectory` is one agent's side of one episode (a single-agent episode has
+one; a two-player game has one per seat), with per-turn rewards.
+
+Token-in, token-out: the engine builds each turn's prompt by appending the
+environment's new messages (tokenized as a delta) to the previous prompt and
+response, so the training sequence of a conversation is simply the last turn's
+prompt plus its response. `to_sequence` checks that prefix property and marks
+the model's own tokens (mask 1) apart from prompt and environment tokens
+(mask 0). The model's output is never decoded and re-tokenized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Turn:
+    """One model call by one agent."""
+
+    agent: str
+    prompt_ids: list[int]
+    """The full prompt as given to the model (the conversation so far)."""
+    response_ids: list[int]
+    """The tokens as generated (cut at a context limit if one was hit)."""
+    response_logprobs: list[float] | None = None
+    """Sampler's logprob of each response token (None when the backend gives none)."""
+    reward: float = 0.0
+    """Reward credited to this turn (the env's reward for this agent after this action)."""
+    text: str = ""
+    """The decoded response (what the env saw)."""
+    action: Any = None
+    """The parsed action, as the env reported it in ``info["action"]``."""
+    error: str | None = None
+    """Why the action did not parse (``info["format_error"]``), if it did not."""
+    finish_reason: str = ""
+    """stop | length | context."""
+
+
+@dataclass
+class Sequence:
+    """One training row: a whole conversation of one agent."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    """1 on tokens the model generated, 0 on prompt and environment tokens."""
+    turn_index: list[int]
+    """Which turn each token belongs to as a response (-1 for prompt/env tokens)."""
+    sampler_logprobs: list[float | None]
+
+
+@dataclass
+class Trajectory:
+    """One agent's side of one episode."""
+
+    env_type: str
+    agent: str
+    group_id: str
+    """Trajectories of the same task (same reset seed) share it: a GRPO group."""
+    turns: list[Turn] = field(default_factory=list)
+    terminated: bool = False
+    truncated: bool = False
+    limit: str | None = None
+    """Which limit truncated it: max_turns | max_tokens | context."""
+    failed: bool = False
+    error: str | None = None
+    """The environment's exception when `failed`."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """The env's final info (and the reset info under ``task``)."""
+    extra_reward: float = 0.0
+    """Rewards that arrived before this agent's first turn (credited to no turn)."""
+
+    @property
+    def total_reward(self) -> float:
+        return sum(t.reward for t in self.turns) + self.extra_reward
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(len(t.response_ids) for t in self.turns)
+
+    def to_sequence(self) -> Sequence:
+        """The conversation as one token sequence with the model-token mask (multi-turn aware)."""
+        if not self.turns:
+            return Sequence([], [], [], [])
+        ids: list[int] = []
+        mask: list[int] = []
+        turn_index: list[int] = []
+        logprobs: list[float | None] = []
+        for k, turn in enumerate(self.turns):
+            if turn.prompt_ids[: len(ids)] != ids:
+                raise ValueError(
+                    f"turn {k} of agent {self.agent!r}: its prompt does not extend the previous prompt + response "
+                    "(the conversation was re-tokenized somewhere)"
+                )
+            delta = turn.prompt_ids[len(ids) :]
+            ids += delta
+            mask += [0] * len(delta)
+            turn_index += [-1] * len(delta)
+            logprobs += [None] * len(delta)
+            ids += turn.response_ids
+            mask += [1] * len(turn.response_ids)
+            turn_index += [k] * len(turn.response_ids)
+            lps = turn.response_logprobs or [None] * len(turn.response_ids)
+            logprobs += list(lps)
+        return Sequence(ids, mask, turn_index, logprobs)
