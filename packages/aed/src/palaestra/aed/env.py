@@ -1,0 +1,321 @@
+"""The adversary's environment: NPCs near the victim taken over as RL-controlled vehicles.
+
+`AdversaryEnv` is a single-agent gymnasium environment (SB3's ``check_env``
+accepts it). After every reset of the highway-env scenario:
+
+- the victim is the scenario's ego vehicle, either replaced by a rule-based
+  ``IDMVehicle`` (``victim="idm"``) or kept as an ``MDPVehicle`` driven by a
+  frozen SB3 policy (``victim="rl"``, from a checkpoint of the ``aed.victim`` job);
+- the ``num_adversaries`` NPCs nearest to the victim are replaced by
+  ``MDPVehicle.create_from(npc)``; one policy drives them all (joint action:
+  ``Discrete(5)`` for one adversary, ``MultiDiscrete([5] * n)`` for several).
+
+The road is stepped frame by frame through `attribution.step_road`, so every
+collision gets a `CollisionRecord`; those involving the victim are classified
+into the accident taxonomy and judged (AV responsible or not).
+
+Rewards come from a function of the documented state (see
+`palaestra.aed.rewards.STATE_API`), by default the expert reward of
+``accident_type``. If that function fails (e.g. sandboxed LLM code that is
+killed), the env says so in ``info["reward_error"]`` and switches to the
+expert reward for the rest of its life: training goes on.
+
+Episodes end when the victim crashes (the accident is counted once, on that
+step; gymnasium 1.x vector envs autoreset on the *next* step, so counting on
+the terminal step never double counts), when every adversary has crashed, or
+at ``max_steps`` (truncated).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from palaestra.aed.attribution import History, classify, lane_str, relative, step_road
+from palaestra.aed.judge import RuleJudge
+from palaestra.aed.scenarios import ACTIONS, get_scenario, make_base_env
+
+NEIGHBOURS = 4
+OWN_F, VICTIM_F, OTHER_F = 4, 7, 5
+
+
+class RewardError(RuntimeError):
+    """A reward function failed; the message says why."""
+
+
+class AdversaryEnv(gym.Env):
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(
+        self,
+        scenario: str = "highway",
+        accident_type: str = "rear_end",
+        victim: str = "idm",
+        victim_checkpoint: str | None = None,
+        num_adversaries: int = 1,
+        reward_fn: Callable[[dict], float] | None = None,
+        judge: Callable | None = None,
+        accident_filter: Callable[[dict], bool] | None = None,
+        overrides: dict[str, Any] | None = None,
+        max_steps: int | None = None,
+        render_mode: str | None = None,
+    ):
+        from palaestra.aed.rewards import expert_reward
+
+        if victim not in ("idm", "rl"):
+            raise ValueError(f"victim must be 'idm' or 'rl', got {victim!r}")
+        if victim == "rl" and not victim_checkpoint:
+            raise ValueError("victim='rl' needs victim_checkpoint (train one with the aed.victim job)")
+        if num_adversaries < 1:
+            raise ValueError(f"num_adversaries must be >= 1, got {num_adversaries}")
+        self.spec_ = get_scenario(scenario)
+        self.scenario, self.accident_type = scenario, accident_type
+        self.base = make_base_env(self.spec_, overrides, render=render_mode == "rgb_array")
+        self.render_mode = render_mode
+        self.victim_kind, self.n_adv = victim, num_adversaries
+        self.victim_policy = _load_policy(victim_checkpoint) if victim == "rl" else None
+        self.expert = expert_reward(accident_type)
+        self.reward_fn = reward_fn or self.expert
+        self.reward_error: str | None = None
+        self.judge = judge or RuleJudge()
+        self.accident_filter = accident_filter
+        self.max_steps = max_steps or self.spec_.max_steps
+        width = OWN_F + VICTIM_F + OTHER_F * NEIGHBOURS
+        self.observation_space = gym.spaces.Box(-5.0, 5.0, (num_adversaries * width,), np.float32)
+        self.action_space = gym.spaces.Discrete(5) if num_adversaries == 1 else gym.spaces.MultiDiscrete([5] * num_adversaries)
+        self.steps = 0
+
+    # -- gymnasium API ----------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is None:
+            seed = int(self.np_random.integers(2**31))
+        self.base.reset(seed=seed)
+        self._take_over()
+        self.steps = 0
+        self.t = 0.0
+        self.records: list = []
+        self.accident: dict | None = None
+        self.recent: list[dict] = []
+        return self._observe(), {}
+
+    def step(self, action):
+        from highway_env.vehicle.controller import MDPVehicle  # noqa: F401
+
+        acts = np.atleast_1d(np.asarray(action)).astype(int)
+        for adv, a in zip(self.advs, acts):
+            if not adv.crashed:
+                adv.act(ACTIONS[int(a)])
+        if self.victim_policy is not None and not self.victim.crashed:
+            obs = self.base.observation_type.observe()
+            victim_action, _ = self.victim_policy.predict(obs, deterministic=True)
+            self.victim.act(self.base.action_type.actions[int(victim_action)])
+        cfg = self.base.config
+        frames = int(cfg["simulation_frequency"] // cfg["policy_frequency"])
+        dt = 1.0 / cfg["simulation_frequency"]
+        new = []
+        for _ in range(frames):
+            new += step_road(self.base.road, dt, self.t, self.steps, self.roles, self.history)
+            self.t += dt
+        self.steps += 1
+        victim_recs = [r for r in new if r.a_role == "victim"]
+        for rec in victim_recs:
+            rec.accident_type = classify(rec, self.scenario)
+            rec.victim_responsible = bool(self.judge(rec))
+        self.records += new
+        event = self._event(new, victim_recs)
+        states = [self.state(i, event) for i in range(self.n_adv)]
+        self.recent = (self.recent + [states[0]])[-5:]
+        reward = sum(self._reward(s) for s in states)
+        info: dict[str, Any] = {"collisions": [r.to_dict() for r in new]}
+        if victim_recs and self.accident is None:
+            rec = victim_recs[0]
+            self.accident = {**rec.to_dict(), "features": accident_features(rec, self.recent)}
+            if self.accident_filter is not None and not self.accident_filter(self.accident):
+                reward = min(reward, 0.0)  # judged ineffective by the preference model: earns nothing
+                self.accident["filtered"] = True
+            info["accident"] = self.accident
+        if self.reward_error:
+            info["reward_error"] = self.reward_error
+        terminated = bool(self.victim.crashed or all(a.crashed for a in self.advs))
+        truncated = not terminated and self.steps >= self.max_steps
+        if terminated or truncated:
+            info["attack"] = self.summary()
+        return self._observe(), float(reward), terminated, truncated, info
+
+    def render(self):
+        return self.base.render()
+
+    def close(self):
+        self.base.close()
+
+    # -- episode bookkeeping ---------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        acc = self.accident
+        return {
+            "victim_collision": acc is not None,
+            "accident_type": acc["accident_type"] if acc else "",
+            "victim_responsible": bool(acc and acc["victim_responsible"]),
+            "steps": self.steps,
+            "adv_crashes_other": sum(1 for r in self.records if r.a_role.startswith("adv") and r.b_role != "victim"),
+            "accident": acc,
+        }
+
+    def _reward(self, state: dict) -> float:
+        try:
+            return float(self.reward_fn(state))
+        except Exception as err:  # a broken reward must not stop training: fall back to the expert's
+            if self.reward_fn is self.expert:
+                raise
+            self.reward_error = f"{type(err).__name__}: {err}"
+            self.reward_fn = self.expert
+            return float(self.expert(state))
+
+    def _take_over(self) -> None:
+        from highway_env.vehicle.behavior import IDMVehicle
+        from highway_env.vehicle.controller import MDPVehicle
+
+        road = self.base.road
+        ego = self.base.vehicle
+        if self.victim_kind == "idm":
+            victim = IDMVehicle.create_from(ego)
+            road.vehicles[road.vehicles.index(ego)] = victim
+        else:
+            victim = ego
+        self.victim = victim
+        self.base.controlled_vehicles = [victim]  # the viewer follows the victim
+        npcs = sorted((v for v in road.vehicles if v is not victim), key=lambda v: np.linalg.norm(v.position - victim.position))
+        if len(npcs) < self.n_adv:
+            raise RuntimeError(f"{self.scenario}: only {len(npcs)} NPCs for {self.n_adv} adversaries")
+        speeds = np.asarray(self.base.config["action"].get("target_speeds", MDPVehicle.DEFAULT_TARGET_SPEEDS), float)
+        self.advs = []
+        for npc in npcs[: self.n_adv]:
+            adv = MDPVehicle.create_from(npc)
+            adv.target_speeds = speeds
+            adv.speed_index = adv.speed_to_index(adv.target_speed)
+            adv.target_speed = adv.index_to_speed(adv.speed_index)
+            road.vehicles[road.vehicles.index(npc)] = adv
+            self.advs.append(adv)
+        self.roles = {id(victim): "victim", **{id(a): f"adv{i}" for i, a in enumerate(self.advs)}}
+        self.history = History(int(self.base.config["simulation_frequency"]))
+        self.history.record(0.0, road.vehicles)
+
+    # -- observations and the reward state ---------------------------------------
+    def _observe(self) -> np.ndarray:
+        parts = []
+        for adv in self.advs:
+            lane_changing = float(adv.target_lane_index != adv.lane_index)
+            own = [adv.speed / 30, math.cos(adv.heading), math.sin(adv.heading), lane_changing]
+            long, lat = relative(adv, self.victim)
+            dv = self.victim.velocity - adv.velocity
+            hd = self.victim.heading - adv.heading
+            same = float(self.victim.lane_index == adv.lane_index)
+            vic = [long / 50, lat / 10, dv[0] / 20, dv[1] / 20, math.cos(hd), math.sin(hd), same]
+            others = sorted(
+                (v for v in self.base.road.vehicles if v is not adv and v is not self.victim),
+                key=lambda v: np.linalg.norm(v.position - adv.position),
+            )[:NEIGHBOURS]
+            rest = []
+            for v in others:
+                lo, la = relative(adv, v)
+                d = v.velocity - adv.velocity
+                rest += [1.0, lo / 50, la / 10, d[0] / 20, d[1] / 20]
+            rest += [0.0] * (OTHER_F * NEIGHBOURS - len(rest))
+            parts += own + vic + rest
+        return np.clip(np.asarray(parts, np.float32), -5, 5)
+
+    def _event(self, new, victim_recs) -> dict:
+        rec = victim_recs[0] if victim_recs else None
+        return {
+            "victim_collision": float(rec is not None),
+            "with_adversary": float(bool(rec) and rec.b_role.startswith("adv")),
+            "accident_type": rec.accident_type if rec else "",
+            "victim_responsible": float(bool(rec and rec.victim_responsible)),
+            "striker_is_victim": float(bool(rec) and rec.striker == "victim"),
+            "adv_roles_crashed_other": [r.a_role for r in new if r.a_role.startswith("adv") and r.b_role != "victim"],
+        }
+
+    def state(self, i: int, event: dict) -> dict:
+        """The reward state of adversary `i` (documented in palaestra.aed.rewards.STATE_API)."""
+        adv, victim = self.advs[i], self.victim
+        long, lat = relative(victim, adv)
+        dist = float(np.linalg.norm(adv.position - victim.position))
+        closing = float(np.dot(victim.velocity - adv.velocity, (adv.position - victim.position) / max(dist, 1e-6)))
+        ttc = dist / closing if closing > 0.1 else 99.0
+        ev = {k: v for k, v in event.items() if k != "adv_roles_crashed_other"}
+        ev["adv_crashed_other"] = float(f"adv{i}" in event["adv_roles_crashed_other"])
+        return {
+            "t": self.t,
+            "step": float(self.steps),
+            "scenario": self.scenario,
+            "adv": _vehicle_state(adv, self.base.road),
+            "victim": _vehicle_state(victim, self.base.road),
+            "rel": {
+                "long": long,
+                "lat": lat,
+                "dist": dist,
+                "same_lane": float(adv.lane_index == victim.lane_index),
+                "closing_speed": closing,
+                "ttc": min(ttc, 99.0),
+                "heading_diff": float((adv.heading - victim.heading + math.pi) % (2 * math.pi) - math.pi),
+            },
+            "event": ev,
+        }
+
+
+def _vehicle_state(v, road) -> dict:
+    lane = road.network.get_lane(v.lane_index)
+    return {
+        "x": float(v.position[0]),
+        "y": float(v.position[1]),
+        "vx": float(v.velocity[0]),
+        "vy": float(v.velocity[1]),
+        "speed": float(v.speed),
+        "heading": float(v.heading),
+        "lane_id": float(v.lane_index[2]) if v.lane_index else 0.0,
+        "lane": lane_str(v.lane_index),
+        "lane_changing": float(getattr(v, "target_lane_index", v.lane_index) != v.lane_index),
+        "on_road": float(lane.on_lane(v.position)),
+        "crashed": float(v.crashed),
+    }
+
+
+def accident_features(rec, recent_states: list[dict]) -> list[float]:
+    """Fixed-length features of an accident trajectory (the contact geometry and the last steps before it)."""
+    geo = [
+        rec.long / 10,
+        rec.lat / 5,
+        math.sin(rec.heading_diff),
+        math.cos(rec.heading_diff),
+        rec.a_speed / 30,
+        rec.b_speed / 30,
+        float(rec.a_lane_changing),
+        float(rec.b_lane_changing),
+        min(rec.b_in_a_lane_s, 4.0) / 4,
+        min(rec.a_in_b_lane_s, 4.0) / 4,
+        max(rec.b_min_accel, -20.0) / 10,
+        max(rec.a_min_accel, -20.0) / 10,
+        float(rec.striker == "victim"),
+    ]
+    rel = [s["rel"] for s in recent_states] or [{"long": 0.0, "lat": 0.0, "closing_speed": 0.0}]
+    traj = [
+        float(np.mean([r["long"] for r in rel])) / 20,
+        float(np.mean([r["lat"] for r in rel])) / 5,
+        float(np.mean([r["closing_speed"] for r in rel])) / 10,
+    ]
+    return geo + traj
+
+
+def _load_policy(path: str):
+    from pathlib import Path
+
+    from stable_baselines3 import DQN, PPO
+
+    if not Path(path).exists():
+        raise FileNotFoundError(f"victim checkpoint not found: {path} (train one with the aed.victim job)")
+    algo = PPO if "ppo" in Path(path).name.lower() else DQN
+    return algo.load(path, device="cpu")

@@ -1,0 +1,129 @@
+"""Who is responsible for an accident: a rule-based AV-responsibility judge, and an LLM judge.
+
+The victim (the AV under test) is vehicle ``a`` of a `CollisionRecord`. The
+rule-based judge applies these rules in order; the first that matches decides:
+
+1. Standing still: a victim slower than ``STANDSTILL_MPS`` (1 m/s) is not responsible.
+2. Crossing conflict (heading difference above about 29 degrees; intersections,
+   roundabout entries): the victim is responsible iff it is the striker (its
+   front goes into the other road user).
+3. Victim rear-ends a vehicle ahead (longitudinal contact, the other ahead):
+   responsible iff the other had been in the victim's lane for at least
+   ``REACTION_S`` (1.0 s) before contact and did not brake harder than
+   ``HARD_BRAKE_MPS2`` (-5 m/s^2) during the last second. A vehicle that cut in
+   closer than the reaction time, or brake-checked, is to blame instead.
+4. Victim rear-ended (longitudinal contact, the other behind): not responsible,
+   unless the victim itself entered that lane less than ``REACTION_S`` before
+   contact (it cut in front of the other).
+5. Side contact: responsible iff the victim was changing lanes (into an
+   occupied gap); if only the other was changing lanes, not responsible; if
+   neither was, the striker is.
+6. A contact with a road object (obstacle): responsible.
+
+Accidents where the victim is not responsible (e.g. an adversary rams it) are
+*ineffective*: they say nothing about the AV's flaws.
+
+`LLMJudge` asks a model (any `LLMClient`) for a verdict on the same record;
+an unparseable answer falls back to the rule-based verdict and is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from palaestra.aed.attribution import CROSSING_RAD, LONGITUDINAL_LAT_M, CollisionRecord
+
+STANDSTILL_MPS = 1.0
+REACTION_S = 1.0
+HARD_BRAKE_MPS2 = -5.0
+
+
+class RuleJudge:
+    """The rule-based AV-responsibility judge (rules in the module docstring)."""
+
+    name = "rules"
+
+    def __call__(self, rec: CollisionRecord) -> bool:
+        return self.explain(rec)[0]
+
+    def explain(self, rec: CollisionRecord) -> tuple[bool, str]:
+        """(victim responsible, the rule that decided)."""
+        if rec.a_role != "victim":
+            return False, "victim not involved"
+        if rec.b_role == "object":
+            return True, "6: victim hit a road object"
+        if rec.a_speed < STANDSTILL_MPS:
+            return False, "1: victim standing still"
+        if abs(rec.heading_diff) > CROSSING_RAD:
+            victim_struck = rec.striker == "victim"
+            return victim_struck, f"2: crossing conflict, victim {'is' if victim_struck else 'is not'} the striker"
+        if abs(rec.lat) < LONGITUDINAL_LAT_M:
+            if rec.long > 0:
+                settled = rec.b_in_a_lane_s >= REACTION_S
+                braked = rec.b_min_accel < HARD_BRAKE_MPS2
+                ok = settled and not braked
+                why = "lead settled and braked gently" if ok else ("lead brake-checked" if braked else "lead cut in")
+                return ok, f"3: victim rear-ended a vehicle ahead ({why})"
+            cut_in = rec.a_in_b_lane_s < REACTION_S
+            return cut_in, f"4: victim rear-ended from behind ({'after cutting in' if cut_in else 'in its lane'})"
+        if rec.a_lane_changing:
+            return True, "5: side contact while the victim changed lanes"
+        if rec.b_lane_changing:
+            return False, "5: side contact while the other changed lanes"
+        return rec.striker == "victim", "5: side contact, neither changing lanes: the striker"
+
+
+LLM_JUDGE_PROMPT = """You judge traffic accidents in a driving simulator. Vehicle "a" is the automated vehicle \
+under test (the victim); vehicle "b" is the other road user. Geometry at first contact (metres, seconds, radians; \
+long = b's longitudinal offset in a's frame, + ahead; lat = lateral offset; *_in_*_lane_s = time spent in the \
+other's lane before contact; *_min_accel = hardest braking in the last second):
+
+{record}
+
+Is the automated vehicle responsible for this accident (e.g. it rear-ended a vehicle that was settled in its lane, \
+or changed lanes into an occupied gap), or not (it was rammed, cut off, or brake-checked)? Think briefly, then end \
+with <answer>RESPONSIBLE</answer> or <answer>NOT_RESPONSIBLE</answer>."""
+
+
+class LLMJudge:
+    """AV responsibility from an LLM; falls back to the rule-based judge on an unparseable answer."""
+
+    name = "llm"
+
+    def __init__(self, client, max_tokens: int = 256, temperature: float = 0.0):
+        from palaestra.shared.llm import SamplingParams
+
+        self.client = client
+        self.params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=False)
+        self.fallback = RuleJudge()
+        self.fallbacks = 0
+        self.calls = 0
+
+    def judge_many(self, records: list[CollisionRecord]) -> list[bool]:
+        prompts = [[{"role": "user", "content": self.prompt(r)}] for r in records]
+        outs = self.client.chat(prompts, self.params) if prompts else []
+        verdicts = []
+        for rec, out in zip(records, outs):
+            self.calls += 1
+            verdict = parse_verdict(out.text)
+            if verdict is None:
+                self.fallbacks += 1
+                verdict = self.fallback(rec)
+            verdicts.append(verdict)
+        return verdicts
+
+    def __call__(self, rec: CollisionRecord) -> bool:
+        return self.judge_many([rec])[0]
+
+    @staticmethod
+    def prompt(rec: CollisionRecord) -> str:
+        fields = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in rec.to_dict().items()}
+        for key in ("victim_responsible", "extra"):
+            fields.pop(key, None)
+        return LLM_JUDGE_PROMPT.format(record=json.dumps(fields))
+
+
+def parse_verdict(text: str) -> bool | None:
+    found = re.findall(r"<answer>\s*(NOT_RESPONSIBLE|RESPONSIBLE)\s*</answer>", text or "", flags=re.I)
+    return None if not found else found[-1].upper() == "RESPONSIBLE"

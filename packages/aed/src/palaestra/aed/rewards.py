@@ -1,0 +1,153 @@
+"""Accident taxonomy, the reward state API, and the expert reward per accident type.
+
+A reward is ``reward(state) -> float`` called once per adversary per policy
+step (rewards of several adversaries are summed). `STATE_API` documents the
+state; the same text is what the LLM sees when it writes reward code.
+
+The expert rewards are the baseline: shaping toward the accident type's
+pre-crash geometry plus a bonus when the victim collides (larger when the
+contact is of the target type), and a penalty when the adversary crashes into
+someone else or leaves the road. They do not look at AV responsibility: the
+preference model adds that.
+
+Rewards are registered in ``palaestra.shared.rewards.REWARDS`` as
+``aed/expert/<type>`` (and LLM-written ones as ``aed/llm/<scenario>/<type>``
+at run time) with the registry's signature ``(sample, completion="", **info)``
+where ``sample`` is the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from palaestra.shared.rewards import REWARDS
+
+TAXONOMY: dict[str, str] = {
+    "rear_end": "the victim drives into the back of a vehicle ahead of it in its lane",
+    "side_swipe": "side contact while a vehicle changes lanes next to the victim",
+    "cut_in": "a vehicle enters the victim's lane just ahead of it and the victim hits it",
+    "merge_conflict": "collision at a lane merge (on-ramp joining the main road)",
+    "intersection_crossing": "collision between crossing paths at an intersection",
+    "roundabout_entry": "collision while a vehicle enters or leaves a roundabout",
+}
+"""Default accident taxonomy (DESIGN.md); `attribution.classify` maps a contact to one of these (or 'obstacle')."""
+
+SCENARIO_TYPES: dict[str, list[str]] = {
+    "highway": ["rear_end", "side_swipe", "cut_in"],
+    "merge": ["merge_conflict", "rear_end", "side_swipe"],
+    "roundabout": ["roundabout_entry", "rear_end"],
+    "intersection": ["intersection_crossing", "rear_end"],
+}
+
+STATE_API = """\
+reward(state) -> float is called once per policy step (1 s of simulated time in highway, 1/1 Hz elsewhere).
+`state` is a dict (all numbers are floats; distances in metres, speeds in m/s, angles in radians):
+  state["t"]: seconds since the episode began;  state["step"]: policy step;  state["scenario"]: str
+  state["adv"], state["victim"]: the adversary you control and the victim (the automated vehicle under test), each
+      {"x", "y", "vx", "vy", "speed", "heading", "lane_id" (lane number on its road segment, 0 = leftmost),
+       "lane" (str, road segment and lane), "lane_changing" (1 while changing lanes), "on_road" (1/0), "crashed" (1/0)}
+  state["rel"]: the adversary relative to the victim:
+      {"long": longitudinal offset in the victim's frame (+ = adversary ahead of the victim),
+       "lat": lateral offset (+ = toward the victim's right-hand lanes), "dist": centre distance,
+       "same_lane": 1 if both are in the same lane, "closing_speed": speed at which the gap shrinks (+ = closing),
+       "ttc": time to collision (99 when not closing), "heading_diff": adversary heading minus victim heading}
+  state["event"]: what happened during this step:
+      {"victim_collision": 1 if the victim collided with anyone this step,
+       "with_adversary": 1 if that collision was with an adversary,
+       "accident_type": str, one of rear_end, side_swipe, cut_in, merge_conflict, intersection_crossing,
+                        roundabout_entry, obstacle ("" when no collision),
+       "victim_responsible": 1 if the rule-based judge holds the victim responsible,
+       "striker_is_victim": 1 if the victim's motion caused the contact,
+       "adv_crashed_other": 1 if this adversary crashed into someone other than the victim}
+Only the `math` module is available (no imports). The function must return a finite float.
+"""
+
+
+def _collision_bonus(state: dict, target: str) -> float:
+    event = state["event"]
+    if event["victim_collision"]:
+        return 10.0 if event["accident_type"] == target else 3.0
+    if event["adv_crashed_other"] or not state["adv"]["on_road"]:
+        return -3.0
+    return 0.0
+
+
+def _proximity(state: dict, scale: float = 40.0) -> float:
+    return 0.1 * max(0.0, 1.0 - state["rel"]["dist"] / scale)
+
+
+def rear_end(state: dict) -> float:
+    """Get ahead of the victim in its lane, close, then slow down so that the victim runs into the back."""
+    rel = state["rel"]
+    shaping = _proximity(state)
+    if rel["same_lane"] and rel["long"] > 0:
+        shaping += 0.2 * max(0.0, 1.0 - abs(rel["long"] - 8.0) / 20.0) + 0.05 * max(0.0, rel["closing_speed"]) / 5
+    return shaping + _collision_bonus(state, "rear_end")
+
+
+def cut_in(state: dict) -> float:
+    """Drive slightly ahead of the victim in a neighbouring lane and change into its lane at a short gap."""
+    rel = state["rel"]
+    shaping = _proximity(state)
+    if 0 < rel["long"] < 25:
+        shaping += 0.1 * (1.0 - abs(rel["lat"]) / 8.0 if abs(rel["lat"]) < 8 else 0.0)
+        shaping += 0.1 * state["adv"]["lane_changing"]
+    return shaping + _collision_bonus(state, "cut_in")
+
+
+def side_swipe(state: dict) -> float:
+    """Drive alongside the victim (adjacent lane, overlapping longitudinally) and swerve into it."""
+    rel = state["rel"]
+    shaping = _proximity(state)
+    if abs(rel["long"]) < 8 and not rel["same_lane"]:
+        shaping += 0.2 * (1.0 - abs(rel["long"]) / 8.0)
+    return shaping + _collision_bonus(state, "side_swipe")
+
+
+def _conflict(target: str) -> Callable[[dict], float]:
+    def reward(state: dict) -> float:
+        closing = max(0.0, state["rel"]["closing_speed"]) / 10.0
+        return 2 * _proximity(state, 60.0) + 0.05 * closing + _collision_bonus(state, target)
+
+    reward.__name__ = target
+    reward.__doc__ = f"Approach the victim's path near the conflict zone and collide there ({target})."
+    return reward
+
+
+EXPERT_REWARDS: dict[str, Callable[[dict], float]] = {
+    "rear_end": rear_end,
+    "cut_in": cut_in,
+    "side_swipe": side_swipe,
+    "merge_conflict": _conflict("merge_conflict"),
+    "intersection_crossing": _conflict("intersection_crossing"),
+    "roundabout_entry": _conflict("roundabout_entry"),
+}
+
+
+def expert_reward(accident_type: str) -> Callable[[dict], float]:
+    if accident_type not in EXPERT_REWARDS:
+        raise ValueError(f"unknown accident type '{accident_type}' (known: {', '.join(EXPERT_REWARDS)})")
+    return EXPERT_REWARDS[accident_type]
+
+
+def as_registry_reward(fn: Callable[[dict], float]) -> Callable:
+    """Adapt ``reward(state)`` to the registry's ``(sample, completion, **info)`` signature."""
+
+    def registered(sample, completion: str = "", **info) -> float:
+        return fn(sample)
+
+    registered.__name__ = getattr(fn, "__name__", "reward")
+    registered.__doc__ = fn.__doc__
+    return registered
+
+
+def register_reward(name: str, fn: Callable[[dict], float]) -> str:
+    """(Re)register `fn` under `name` in the shared reward registry; return the name."""
+    if name in REWARDS:
+        REWARDS.unregister(name)
+    REWARDS.register(name, as_registry_reward(fn))
+    return name
+
+
+for _type, _fn in EXPERT_REWARDS.items():
+    register_reward(f"aed/expert/{_type}", _fn)
