@@ -1,1 +1,3 @@
 """Jobs of palaestra-mars (registered through the `palaestra.jobs` entry point)."""
+
+from palaestra.mars import evaluate  # noqa: F401  (registers mars.eval)

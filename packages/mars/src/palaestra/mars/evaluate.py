@@ -1,0 +1,207 @@
+"""The ``mars.eval`` job: a policy against fixed opponents, in every seat, with confidence intervals.
+
+For each competitive game, the policy under test (an LLM checkpoint by
+default) plays first and second seat against each opponent that applies:
+
+- ``random``: uniform over legal actions;
+- ``mcts``: OpenSpiel MCTS (``mcts_uct_c`` 2, ``mcts_simulations``, random rollouts);
+- ``equilibrium``: CFR for Kuhn, CFR+ for Leduc (OpenSpiel's solvers; cached;
+  their exploitability is logged as ``eval/<game>/equilibrium_exploitability``);
+- ``checkpoint``: a frozen LLM checkpoint (``opponent_llm``).
+
+Cooperative games (the Hanabi variants) are scored in self-play. Metrics:
+``eval/<game>/<first|second>/<opponent>/{win_rate,draw_rate,loss_rate,format_loss_rate,mean_return}``
+with ``_lo``/``_hi`` 95% bounds (Wilson for rates, bootstrap for means), and
+``eval/<game>/selfplay/self/mean_return`` for Hanabi; plus ``eval_results.json``
+and a bar plot artifact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from palaestra.mars.env import Shaping
+from palaestra.mars.games import GAME_FACTORIES, make_game
+from palaestra.mars.play import play_episodes
+from palaestra.mars.stats import summarize
+from palaestra.shared.config import ConfigError, JobConfig
+from palaestra.shared.jobs import job
+from palaestra.shared.llm import LLMConfig
+from palaestra.shared.tracking import Tracker, scratch_dir
+
+SEATS = ("first", "second")
+OPPONENTS = ("random", "mcts", "equilibrium", "checkpoint")
+POLICIES = ("llm", "random", "mcts")
+
+
+@dataclass
+class EvalConfig(JobConfig):
+    """Evaluate a policy on MARS games against fixed opponents."""
+
+    job: str = "mars.eval"
+    games: list[str] = field(default_factory=lambda: ["tic_tac_toe", "kuhn_poker", "mini_hanabi"])
+    """Games to evaluate (see `palaestra.mars.games`)."""
+    policy: str = "llm"
+    """The player under test: llm (``llm``) | random | mcts (scripted references)."""
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    """The checkpoint under test (``llm.model``: tiny, a local HF directory, a served model...)."""
+    temperature: float = 0.6
+    """Sampling temperature of LLM players (MARS: 0.6)."""
+    max_tokens: int = 256
+    """Longest response per turn."""
+    opponents: list[str] = field(default_factory=lambda: ["random", "mcts", "equilibrium"])
+    """random | mcts | equilibrium (poker only) | checkpoint (``opponent_llm``)."""
+    opponent_llm: LLMConfig = field(default_factory=LLMConfig)
+    """The frozen checkpoint opponent (used when ``checkpoint`` is among the opponents)."""
+    seats: list[str] = field(default_factory=lambda: ["first", "second"])
+    """Seats of the policy under test: first and/or second."""
+    episodes: int = 100
+    """Episodes per (game, seat, opponent); MARS uses about 1000."""
+    mcts_simulations: int = 100
+    """MCTS simulations per move (MARS: 100 and 1000)."""
+    mcts_uct_c: float = 2.0
+    mcts_rollouts: int = 1
+    """Random rollouts per MCTS leaf evaluation."""
+    equilibrium_iterations: int = 0
+    """CFR/CFR+ iterations (0: the defaults, 2000 CFR for Kuhn, 1000 CFR+ for Leduc)."""
+    cache_dir: str = "outputs/mars/cache"
+    """Where solved equilibria are cached."""
+    shaping: Shaping = field(default_factory=Shaping)
+    max_turns: int = 200
+    """A game longer than this stops (truncated)."""
+
+
+def make_player(kind: str, cfg: EvalConfig, game, llm_config: LLMConfig | None = None, clients: dict | None = None):
+    from palaestra.mars.players import LLMPlayer, MCTSPlayer, RandomPlayer, TabularPolicyPlayer
+    from palaestra.mars.solvers import equilibrium_policy
+
+    if kind == "random":
+        return RandomPlayer(cfg.seed)
+    if kind == "mcts":
+        return MCTSPlayer(game, cfg.mcts_uct_c, cfg.mcts_simulations, cfg.mcts_rollouts, cfg.seed)
+    if kind == "equilibrium":
+        eq = equilibrium_policy(game.name, iterations=cfg.equilibrium_iterations or None, cache_dir=cfg.cache_dir)
+        return TabularPolicyPlayer(eq.table, name=eq.solver, seed=cfg.seed)
+    if kind in ("llm", "checkpoint"):
+        from palaestra.shared.llm import make_client
+
+        llm_config = llm_config or cfg.llm
+        key = repr(llm_config)
+        if clients is not None and key not in clients:
+            clients[key] = make_client(llm_config)
+        client = clients[key] if clients is not None else make_client(llm_config)
+        return LLMPlayer(client, cfg.temperature, cfg.max_tokens, name=kind, seed=cfg.seed)
+    raise ConfigError(f"unknown player {kind!r}; known: {', '.join(POLICIES + OPPONENTS)}")
+
+
+def check_config(cfg: EvalConfig) -> None:
+    for name in cfg.games:
+        if name not in GAME_FACTORIES:
+            raise ConfigError(f"games: unknown game {name!r}; known games: {', '.join(GAME_FACTORIES)}")
+    for name in cfg.opponents:
+        if name not in OPPONENTS:
+            raise ConfigError(f"opponents: unknown opponent {name!r}; known: {', '.join(OPPONENTS)}")
+    for seat in cfg.seats:
+        if seat not in SEATS:
+            raise ConfigError(f"seats: unknown seat {seat!r}; known: first, second")
+    if cfg.policy not in POLICIES:
+        raise ConfigError(f"policy: unknown policy {cfg.policy!r}; known: {', '.join(POLICIES)}")
+    if cfg.episodes < 1:
+        raise ConfigError("episodes must be at least 1")
+
+
+def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None = None, clients: dict | None = None):
+    """Run every setting; return ``{metric name: value}`` (also logged when a tracker is given)."""
+    check_config(cfg)
+    clients = {} if clients is None else clients
+    metrics: dict[str, float] = {}
+    records: list[dict[str, Any]] = []
+    for name in cfg.games:
+        game = make_game(name)
+        if game.cooperative and cfg.policy == "mcts":
+            print(f"{name}: skipped (OpenSpiel MCTS needs terminal rewards; Hanabi scores every turn)", flush=True)
+            continue
+        policy = make_player(cfg.policy, cfg, game, clients=clients)
+        seeds = [cfg.seed * 100_003 + k for k in range(cfg.episodes)]
+        if game.cooperative:
+            results = play_episodes(name, [policy, policy], seeds, cfg.shaping, cfg.max_turns)
+            summary = summarize(results, seat=0)
+            summary["format_loss_rate"] = sum(r.format_loser is not None for r in results) / len(results)
+            _record(metrics, records, name, "selfplay", "self", summary)
+            continue
+        for opponent_kind in cfg.opponents:
+            if opponent_kind == "equilibrium" and game.kind != "poker":
+                continue  # equilibria are solved for the poker games only
+            opponent = make_player(opponent_kind, cfg, game, cfg.opponent_llm, clients)
+            if opponent_kind == "equilibrium":
+                from palaestra.mars.solvers import equilibrium_policy
+
+                eq = equilibrium_policy(name, iterations=cfg.equilibrium_iterations or None, cache_dir=cfg.cache_dir)
+                metrics[f"eval/{name}/equilibrium_exploitability"] = eq.exploitability
+            for seat_name in cfg.seats:
+                seat = SEATS.index(seat_name)
+                players = [policy, opponent] if seat == 0 else [opponent, policy]
+                results = play_episodes(name, players, seeds, cfg.shaping, cfg.max_turns)
+                _record(metrics, records, name, seat_name, opponent_kind, summarize(results, seat))
+    if tracker is not None:
+        tracker.log_metrics(metrics, step=step)
+        out = scratch_dir()
+        (out / "eval_results.json").write_text(_json(records))
+        tracker.log_artifact(out / "eval_results.json")
+        plot = plot_results(records, out / "eval_plot.png")
+        if plot:
+            tracker.log_artifact(plot)
+    return metrics, records
+
+
+def _record(metrics, records, game, seat, opponent, summary) -> None:
+    prefix = f"eval/{game}/{seat}/{opponent}"
+    metrics.update({f"{prefix}/{k}": v for k, v in summary.items()})
+    records.append({"game": game, "seat": seat, "opponent": opponent, **summary})
+    print(
+        f"{game:>14} {seat:>8} vs {opponent:<11} win {summary['win_rate']:.2f} "
+        f"[{summary['win_rate_lo']:.2f},{summary['win_rate_hi']:.2f}] draw {summary['draw_rate']:.2f} "
+        f"format-loss {summary['format_loss_rate']:.2f} return {summary['mean_return']:+.2f}",
+        flush=True,
+    )
+
+
+def _json(obj) -> str:
+    import json
+
+    return json.dumps(obj, indent=2)
+
+
+def plot_results(records: list[dict], path: Path) -> Path | None:
+    """Win rates with 95% intervals per setting (mean returns for cooperative games)."""
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['game']}\n{r['seat']} vs {r['opponent']}" for r in records]
+    coop = [r["opponent"] == "self" for r in records]
+    values = [r["mean_return"] if c else r["win_rate"] for r, c in zip(records, coop)]
+    lows = [v - (r["mean_return_lo"] if c else r["win_rate_lo"]) for v, r, c in zip(values, records, coop)]
+    highs = [(r["mean_return_hi"] if c else r["win_rate_hi"]) - v for v, r, c in zip(values, records, coop)]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(records)), 4))
+    colors = ["tab:green" if c else "tab:blue" for c in coop]
+    ax.bar(range(len(records)), values, yerr=[lows, highs], color=colors, capsize=4)
+    ax.set_xticks(range(len(records)), labels, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel("win rate (blue) / self-play score (green)")
+    ax.set_title("MARS evaluation (95% intervals)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+@job("mars.eval", EvalConfig)
+def eval_job(cfg: EvalConfig, tracker: Tracker) -> dict:
+    """Evaluate a policy on MARS games vs random / MCTS / CFR / a checkpoint, both seats; Hanabi in self-play."""
+    metrics, records = evaluate(cfg, tracker)
+    return {"settings": len(records)}

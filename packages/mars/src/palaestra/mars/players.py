@@ -1,0 +1,121 @@
+"""Players of a MARS game: scripted bots and LLM policies, all speaking through the text env.
+
+Every player answers with response text (``<think>..</think><answer>ACTION</answer>``)
+so that bots and models go through the same parsing path. Scripted players
+(`act`) pick an OpenSpiel action; LLM players (`act_batch`) answer many
+conversations in one batched generation call.
+
+- `RandomPlayer`: a uniformly random legal action.
+- `MCTSPlayer`: OpenSpiel's ``MCTSBot`` (UCT constant `uct_c`, `max_simulations`,
+  random-rollout evaluator). On poker it searches the true state, i.e. it sees
+  the hidden cards, as MARS's built-in MCTS opponent does.
+- `TabularPolicyPlayer`: samples a tabular policy by information state (CFR for
+  Kuhn, CFR+ for Leduc; see `solvers`).
+- `LLMPlayer`: any `LLMClient` (a frozen checkpoint, a served model), temperature from config.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from palaestra.mars.env import GameEnv, render_response
+
+
+class Player:
+    """A scripted player: one action per call."""
+
+    name = "player"
+    batched = False
+
+    def reset(self, seed: int) -> None:
+        """Called before each episode (seeds the player's own randomness)."""
+
+    def act(self, env: GameEnv) -> str:
+        raise NotImplementedError
+
+
+class RandomPlayer(Player):
+    name = "random"
+
+    def __init__(self, seed: int = 0):
+        self.rng = random.Random(seed)
+
+    def reset(self, seed: int) -> None:
+        self.rng.seed(seed)
+
+    def act(self, env: GameEnv) -> str:
+        return render_response(self.rng.choice(env.legal_actions()))
+
+
+class MCTSPlayer(Player):
+    """OpenSpiel MCTS with random rollouts (MARS's evaluation opponent)."""
+
+    name = "mcts"
+
+    def __init__(self, game, uct_c: float = 2.0, max_simulations: int = 100, rollout_count: int = 1, seed: int = 0):
+        from open_spiel.python.algorithms import mcts
+
+        self._mcts = mcts
+        self.game, self.uct_c, self.max_simulations, self.rollout_count = game, uct_c, max_simulations, rollout_count
+        self.reset(seed)
+
+    def reset(self, seed: int) -> None:
+        rng = np.random.RandomState(seed % 2**32)
+        evaluator = self._mcts.RandomRolloutEvaluator(self.rollout_count, rng)
+        self.bot = self._mcts.MCTSBot(
+            self.game.openspiel, self.uct_c, self.max_simulations, evaluator, solve=True, random_state=rng
+        )
+
+    def act(self, env: GameEnv) -> str:
+        action = self.bot.step(env.state)
+        return render_response(env.game.action_string(env.state, env.current_player, action))
+
+
+class TabularPolicyPlayer(Player):
+    """Samples ``{information state: [(action, prob), ...]}`` (an equilibrium from `solvers`)."""
+
+    def __init__(self, table: dict[str, list[tuple[int, float]]], name: str = "cfr", seed: int = 0):
+        self.table, self.name = table, name
+        self.rng = random.Random(seed)
+
+    def reset(self, seed: int) -> None:
+        self.rng.seed(seed)
+
+    def act(self, env: GameEnv) -> str:
+        player = env.current_player
+        probs = self.table.get(env.state.information_state_string(player))
+        if probs is None:  # unreachable under the solver's own play; never expected on legal states
+            raise KeyError(f"information state not in the policy table: {env.state.information_state_string(player)}")
+        actions, weights = zip(*probs)
+        action = self.rng.choices(actions, weights=weights)[0]
+        return render_response(env.game.action_string(env.state, player, action))
+
+
+@dataclass
+class LLMPlayer:
+    """An LLM policy: answers a batch of conversations in one `LLMClient.chat` call."""
+
+    client: Any
+    """A `palaestra.shared.llm.LLMClient`."""
+    temperature: float = 0.6
+    max_tokens: int = 256
+    name: str = "llm"
+    seed: int = 0
+    batched: bool = field(default=True, init=False)
+    calls: int = field(default=0, init=False)
+
+    def reset(self, seed: int) -> None:
+        pass
+
+    def act_batch(self, conversations: list[list[dict]]) -> list[str]:
+        from palaestra.shared.llm import SamplingParams
+
+        params = SamplingParams(
+            temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed + self.calls, logprobs=False
+        )
+        self.calls += 1
+        return [c.text for c in self.client.chat(conversations, params)]

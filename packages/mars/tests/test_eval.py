@@ -1,0 +1,85 @@
+"""Evaluation: opponents, equilibria, confidence intervals, the mars.eval job in MLflow."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from palaestra.mars.evaluate import EvalConfig, evaluate
+from palaestra.mars.games import make_game
+from palaestra.mars.play import play_episodes
+from palaestra.mars.players import MCTSPlayer, RandomPlayer
+from palaestra.mars.solvers import equilibrium_policy, table_exploitability
+from palaestra.mars.stats import bootstrap_mean_interval, wilson_interval
+from palaestra.shared.config import ConfigError
+from palaestra.shared.jobs import load_config, run_job
+
+
+def test_wilson_interval_reference_values():
+    # Wilson 95% interval for 8/10 (reference: Newcombe 1998 / statsmodels proportion_confint(method="wilson"))
+    lo, hi = wilson_interval(8, 10)
+    assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+    lo, hi = bootstrap_mean_interval([1.0] * 50 + [0.0] * 50)
+    assert lo < 0.5 < hi and hi - lo < 0.3
+
+
+def test_kuhn_equilibrium_exploitability(tmp_path):
+    eq = equilibrium_policy("kuhn_poker", iterations=500, cache_dir=tmp_path)
+    assert eq.exploitability < 0.01
+    assert (tmp_path / "kuhn_poker_cfr_500.json").is_file()
+    again = equilibrium_policy("kuhn_poker", iterations=500, cache_dir=tmp_path)  # from the cache
+    assert again.table == eq.table
+    # the uniform policy's exploitability in Kuhn poker is 11/24 (Lanctot's CFR notes; OpenSpiel tests)
+    uniform = {k: [(a, 1 / len(v)) for a, _ in v] for k, v in eq.table.items()}
+    assert table_exploitability("kuhn_poker", uniform) == pytest.approx(11 / 24, abs=1e-6)
+    with pytest.raises(ValueError, match="available for: kuhn_poker, leduc_poker"):
+        equilibrium_policy("tic_tac_toe", cache_dir=tmp_path)
+
+
+def test_mcts_beats_random_at_tic_tac_toe():
+    game = make_game("tic_tac_toe")
+    results = play_episodes("tic_tac_toe", [MCTSPlayer(game, max_simulations=100), RandomPlayer(1)], list(range(20)))
+    wins = sum(r.winner == 0 for r in results)
+    losses = sum(r.winner == 1 for r in results)
+    assert wins >= 15 and losses <= 1
+    assert all(r.format_loser is None for r in results)
+
+
+def test_eval_job_logs_metrics_and_plot(tracking, tmp_path):
+    import mlflow
+
+    cfg = load_config(
+        {
+            "job": "mars.eval",
+            "policy": "random",
+            "games": ["kuhn_poker", "mini_hanabi"],
+            "opponents": ["random", "equilibrium"],
+            "episodes": 30,
+            "equilibrium_iterations": 200,
+            "cache_dir": str(tmp_path / "cache"),
+            "tracking": vars(tracking),
+        }
+    )
+    out = run_job(cfg)
+    client = mlflow.tracking.MlflowClient(tracking.uri)
+    run = client.get_run(out["run_id"])
+    m = run.data.metrics
+    for seat in ("first", "second"):
+        for opp in ("random", "equilibrium"):
+            key = f"eval/kuhn_poker/{seat}/{opp}/win_rate"
+            assert key in m and m[f"{key}_lo"] <= m[key] <= m[f"{key}_hi"]
+    assert m["eval/kuhn_poker/equilibrium_exploitability"] < 0.05
+    assert "eval/mini_hanabi/selfplay/self/mean_return" in m
+    artifacts = {a.path for a in client.list_artifacts(out["run_id"])}
+    assert {"eval_results.json", "eval_plot.png"} <= artifacts
+    # random vs the equilibrium in Kuhn loses on average (the equilibrium's value vs uniform is positive)
+    assert not math.isnan(m["eval/kuhn_poker/first/equilibrium/mean_return"])
+
+
+def test_eval_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="known games"):
+        evaluate(EvalConfig(games=["chess"], policy="random"))
+    with pytest.raises(ConfigError, match="opponents: unknown opponent 'alphazero'"):
+        evaluate(EvalConfig(opponents=["alphazero"], policy="random"))
