@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 EXTRAS ?= test
 STAMP  := $(VENV)/.installed-stamp
-PACKAGES := -e "shared[$(EXTRAS)]" -e packages/datagen -e packages/egpo -e packages/mars -e packages/aed
+PACKAGES := -e "shared[$(EXTRAS)]" -e packages/datagen -e "packages/egpo[bfcl]" -e packages/mars -e packages/aed
 
 .PHONY: install quickstart test test-fast lint bench clean
 
