@@ -1,3 +1,6 @@
 """Jobs of palaestra-mars (registered through the `palaestra.jobs` entry point)."""
 
-from palaestra.mars import evaluate  # noqa: F401  (registers mars.eval)
+from palaestra.mars import (
+    evaluate,  # noqa: F401  (registers mars.eval)
+    mas,  # noqa: F401  (registers mars.mas)
+)
