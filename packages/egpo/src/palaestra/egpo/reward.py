@@ -1,0 +1,72 @@
+"""EGPO's strict binary reward for function calling, registered as ``fc_binary`` (and ``fc_multi_turn``).
+
+``fc_binary(sample, completion)`` is 1.0 only if
+
+1. the completion follows the format of `palaestra.shared.toolcall`: ``<think>...</think>`` (required
+   unless ``require_think=False``) then ``<tool_call>`` blocks with JSON keyword arguments, or a plain
+   answer when no call is due; and
+2. the decoded calls equal the ground truth as a multiset, values compared as BFCL's AST checker
+   compares them (`palaestra.egpo.ast_match`).
+
+Anything else is 0.0. The reward never raises: any failure (a malformed sample included) scores 0.0
+with the reason in the info dict.
+
+``sample`` is an `FCTask` or a mapping with ``tools`` and ``ground_truth`` (BFCL possible-answer form,
+see `palaestra.egpo.tasks`). The multi-turn variant ``fc_multi_turn`` reads the verdict that the
+multi-turn environment computed with BFCL's ``multi_turn_checker`` (state and results).
+
+>>> task = {"tools": [{"name": "f", "parameters": {"properties": {"x": {"type": "integer"}}, "required": ["x"]}}],
+...         "ground_truth": [{"f": {"x": [1]}}]}
+>>> fc_binary(task, '<think>call f</think>\\n<tool_call>\\n{"name": "f", "arguments": {"x": 1}}\\n</tool_call>')
+(1.0, {'reason': 'ok'})
+>>> fc_binary(task, '<tool_call>\\n{"name": "f", "arguments": {"x": 1}}\\n</tool_call>')[0]
+0.0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from palaestra.egpo.ast_match import match_calls
+from palaestra.shared.rewards import REWARDS
+from palaestra.shared.toolcall import parse_response
+
+
+def _field(sample: Any, name: str, default: Any = None) -> Any:
+    if isinstance(sample, dict):
+        return sample.get(name, default)
+    return getattr(sample, name, default)
+
+
+def judge_completion(sample: Any, completion: str, require_think: bool = True) -> tuple[bool, str]:
+    """(correct, reason) for one single-turn completion; never raises."""
+    try:
+        if not isinstance(completion, str):
+            return False, f"completion is {type(completion).__name__}, not text"
+        parsed = parse_response(completion, require_think=require_think)
+        if parsed.error:
+            return False, f"format: {parsed.error}"
+        ground_truth = _field(sample, "ground_truth") or []
+        tools = _field(sample, "tools") or []
+        if not ground_truth:
+            return (not parsed.calls, "ok" if not parsed.calls else "called a tool where none is due")
+        if not parsed.calls:
+            return False, "no tool call"
+        error = match_calls([(c.name, c.arguments) for c in parsed.calls], ground_truth, tools)
+        return (error is None, error or "ok")
+    except Exception as err:  # the reward must never take a training run down
+        return False, f"reward error: {type(err).__name__}: {err}"
+
+
+@REWARDS.register("fc_binary")
+def fc_binary(sample: Any, completion: str, require_think: bool = True, **info: Any) -> tuple[float, dict]:
+    """1.0 iff the format holds and the calls equal the ground truth (BFCL-AST values, order-free)."""
+    correct, reason = judge_completion(sample, completion, require_think=require_think)
+    return (1.0 if correct else 0.0), {"reason": reason}
+
+
+@REWARDS.register("fc_multi_turn")
+def fc_multi_turn(sample: Any, completion: str, **info: Any) -> tuple[float, dict]:
+    """1.0 iff BFCL's multi-turn checker accepted the episode (``info['multi_turn_valid']``, set by the env)."""
+    valid = bool(info.get("multi_turn_valid", False))
+    return (1.0 if valid else 0.0), {"reason": info.get("multi_turn_error") or ("ok" if valid else "no verdict")}
