@@ -1,0 +1,271 @@
+"""The `transformers` backend: batched generation with `model.generate`, on CPU or GPU.
+
+Prompts (token ids, or text encoded without special tokens) are sorted by
+length, left-padded and generated in chunks of ``max_batch_size``; results come
+back in the caller's order, ``n`` consecutive completions per prompt.
+
+Each completion keeps the generated token ids exactly as sampled, including the
+end-of-turn token (``<|im_end|>``) when the model emitted one; its ``text``
+leaves that token out. Stop strings end a sequence on the token that completes
+the stop string: the tokens after it are dropped and the text is cut just after
+the stop string (which it includes).
+
+Logprobs are of the sampled tokens under the model itself: log-softmax of the
+raw logits, before temperature and top-p (what PPO's ratio needs). They are
+recorded step by step by a logits processor that keeps only the current step's
+distribution, so memory stays O(batch x vocab) instead of HF's ``output_logits``
+O(batch x steps x vocab).
+
+``seed`` makes a call reproducible: sampling runs under a forked torch RNG
+seeded with it (the global RNG is left untouched).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+from transformers.utils import logging as hf_logging
+
+from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams
+from palaestra.shared.llm.models import resolve_model_path
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise LLMError(f"device '{device}' requested but no CUDA GPU is available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise LLMError(f"unknown dtype '{dtype}' (auto, {', '.join(_DTYPES)})")
+    return _DTYPES[dtype]
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Records log p(token) of each sampled token from the raw logits (placed first in the processor list)."""
+
+    def __init__(self) -> None:
+        self.steps: list[torch.Tensor] = []
+        self.last: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.last is not None:  # the token chosen from the previous distribution is now input_ids[:, -1]
+            self.steps.append(self.last.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.last = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[batch, generated] logprobs, given the final sequences."""
+        if self.last is not None:
+            self.steps.append(self.last.gather(1, sequences[:, -1:]).squeeze(1))
+            self.last = None
+        return torch.stack(self.steps, dim=1) if self.steps else sequences.new_zeros((sequences.shape[0], 0)).float()
+
+
+class _StopOnStrings(StoppingCriteria):
+    """Marks a sequence done once its generated text contains a stop string (checks a short tail window)."""
+
+    def __init__(self, tokenizer, stops: list[str], prompt_len: int) -> None:
+        self.tokenizer, self.stops, self.prompt_len = tokenizer, stops, prompt_len
+        # a byte-level token may carry only part of a character: look back generously
+        self.window = 2 * max(len(s) for s in stops) + 4
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        tails = input_ids[:, max(self.prompt_len, input_ids.shape[1] - self.window) :].tolist()
+        texts = self.tokenizer.batch_decode(tails)
+        done = [any(s in t for s in self.stops) for t in texts]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+class TransformersClient(LLMClient):
+    """`LLMClient` over a local transformers causal LM (`tiny`, `smollm2-135m`, an HF directory)."""
+
+    def __init__(self, config: LLMConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        path = resolve_model_path(config.model, seed=config.seed)
+        hf_logging.disable_progress_bar()  # a bar per load is noise in logs of many workers
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+        except (OSError, ValueError) as err:
+            raise LLMError(f"could not load model '{config.model}' from {path}: {str(err).splitlines()[0]}") from None
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
+        self.eos_token_ids: list[int] = [eos] if isinstance(eos, int) else list(eos)
+        self.context_length: int = int(
+            getattr(self.model.config, "max_position_embeddings", None) or self.tokenizer.model_max_length
+        )
+
+    # -- generation -------------------------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None) -> list[Completion]:
+        params = params or SamplingParams()
+        _check_params(params)
+        prompt_ids = [self._prompt_ids(p) for p in prompts]
+        for i, ids in enumerate(prompt_ids):
+            if len(ids) >= self.context_length:
+                raise LLMError(
+                    f"prompt {i} has {len(ids)} tokens; the model's context is {self.context_length} tokens "
+                    f"({self.config.model})"
+                )
+        work = [i for i in range(len(prompt_ids)) for _ in range(params.n)]
+        # similar lengths in one batch: less padding
+        order = sorted(range(len(work)), key=lambda j: len(prompt_ids[work[j]]))
+        out: list[Completion | None] = [None] * len(work)
+        rng = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
+        with rng if params.seed is not None else nullcontext():
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            size = max(1, self.config.max_batch_size)
+            for start in range(0, len(order), size):
+                chunk = order[start : start + size]
+                for j, completion in zip(chunk, self._generate_batch([prompt_ids[work[j]] for j in chunk], params)):
+                    out[j] = completion
+        return out  # type: ignore[return-value]
+
+    def _prompt_ids(self, prompt: list[int] | str) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        return [int(t) for t in prompt]
+
+    def generation_config(self, params: SamplingParams, max_new_tokens: int) -> GenerationConfig:
+        """The `GenerationConfig` for `params` (built from scratch: no model defaults such as top_k=50 sneak in)."""
+        sample = params.temperature > 0
+        return GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample else None,
+            top_k=0 if sample else None,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            return_dict_in_generate=True,
+        )
+
+    def batch_inputs(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded input ids and attention mask for `batch`."""
+        width = max(len(p) for p in batch)
+        ids = torch.full((len(batch), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, prompt in enumerate(batch):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    @torch.inference_mode()
+    def _generate_batch(self, batch: list[list[int]], params: SamplingParams) -> list[Completion]:
+        input_ids, attention_mask = self.batch_inputs(batch)
+        width = input_ids.shape[1]
+        max_new = min(params.max_tokens, self.context_length - width)
+        recorder = _LogprobRecorder()
+        criteria = StoppingCriteriaList([_StopOnStrings(self.tokenizer, params.stop, width)] if params.stop else [])
+        t0 = time.perf_counter()
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=self.generation_config(params, max_new),
+            logits_processor=LogitsProcessorList([recorder]),
+            stopping_criteria=criteria,
+        )
+        elapsed = time.perf_counter() - t0
+        generated = out.sequences[:, width:]
+        logprobs = recorder.finish(out.sequences).cpu().tolist() if params.logprobs else None
+        rows = generated.cpu().tolist()
+        completions = []
+        for row, (prompt, tokens) in enumerate(zip(batch, rows)):
+            completion = self._finish(prompt, tokens, logprobs[row] if logprobs else None, params)
+            completion.extra["batch_seconds"] = elapsed
+            completions.append(completion)
+        return completions
+
+    def _finish(
+        self, prompt: list[int], tokens: list[int], logprobs: list[float] | None, params: SamplingParams
+    ) -> Completion:
+        """Cut one generated row at its end-of-turn token or stop string; decode it."""
+        finish = "length"
+        end = len(tokens)
+        eos_at = next((k for k, t in enumerate(tokens) if t in self.eos_token_ids), None)
+        if eos_at is not None:
+            end, finish = eos_at + 1, "stop"
+        text_end = eos_at if eos_at is not None else end
+        text = self.tokenizer.decode(tokens[:text_end])
+        if params.stop:
+            hit = _first_stop(text, params.stop)
+            if hit is not None:
+                end = self._tokens_through(tokens[:text_end], params.stop)
+                text = self.tokenizer.decode(tokens[:end])
+                text = text[: _first_stop(text, params.stop)]
+                finish = "stop"
+        lp = logprobs[:end] if logprobs is not None else None
+        if lp is not None and any(math.isnan(x) for x in lp):
+            raise LLMError("the model produced NaN logprobs (bad weights or dtype)")
+        return Completion(text, tokens[:end], lp, list(prompt), finish)
+
+    def _tokens_through(self, tokens: list[int], stops: list[str]) -> int:
+        """The fewest leading tokens whose text contains a stop string (binary search; containment is monotone)."""
+        lo, hi = 1, len(tokens)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _first_stop(self.tokenizer.decode(tokens[:mid]), stops) is not None:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # -- weights ----------------------------------------------------------------------------------------------
+
+    def load_weights(self, state_dict: dict) -> None:
+        """Copy `state_dict` into the model (a partial dict updates only those tensors; unknown names are errors)."""
+        own = self.model.state_dict()
+        unknown = [k for k in state_dict if k not in own]
+        if unknown:
+            raise LLMError(f"load_weights: {len(unknown)} unknown parameter name(s), e.g. {unknown[:3]}")
+        with torch.no_grad():
+            for name, value in state_dict.items():
+                if own[name].shape != value.shape:
+                    shapes = f"{tuple(value.shape)}, expected {tuple(own[name].shape)}"
+                    raise LLMError(f"load_weights: {name} has shape {shapes}")
+                own[name].copy_(value)
+
+    def close(self) -> None:
+        self.model = None  # type: ignore[assignment]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _first_stop(text: str, stops: list[str]) -> int | None:
+    """End index of the earliest stop string in `text`, or None."""
+    ends = [text.find(s) + len(s) for s in stops if s and s in text]
+    return min(ends) if ends else None
+
+
+def _check_params(params: SamplingParams) -> None:
+    if params.temperature < 0:
+        raise LLMError(f"temperature must be >= 0, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise LLMError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.max_tokens < 1 or params.n < 1:
+        raise LLMError(f"max_tokens and n must be >= 1, got max_tokens={params.max_tokens}, n={params.n}")
