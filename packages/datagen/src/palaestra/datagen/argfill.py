@@ -1,0 +1,147 @@
+"""Argument candidates for a call: where the sampler gets plausible values.
+
+For each parameter, candidates come from (best first):
+
+1. *output-to-input mappings*: values in earlier responses of the same trace
+   whose key matches the parameter name (``access_token`` -> ``access_token``,
+   ``id`` -> ``ticket_id``); these make intermediate steps necessary;
+2. environment hints: ``EnvSpec.arg_hints[param](instance, rng, chosen)``
+   (for BFCL: files in the current directory, ticket ids, airport codes...);
+3. allowed values from the schema (``enum`` or ``[Enum]: ...`` in the text);
+4. values mined from the environment's public state under a matching key;
+5. literals of the parameter's type.
+
+`propose_arguments` draws one assignment; the sampler executes it on a fork
+of the environment and keeps it only if the call succeeds.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from palaestra.datagen.schema import coerce, enum_values, parameters, required, type_matches
+
+GENERIC_TOKENS = {"to", "of", "the", "a", "list", "new", "current", "status", "value", "name", "type"}
+SENTENCES = [
+    "Quarterly numbers look solid.",
+    "Please review the attached notes.",
+    "Meeting moved to Friday afternoon.",
+    "System maintenance scheduled tonight.",
+    "Great progress on the project!",
+]
+WORDS = ["report", "budget", "notes", "summary", "alpha", "draft", "update"]
+TEXT_PARAMS = {"content", "message", "comment_content", "title", "description", "resolution", "messages"}
+
+
+def tokens(name: str) -> set[str]:
+    name = re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
+    return {t for t in re.split(r"[^a-z0-9]+", name) if t}
+
+
+def names_match(param: str, key: str) -> bool:
+    """Whether a response/state key can feed a parameter (by name)."""
+    if param == key:
+        return True
+    p, k = tokens(param), tokens(key)
+    if k == {"id"}:
+        return "id" in p
+    shared = (p & k) - GENERIC_TOKENS - {"id"}
+    return bool(shared) and ("id" in p) == ("id" in k)
+
+
+def _described(key: str, described: set[str]) -> bool:
+    """A response key named in the parameter's description ("The zipcode of the first city")."""
+    k = tokens(key) - GENERIC_TOKENS - {"id"}
+    return bool(k) and k <= described and len(key) > 3
+
+
+def leaves(obj: Any, key: str = "", depth: int = 0, out: list | None = None) -> list[tuple[str, Any]]:
+    """(key, value) pairs under `obj`: scalars, lists of scalars, and dict keys under their parent key."""
+    out = [] if out is None else out
+    if depth > 6 or len(out) > 400:
+        return out
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if isinstance(k, str | int) and not isinstance(k, bool) and isinstance(v, dict) and key:
+                out.append((key, k))
+            leaves(v, str(k) if isinstance(k, str) and not k.isdigit() else key, depth + 1, out)
+    elif isinstance(obj, list | tuple):
+        if obj and all(isinstance(v, str | int | float) for v in obj):
+            out.append((key, list(obj)))
+        for v in obj:
+            leaves(v, key, depth + 1, out)
+    elif isinstance(obj, str | int | float | bool) and key:
+        out.append((key, obj))
+    elif hasattr(obj, "__dict__") and not callable(obj):
+        leaves({k: v for k, v in vars(obj).items() if not k.startswith("_")}, key, depth + 1, out)
+    return out
+
+
+def literals(spec: dict, pname: str, rng: random.Random) -> list:
+    kind = spec.get("type", "string")
+    if kind in ("integer", "int"):
+        return [1, 2, 3, 5, 10]
+    if kind in ("number", "float"):
+        return [2.0, 3.5, 10.0, 25.0, 100.0]
+    if kind in ("boolean", "bool"):
+        return [True, False]
+    if kind in ("array", "tuple", "list"):
+        item = spec.get("items", {"type": "string"}) or {"type": "string"}
+        pool = enum_values(spec) or literals(item, pname, rng)
+        return [rng.sample(pool, k=min(len(pool), n)) for n in (1, 2, 3)]
+    if kind in ("object", "dict"):
+        return [{}]
+    return SENTENCES if pname in TEXT_PARAMS else WORDS
+
+
+def candidates(
+    env, tool: str, pname: str, prior_outputs: list[tuple[str, Any]], rng: random.Random, chosen: dict
+) -> list[tuple[Any, str]]:
+    """Candidate values for one parameter, each with its source, best source first."""
+    spec = parameters(env.spec.doc(tool))[pname]
+    kind = spec.get("type", "string")
+    found: list[tuple[Any, str]] = []
+
+    def add(values, source):
+        for v in values:
+            v = coerce(v, kind)
+            if type_matches(v, kind) and (v, source) not in found:
+                found.append((v, source))
+
+    described = tokens(spec.get("description", "") or "")
+    add([v for k, v in reversed(prior_outputs) if names_match(pname, k) or _described(k, described)], "output")
+    hint = env.spec.hints().get(f"{tool}.{pname}") or env.spec.hints().get(pname)
+    if hint is not None:
+        try:
+            add(list(hint(env.instance, rng, chosen)), "hint")
+        except Exception:  # a broken hint only loses its candidates
+            pass
+    add(enum_values(spec), "enum")
+    if not any(src in ("hint", "enum") for _, src in found):
+        add([v for k, v in leaves(env.public_state()) if names_match(pname, k)], "state")
+    if not found:
+        add(literals(spec, pname, rng), "literal")
+    return found
+
+
+def propose_arguments(
+    env, tool: str, prior_outputs: list[tuple[str, Any]], rng: random.Random, prefer_outputs: bool = True
+) -> tuple[dict, dict[str, str]]:
+    """One argument assignment for `tool` and where each value came from."""
+    doc = env.spec.doc(tool)
+    args: dict = {}
+    sources: dict[str, str] = {}
+    needed = set(required(doc))
+    for pname in parameters(doc):
+        if pname not in needed and rng.random() < 0.6:
+            continue  # optional parameters: sometimes left to their defaults
+        options = candidates(env, tool, pname, prior_outputs, rng, args)
+        if not options:
+            continue
+        best = [o for o in options if o[1] == "output"] if prefer_outputs else []
+        value, source = best[0] if best and rng.random() < 0.85 else rng.choice(options[:8])
+        args[pname] = value
+        sources[pname] = source
+    return args, sources

@@ -1,0 +1,172 @@
+"""Guided iterative chain: reasoner tries, replay-based verification, critic hints, up to K_max tries.
+
+One user turn is a `TurnTask`. A try runs the reasoner turn by turn on a fork
+of the environment at the turn's start: each ``<tool_call>`` is executed and
+its response fed back as a ``tool`` message, until the reasoner answers
+without a call (or ``max_steps``). The try is then *verified*: the ground
+truth is replayed on another fork from the same start state, and the try
+passes iff the public state of the environment is equal and every
+ground-truth result appears among the try's results (unordered), as BFCL's
+multi-turn checker does. A turn whose right answer is to ask for a missing
+parameter or to say a function is missing passes iff it makes no call.
+
+On failure the critic writes a hint; it is redacted (`roles.redact`: no
+ground-truth call or argument value survives) and appended to the user
+message of the next try only. Passing messages are kept without the hint.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+
+from palaestra.datagen.envs import Execution, ToolEnv
+from palaestra.datagen.roles import Roles
+from palaestra.datagen.sampler import Trace
+from palaestra.shared.toolcall import ToolCall, parse_response
+
+
+@dataclass
+class TurnTask:
+    query: str
+    trace: Trace
+    tools: list[dict]
+    kind: str = "normal"
+    """normal | miss_param | miss_func | param_given | func_added."""
+    missing: str | None = None
+    """The withheld parameter or function (miss_param / miss_func)."""
+
+    @property
+    def expects_calls(self) -> bool:
+        return self.kind not in ("miss_param", "miss_func")
+
+    def summary(self) -> str:
+        return ", ".join(s.name for s in self.trace.steps)
+
+
+@dataclass
+class TryResult:
+    messages: list[dict]
+    env: ToolEnv
+    calls: list[ToolCall]
+    executions: list[Execution]
+    passed: bool
+    failure: dict = field(default_factory=dict)
+    truth: ToolEnv | None = None
+    """The environment after replaying the ground truth (the next turn starts from it)."""
+
+
+def run_try(
+    roles: Roles,
+    env_start: ToolEnv,
+    history: list[dict],
+    turn: TurnTask,
+    hint: str | None,
+    try_index: int,
+    rng: random.Random,
+    max_steps: int,
+) -> TryResult:
+    env = env_start.copy()
+    user = _user_message(turn, hint)
+    messages = list(history) + ([user] if user else [])
+    new: list[dict] = []
+    calls: list[ToolCall] = []
+    executions: list[Execution] = []
+    for _ in range(max_steps):
+        text = roles.reasoner.act(messages + new, turn.tools, turn, try_index, rng) or ""
+        parsed = parse_response(text)
+        if not parsed.calls:
+            new.append({"role": "assistant", "content": text.strip(), "tool_calls": None})
+            break
+        ids = [f"call_{len(executions) + k}" for k in range(len(parsed.calls))]
+        thinking = f"<think>{parsed.thinking}</think>" if parsed.thinking is not None else ""
+        new.append(
+            {
+                "role": "assistant",
+                "content": thinking,
+                "tool_calls": [c.to_openai(i) for c, i in zip(parsed.calls, ids)],
+            }
+        )
+        allowed = {t["function"]["name"] for t in turn.tools}
+        for call, call_id in zip(parsed.calls, ids):
+            if call.name in allowed:
+                ex = env.execute(call.name, call.arguments)
+            else:
+                ex = Execution(call.name, call.arguments, {"error": f"no such function: {call.name}"}, False)
+            calls.append(call)
+            executions.append(ex)
+            new.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "name": call.name,
+                    "content": json.dumps(ex.output, default=str),
+                }
+            )
+    passed, failure, truth = verify_turn(env_start, env, turn, executions)
+    if user and hint:  # the kept conversation carries the original request, not the hint
+        user = _user_message(turn, None)
+    return TryResult(([user] if user else []) + new, env, calls, executions, passed, failure, truth)
+
+
+def _user_message(turn: TurnTask, hint: str | None) -> dict | None:
+    if turn.kind == "func_added":
+        return {"role": "system", "content": f"A new function is now available: {turn.missing}."}
+    text = turn.query + (f"\n\n(Hint from a reviewer: {hint})" if hint else "")
+    return {"role": "user", "content": text}
+
+
+def canonical(output) -> str:
+    return json.dumps(output, sort_keys=True, default=str)
+
+
+def verify_turn(env_start: ToolEnv, env_after: ToolEnv, turn: TurnTask, executions: list[Execution]):
+    """(passed, failure details, truth env): replay the ground truth from the same start and compare."""
+    if not turn.expects_calls:
+        return (not executions), ({} if not executions else {"unexpected_calls": len(executions)}), env_start.copy()
+    truth = env_start.copy()
+    expected = [truth.execute(s.name, s.arguments) for s in turn.trace.steps]
+    got = [canonical(e.output) for e in executions]
+    missing = []
+    for step, ex in zip(turn.trace.steps, expected):
+        key = canonical(ex.output)
+        if key in got:
+            got.remove(key)
+        else:
+            missing.append(step.name)
+    state_ok = truth.public_state() == env_after.public_state()
+    if not missing and state_ok:
+        return True, {}, truth
+    return False, {"missing_tools": missing, "state_mismatch": not state_ok}, truth
+
+
+def guided_chain(
+    roles: Roles,
+    env_start: ToolEnv,
+    history: list[dict],
+    turn: TurnTask,
+    k_max: int,
+    rng: random.Random,
+    max_steps: int,
+    stats: dict,
+) -> TryResult | None:
+    """Up to `k_max` tries with critic hints; the passing try, or None. Counts tries and passes in `stats`."""
+    hint = None
+    values = [v for s in turn.trace.steps for v in s.arguments.values()]
+    calls = turn.trace.calls
+    for k in range(k_max):
+        result = run_try(roles, env_start, history, turn, hint, k, rng, max_steps)
+        stats.setdefault("tries", [0] * k_max)[k] += 1
+        if result.passed:
+            stats.setdefault("passes", [0] * k_max)[k] += 1
+            return result
+        if k + 1 < k_max:
+            from palaestra.datagen.roles import redact
+
+            raw = roles.critic.critique(turn, result.calls, result.failure, rng) or ""
+            hint = redact(raw, values, calls).strip() or None
+            stats["hints"] = stats.get("hints", 0) + 1
+            if raw and hint != raw.strip():
+                stats["hints_redacted"] = stats.get("hints_redacted", 0) + 1
+    return None

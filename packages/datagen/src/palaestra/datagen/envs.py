@@ -1,0 +1,250 @@
+"""Executable API environments: BFCL's eight multi-turn environments and user-added ones.
+
+An environment is a Python class whose public methods are the tools, plus
+JSON-schema function docs (one per tool) and a list of initial scenarios
+(configs passed to the instance's ``_load_scenario``). `EnvSpec` bundles
+them; `ToolEnv` is one live instance: `reset` returns it to the scenario's
+initial state, `copy` forks it (deep copy), `execute` runs one call and
+*never raises*: an exception, a bad argument or an ``{"error": ...}`` result
+all come back as an `Execution` with ``ok=False`` and the error text as the
+environment's response.
+
+Adding your own environment (documented in the package README)::
+
+    from palaestra.datagen.envs import EnvSpec, register_env
+
+    class Library:
+        def _load_scenario(self, config): self.books = dict(config.get("books", {}))
+        def borrow(self, title: str): ...
+
+    register_env(EnvSpec(name="Library", factory=Library, docs=[{...JSON schema...}],
+                         scenarios=[{"books": {"Dune": 2}}]))
+
+then name it in ``datagen.generate``'s ``envs`` list. A doc that is not a
+valid function schema, or a doc without a matching method, is a `SchemaError`
+at registration. The BFCL environments come from the ``bfcl-eval`` package:
+classes in ``bfcl_eval.eval_checker.multi_turn_eval.func_source_code``, docs
+in ``bfcl_eval/data/multi_turn_func_doc``, scenarios = the distinct initial
+configs of BFCL's ``multi_turn_base`` entries.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import inspect
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from palaestra.datagen.schema import SchemaError, to_openai_tool, validate_tool_doc
+from palaestra.shared.registry import Registry, import_string
+
+BFCL_CLASSES = {  # class name -> (module, doc file)
+    "GorillaFileSystem": ("gorilla_file_system", "gorilla_file_system.json"),
+    "MathAPI": ("math_api", "math_api.json"),
+    "MessageAPI": ("message_api", "message_api.json"),
+    "TwitterAPI": ("posting_api", "posting_api.json"),
+    "TicketAPI": ("ticket_api", "ticket_api.json"),
+    "TradingBot": ("trading_bot", "trading_bot.json"),
+    "TravelAPI": ("travel_booking", "travel_booking.json"),
+    "VehicleControlAPI": ("vehicle_control", "vehicle_control.json"),
+}
+BFCL_MODULE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
+
+
+@dataclass
+class EnvSpec:
+    """An environment type: class, function docs, initial scenarios."""
+
+    name: str
+    factory: Any
+    """The class (or a ``"module:Class"`` string) whose public methods are the tools."""
+    docs: list[dict]
+    """JSON-schema function docs, one per tool."""
+    scenarios: list[dict] = field(default_factory=lambda: [{}])
+    """Initial configs for ``_load_scenario``; index 0 is the default."""
+    arg_hints: Any = None
+    """Optional ``{param_name: fn(instance, rng) -> candidate values}`` (or a ``"module:attr"`` string)."""
+    bfcl_class: str | None = None
+    """Class name in BFCL's checker (``involved_classes``), for BFCL environments."""
+
+    def __post_init__(self):
+        names = set()
+        for doc in self.docs:
+            validate_tool_doc(doc)
+            if doc["name"] in names:
+                raise SchemaError(f"environment {self.name!r}: tool {doc['name']!r} is documented twice")
+            names.add(doc["name"])
+        if not self.docs:
+            raise SchemaError(f"environment {self.name!r} has no tool docs")
+        if not self.scenarios:
+            self.scenarios = [{}]
+
+    @property
+    def cls(self) -> type:
+        return import_string(self.factory) if isinstance(self.factory, str) else self.factory
+
+    def check_methods(self) -> None:
+        """Every documented tool must be a public method of the class."""
+        cls = self.cls
+        missing = [d["name"] for d in self.docs if not callable(getattr(cls, d["name"], None))]
+        if missing:
+            raise SchemaError(f"environment {self.name!r}: documented tools without a method: {missing}")
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [d["name"] for d in self.docs]
+
+    def doc(self, tool: str) -> dict:
+        for d in self.docs:
+            if d["name"] == tool:
+                return d
+        raise KeyError(f"environment {self.name!r} has no tool {tool!r}")
+
+    def openai_tools(self, exclude: set[str] = frozenset()) -> list[dict]:
+        return [to_openai_tool(d) for d in self.docs if d["name"] not in exclude]
+
+    def hints(self) -> dict:
+        if isinstance(self.arg_hints, str):
+            self.arg_hints = import_string(self.arg_hints)
+        return self.arg_hints or {}
+
+
+ENVS: Registry[EnvSpec] = Registry("datagen environment", "palaestra.datagen_envs")
+
+
+def register_env(spec: EnvSpec) -> EnvSpec:
+    """Add a user environment (validated: docs are schemas and every tool is a method)."""
+    spec.check_methods()
+    ENVS.register(spec.name, spec)
+    return spec
+
+
+def get_env(name: str) -> EnvSpec:
+    spec = ENVS.get(name)
+    return spec() if callable(spec) and not isinstance(spec, EnvSpec) else spec
+
+
+@dataclass
+class Execution:
+    """The outcome of one call."""
+
+    name: str
+    arguments: dict
+    output: Any
+    """The environment's response (JSON-serializable); ``{"error": ...}`` on failure."""
+    ok: bool
+
+    @property
+    def error(self) -> str | None:
+        return None if self.ok else str(self.output.get("error") if isinstance(self.output, dict) else self.output)
+
+
+class ToolEnv:
+    """A live environment instance at some state."""
+
+    def __init__(self, spec: EnvSpec, scenario: int | dict = 0):
+        self.spec = spec
+        self.scenario = copy.deepcopy(
+            spec.scenarios[scenario % len(spec.scenarios)] if isinstance(scenario, int) else scenario
+        )
+        self.instance: Any = None
+        self.reset()
+
+    def reset(self) -> ToolEnv:
+        """Back to the scenario's initial state (a new instance)."""
+        self.instance = self.spec.cls()
+        loader = getattr(self.instance, "_load_scenario", None)
+        if loader is not None:
+            params = inspect.signature(loader).parameters
+            config = copy.deepcopy(self.scenario)
+            loader(config, long_context=False) if "long_context" in params else loader(config)
+        return self
+
+    def copy(self) -> ToolEnv:
+        other = object.__new__(ToolEnv)
+        other.spec, other.scenario = self.spec, self.scenario
+        other.instance = copy.deepcopy(self.instance)
+        return other
+
+    def execute(self, name: str, arguments: dict | None = None) -> Execution:
+        """Run one call; failures come back as the response, never as an exception."""
+        arguments = dict(arguments or {})
+        if name not in self.spec.tool_names:
+            return Execution(name, arguments, {"error": f"no such function: {name}"}, False)
+        try:
+            method = getattr(self.instance, name)
+            output = method(**arguments)
+        except (Exception, SystemExit, RecursionError) as err:  # a broken env must not take the process down
+            return Execution(name, arguments, {"error": f"{type(err).__name__}: {err}"}, False)
+        output = jsonable(output)
+        failed = isinstance(output, dict) and "error" in output
+        return Execution(name, arguments, output, not failed)
+
+    def public_state(self) -> dict:
+        """Public attributes (what BFCL's state checker compares)."""
+        return {k: v for k, v in vars(self.instance).items() if not k.startswith("_")}
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """A JSON-serializable copy of a response (unknown objects become strings)."""
+    if depth > 20:
+        return str(value)
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else str(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [jsonable(v, depth + 1) for v in value]
+    return str(value)
+
+
+def call_string(name: str, arguments: dict) -> str:
+    """A call in BFCL's ground-truth syntax: ``name(key=repr(value), ...)`` (keyword arguments only)."""
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+
+
+# -- BFCL environments -------------------------------------------------------
+def _bfcl_data_dir() -> Path:
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the BFCL environments need the bfcl-eval package (pip install --no-deps bfcl-eval)")
+    return Path(spec.submodule_search_locations[0]) / "data"
+
+
+@cache
+def _bfcl_scenarios() -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {name: [] for name in BFCL_CLASSES}
+    seen: dict[str, set[str]] = {name: set() for name in BFCL_CLASSES}
+    with open(_bfcl_data_dir() / "BFCL_v4_multi_turn_base.json") as f:
+        for line in f:
+            entry = json.loads(line)
+            for cls, config in entry.get("initial_config", {}).items():
+                key = json.dumps(config, sort_keys=True)
+                if cls in out and key not in seen[cls]:
+                    seen[cls].add(key)
+                    out[cls].append(config)
+    return {k: v or [{}] for k, v in out.items()}
+
+
+def bfcl_spec(class_name: str) -> EnvSpec:
+    module, doc_file = BFCL_CLASSES[class_name]
+    with open(_bfcl_data_dir() / "multi_turn_func_doc" / doc_file) as f:
+        docs = [json.loads(line) for line in f if line.strip()]
+    return EnvSpec(
+        name=class_name,
+        factory=f"{BFCL_MODULE}.{module}:{class_name}",
+        docs=docs,
+        scenarios=_bfcl_scenarios()[class_name],
+        arg_hints=f"palaestra.datagen.bfcl_hints:{class_name}",
+        bfcl_class=class_name,
+    )
+
+
+for _cls in BFCL_CLASSES:
+    ENVS.register(_cls, (lambda c: cache(lambda: bfcl_spec(c)))(_cls))

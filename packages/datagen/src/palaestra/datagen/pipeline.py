@@ -1,0 +1,209 @@
+"""One work item -> one verified sample (or a counted drop): the per-sample pipeline.
+
+For each user turn: directed trace toward the turn's target (`sampler`), the
+advanced tool (tool maker), the hard query (query writer), the guided
+iterative chain (reasoner + verification + critic, `chain`). Multi-turn
+samples continue on the evolving state; a ``miss_param`` turn withholds one
+input (the right answer asks for it; the next user turn gives it) and a
+``miss_func`` turn withholds the target function (the right answer says it
+cannot be done; in the next turn the function is added), as BFCL's
+miss_param / miss_func categories do. The output row is described in
+`palaestra.datagen.dataset`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from functools import cache
+
+from palaestra.datagen import roles as R
+from palaestra.datagen.chain import TurnTask, guided_chain
+from palaestra.datagen.envs import ToolEnv, get_env
+from palaestra.datagen.graph import ApiGraph
+from palaestra.datagen.sampler import SamplerStats, draw_length, sample_trace
+from palaestra.shared.llm.base import LLMConfig, SamplingParams
+
+ROLE_NAMES = ("tool_maker", "query_writer", "reasoner", "critic")
+
+
+@dataclass
+class RolesConfig:
+    """Which implementation plays each role, and the LLM behind the LLM ones."""
+
+    tool_maker: str = "deterministic"
+    """deterministic | llm."""
+    query_writer: str = "deterministic"
+    """deterministic | llm."""
+    reasoner: str = "deterministic"
+    """deterministic | llm."""
+    critic: str = "deterministic"
+    """deterministic | llm."""
+    naive_first_try: float = 0.3
+    """Deterministic reasoner: chance to skip hidden steps on its first try (exercises the critic loop)."""
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    """The model behind the LLM roles."""
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, max_tokens=256))
+    """Sampling for the LLM roles."""
+
+
+@dataclass
+class ItemConfig:
+    """How one sample is built."""
+
+    k_max: int = 3
+    """Tries of the guided chain (HardGen: 3)."""
+    max_steps: int = 12
+    """Assistant turns per try."""
+    min_turns: int = 1
+    """User turns per sample, at least."""
+    max_turns: int = 3
+    """User turns per sample, at most."""
+    p_miss_param: float = 0.15
+    """Chance that a sample's last turn withholds a parameter."""
+    p_miss_func: float = 0.15
+    """Chance that a sample's last turn withholds the target function."""
+
+
+@cache
+def _client(llm_json: str):
+    from palaestra.shared.llm import make_client
+
+    return make_client(LLMConfig(**json.loads(llm_json)))
+
+
+def make_roles(cfg: RolesConfig) -> tuple[R.Roles, object | None]:
+    """Roles per config, and the `CountingClient` when any role is an LLM one."""
+    for role in ROLE_NAMES:
+        if getattr(cfg, role) not in ("deterministic", "llm"):
+            from palaestra.shared.config import ConfigError
+
+            raise ConfigError(f"roles.{role}: unknown implementation {getattr(cfg, role)!r} (deterministic | llm)")
+    counter = None
+    if any(getattr(cfg, r) == "llm" for r in ROLE_NAMES):
+        from dataclasses import asdict
+
+        from palaestra.datagen.llm_roles import CountingClient
+
+        counter = CountingClient(_client(json.dumps(asdict(cfg.llm), sort_keys=True)), cfg.sampling)
+    from palaestra.datagen import llm_roles as L
+
+    pick = {
+        "tool_maker": (R.DeterministicToolMaker, L.LLMToolMaker),
+        "query_writer": (R.DeterministicQueryWriter, L.LLMQueryWriter),
+        "reasoner": (lambda: R.DeterministicReasoner(cfg.naive_first_try), L.LLMReasoner),
+        "critic": (R.DeterministicCritic, L.LLMCritic),
+    }
+    chosen = {r: (pick[r][1](counter) if getattr(cfg, r) == "llm" else pick[r][0]()) for r in ROLE_NAMES}
+    return R.Roles(**chosen), counter
+
+
+def weighted_tool(graph: ApiGraph, env: str, rng: random.Random, exclude: set[str] = frozenset()) -> str:
+    tools = [t for t in graph.tools(env) if t not in exclude]
+    return rng.choices(tools, weights=[graph.weight(env, t) for t in tools])[0]
+
+
+def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, counter=None) -> dict:
+    """``{"sample": row | None, "drop": reason | None, "stats": {...}}``; never raises for bad model output."""
+    rng = random.Random(item["seed"])
+    spec = get_env(item["env"])
+    env = ToolEnv(spec, item["scenario"])
+    sampler_stats = SamplerStats()
+    chain_stats: dict = {}
+    n_turns = rng.randint(cfg.min_turns, cfg.max_turns)
+    last_kind = "normal"
+    roll = rng.random()
+    if roll < cfg.p_miss_func:
+        last_kind = "miss_func"
+    elif roll < cfg.p_miss_func + cfg.p_miss_param:
+        last_kind = "miss_param"
+    targets = [item["target"]] + [weighted_tool(graph, spec.name, rng) for _ in range(n_turns - 1)]
+    if last_kind == "miss_func" and targets[-1] in targets[:-1]:
+        last_kind = "normal"  # the withheld function must not be needed before its turn
+    withheld = targets[-1] if last_kind == "miss_func" else None
+    calls_at_start = counter.calls if counter else 0
+    all_tools = R.openai_tools(spec)
+    history: list[dict] = []
+    turns: list[dict] = []
+    traces: list[dict] = []
+    advanced: list[dict] = []
+    missed: list[dict] = []
+
+    def out(drop: str | None, sample=None):
+        return {
+            "sample": sample,
+            "drop": drop,
+            "llm_calls": (counter.calls - calls_at_start) if counter else 0,
+            "stats": {"sampler": {"calls": sampler_stats.calls, "flows": sampler_stats.flows}, "chain": chain_stats},
+        }
+
+    for t, target in enumerate(targets):
+        last = t == n_turns - 1
+        kind = last_kind if last else "normal"
+        exclude = {withheld} if withheld and not last else set()
+        trace, _ = sample_trace(env, graph, target, rng, draw_length(rng), sampler_stats, exclude)
+        if not trace.steps:
+            return out("empty_trace")
+        tool = roles.tool_maker.make(trace, spec, rng)
+        if tool is None:
+            return out("tool_maker")
+        omit = []
+        if kind == "miss_param":
+            strings = [k for k, v in tool.inputs.items() if isinstance(v["value"], str)]
+            omit = [rng.choice(strings)] if strings else []
+            kind = kind if omit else "normal"
+        query = roles.query_writer.write(tool, trace, spec, rng, omit)
+        if query is None or not query.text.strip():
+            return out("query_writer")
+        if kind == "miss_param":
+            value = tool.inputs[omit[0]]["value"]
+            tasks = [
+                TurnTask(query.text, trace, all_tools, "miss_param", omit[0]),
+                TurnTask(
+                    f"The {omit[0].replace('_', ' ')} is {R._value_text(value)}.", trace, all_tools, "param_given"
+                ),
+            ]
+        elif kind == "miss_func":
+            reduced = [x for x in all_tools if x["function"]["name"] != withheld]
+            what = R.short_description(spec.doc(withheld)).lower()
+            tasks = [
+                TurnTask(query.text, trace, reduced, "miss_func", what),
+                TurnTask("", trace, all_tools, "func_added", withheld),
+            ]
+        else:
+            tools_now = [x for x in all_tools if x["function"]["name"] not in exclude]
+            tasks = [TurnTask(query.text, trace, tools_now)]
+        for task in tasks:
+            result = guided_chain(roles, env, history, task, cfg.k_max, rng, cfg.max_steps, chain_stats)
+            if result is None:
+                return out("unverified")
+            history += result.messages
+            env = result.truth
+            if task.kind == "func_added":
+                missed.append({"turn": len(turns), "functions": [withheld]})
+            turns.append(
+                {
+                    "kind": task.kind,
+                    "query": task.query if task.kind != "func_added" else "",
+                    "ground_truth": trace.calls if task.expects_calls else [],
+                    "hidden_steps": len(trace.hidden) if task.expects_calls else 0,
+                }
+            )
+        traces.append(
+            {
+                "target": trace.target,
+                "target_hit": trace.target_hit,
+                "steps": [
+                    {"name": s.name, "arguments": s.arguments, "output": s.output, "feeds": s.feeds}
+                    for s in trace.steps
+                ],
+            }
+        )
+        advanced.append(tool.schema())
+    from palaestra.datagen.dataset import make_row
+
+    row = make_row(
+        item, spec, history, all_tools, turns, missed, traces, advanced, roles.names(), graph.version, chain_stats
+    )
+    return out(None, row)

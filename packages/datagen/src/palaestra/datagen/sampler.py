@@ -1,0 +1,157 @@
+"""Directed trace sampler toward a target tool (HardGen).
+
+legal(T) iff Prerequisite(T) ⊆ T_called. The target T_a is picked as soon
+as it is legal; before that, the legal tool nearest T_a in the API graph;
+after it, a random legal tool. Every call is executed on the live
+environment (through forks: a call that fails is retried with other
+arguments, then the tool is set aside for this step). A trace is
+(C1, E1, ..., CM, EM), 1 to 8 calls.
+
+Each step records where its argument values came from; a value equal to an
+earlier response value is an observed output-to-input flow, and the earlier
+step becomes a *hidden* step (its result is an intermediate value the
+query will not state).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from palaestra.datagen.argfill import leaves
+from palaestra.datagen.envs import ToolEnv, call_string
+from palaestra.datagen.graph import ApiGraph, node, try_call
+
+LENGTH_WEIGHTS = {1: 0.04, 2: 0.12, 3: 0.24, 4: 0.26, 5: 0.16, 6: 0.1, 7: 0.05, 8: 0.03}
+"""Trace length distribution (1-8 calls); with prerequisites and failures the mean lands near 3.5."""
+
+
+@dataclass
+class Step:
+    name: str
+    arguments: dict
+    output: Any
+    feeds: dict[str, int] = field(default_factory=dict)
+    """Parameter -> index of the earlier step whose response supplied its value."""
+
+    @property
+    def call(self) -> str:
+        return call_string(self.name, self.arguments)
+
+
+@dataclass
+class Trace:
+    env: str
+    target: str
+    steps: list[Step]
+    target_hit: bool
+
+    @property
+    def hidden(self) -> list[int]:
+        """Indices of steps whose results feed later steps (intermediate values)."""
+        used = {i for s in self.steps for i in s.feeds.values()}
+        return sorted(i for i in used if i < len(self.steps) - 1)
+
+    @property
+    def calls(self) -> list[str]:
+        return [s.call for s in self.steps]
+
+
+@dataclass
+class SamplerStats:
+    calls: dict[str, list[int]] = field(default_factory=dict)
+    """node -> [calls, failures]."""
+    flows: list[tuple] = field(default_factory=list)
+
+    def record(self, env: str, tool: str, ok: bool) -> None:
+        entry = self.calls.setdefault(node(env, tool), [0, 0])
+        entry[0] += 1
+        entry[1] += 0 if ok else 1
+
+    def merge(self, other: SamplerStats) -> None:
+        for k, (c, f) in other.calls.items():
+            entry = self.calls.setdefault(k, [0, 0])
+            entry[0] += c
+            entry[1] += f
+        self.flows += other.flows
+
+
+def draw_length(rng: random.Random) -> int:
+    return rng.choices(list(LENGTH_WEIGHTS), weights=list(LENGTH_WEIGHTS.values()))[0]
+
+
+def sample_trace(
+    env: ToolEnv,
+    graph: ApiGraph,
+    target: str,
+    rng: random.Random,
+    length: int,
+    stats: SamplerStats | None = None,
+    exclude: set[str] = frozenset(),
+) -> tuple[Trace, ToolEnv]:
+    """A trace of up to `length` executed calls toward `target`, and the environment after it."""
+    name = env.spec.name
+    tools = [t for t in env.spec.tool_names if t not in exclude]
+    steps: list[Step] = []
+    outputs: list[tuple[str, Any]] = []
+    origin: list[int] = []  # step index of each entry in `outputs`
+    called: set[str] = set()
+    hit = False
+    blocked: set[str] = set()
+    budget = length + 6
+    while len(steps) < length and budget > 0:
+        budget -= 1
+        legal = [t for t in tools if set(graph.prerequisites(name, t)) <= called and t not in blocked]
+        if not legal:
+            break
+        if not hit and target in legal:
+            pick = target
+        elif not hit:
+            fresh = [t for t in legal if t not in called] or legal
+            best = min(graph.distance(name, t, target) for t in fresh)
+            pick = rng.choice([t for t in fresh if graph.distance(name, t, target) == best])
+        else:
+            fresh = [t for t in legal if t not in called]
+            pick = rng.choice(fresh if fresh and rng.random() < 0.7 else legal)
+        new_env, ex = try_call(env, pick, outputs, rng)
+        if stats is not None:
+            stats.record(name, pick, ex.ok)
+        if not ex.ok:
+            blocked.add(pick)
+            if pick == target and not hit:
+                target = None  # the target cannot run here: fall back to random legal tools
+                hit = True
+            continue
+        blocked.clear()
+        step = Step(pick, ex.arguments, ex.output)
+        for param, value in ex.arguments.items():
+            src = _producer(value, outputs, origin)
+            if src is not None:
+                step.feeds[param] = src
+                if stats is not None:
+                    stats.flows.append((name, steps[src].name, "", pick, param))
+        env = new_env
+        steps.append(step)
+        called.add(pick)
+        pairs = leaves(ex.output, "result")
+        outputs += pairs
+        origin += [len(steps) - 1] * len(pairs)
+        if pick == target:
+            hit = True
+    target_hit = target is not None and any(s.name == target for s in steps)
+    return Trace(name, target if target_hit else (steps[-1].name if steps else ""), steps, target_hit), env
+
+
+def _producer(value: Any, outputs: list, origin: list[int]) -> int | None:
+    """The latest step whose response holds `value` (only distinctive values: ids, tokens, names)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float) and abs(value) < 100:
+        return None
+    if isinstance(value, str) and len(value) < 3:
+        return None
+    for i in range(len(outputs) - 1, -1, -1):
+        if outputs[i][1] == value:
+            return origin[i]
+    return None
