@@ -1,0 +1,62 @@
+"""Fixed-opponent envs and the legal-move SFT data."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from palaestra.mars.env import GameEnv, Shaping, parse_answer, render_response
+from palaestra.mars.players import RandomPlayer
+from palaestra.mars.sft_data import legal_move_conversations
+from palaestra.mars.versus import VersusEnv
+
+
+@pytest.mark.parametrize("game", ["tic_tac_toe", "leduc_poker", "connect_four"])
+def test_versus_env_credits_the_learner_with_its_seat_return(game):
+    shaping = Shaping(valid_turn_bonus=0.0, draw_bonus=0.0)
+    env = VersusEnv(GameEnv(game, shaping), RandomPlayer(5), seat="alternate")
+    rng = random.Random(0)
+    seats = set()
+    for seed in range(30):
+        info = env.reset(seed)
+        seats.add(info["learner_seat"])
+        me = env.agents[0]
+        assert me == f"player_{info['learner_seat']}"
+        total = 0.0
+        done = False
+        while not done:
+            assert env.current_agent == me and env.env.current_agent == me
+            env.observe(me)
+            step = env.step(render_response(rng.choice(env.env.legal_actions())))
+            assert set(step.rewards) == {me}
+            total += step.rewards[me]
+            done = step.done
+        assert total == pytest.approx(env.env.state.returns()[info["learner_seat"]])
+    assert seats == {0, 1}
+
+
+def test_versus_env_format_loss():
+    env = VersusEnv(GameEnv("tic_tac_toe"), RandomPlayer(0), seat="second")
+    env.reset(0)
+    step = env.step("no answer here")
+    assert step.terminated and step.rewards == {"player_1": -11.0}
+
+
+def test_sft_rows_are_legal_games():
+    rows = legal_move_conversations("kuhn_poker", episodes=10, seed=1)
+    assert len(rows) == 20
+    for row in rows:
+        msgs = row["messages"]
+        assert msgs[0]["role"] == "system" and msgs[1]["role"] == "user"
+        for i, m in enumerate(msgs[2:], start=2):
+            assert m["role"] == ("assistant" if i % 2 == 0 else "user")
+        for m in msgs:
+            if m["role"] == "assistant":
+                action, error = parse_answer(m["content"])
+                assert error is None
+                # the move is among the legal actions listed in the observation just before it
+                prev = msgs[msgs.index(m) - 1]["content"]
+                assert action in prev.split("LEGAL ACTIONS:\n")[1]
+    with pytest.raises(ValueError, match="random or mcts"):
+        legal_move_conversations("kuhn_poker", 1, mover="alphazero")
