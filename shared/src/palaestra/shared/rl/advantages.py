@@ -60,9 +60,16 @@ class AdvantageInput:
     """Response tokens per turn (for token-weighted statistics)."""
     think_entropy: np.ndarray | None = None
     """Per trajectory: mean token entropy over its ``<think>`` span (NaN: no span); set by the trainer."""
+    response_entropy: np.ndarray | None = None
+    """Per trajectory: mean token entropy over all its response tokens; set by the trainer."""
 
     @classmethod
-    def from_trajectories(cls, trajs: Sequence[Trajectory], think_entropy: np.ndarray | None = None):
+    def from_trajectories(
+        cls,
+        trajs: Sequence[Trajectory],
+        think_entropy: np.ndarray | None = None,
+        response_entropy: np.ndarray | None = None,
+    ):
         rewards = []
         for t in trajs:
             r = np.array([turn.reward for turn in t.turns], dtype=np.float64)
@@ -76,6 +83,7 @@ class AdvantageInput:
             env_types=[t.env_type for t in trajs],
             turn_tokens=[np.array([len(turn.response_ids) for turn in t.turns], dtype=np.float64) for t in trajs],
             think_entropy=think_entropy,
+            response_entropy=response_entropy,
         )
 
 
@@ -225,17 +233,25 @@ def mars_code_norm(values: Values | None, batch: AdvantageInput, *, eps: float =
 
 
 @ADVANTAGES.register("entropy_clipped")
-def entropy_clipped(values: Values | None, batch: AdvantageInput, *, lam: float = 0.4, alpha: float = 2.0) -> Values:
-    """EGPO: A + λ·clip(H, -|A|/α, |A|/α), H the (detached) mean entropy of the think span."""
+def entropy_clipped(
+    values: Values | None, batch: AdvantageInput, *, lam: float = 0.4, alpha: float = 2.0, span: str = "think"
+) -> Values:
+    """EGPO: A + λ·clip(H, -|A|/α, |A|/α), H the (detached) mean entropy of the think span.
+
+    ``span="response"`` takes H over the whole response instead (for tasks without a think block).
+    """
     values = _require(values, "entropy_clipped")
     if alpha <= 0 or lam < 0:
         raise ValueError(f"entropy_clipped: need alpha > 0 and lam >= 0, got lam={lam}, alpha={alpha}")
     if lam >= alpha:
         raise ValueError(f"entropy_clipped: lam ({lam}) >= alpha ({alpha}) could flip the advantage's sign")
-    if batch.think_entropy is None:
-        raise ValueError("entropy_clipped needs think-span entropies (the trainer computes them)")
+    if span not in ("think", "response"):
+        raise ValueError(f"entropy_clipped: span must be think | response, got {span!r}")
+    entropy = batch.think_entropy if span == "think" else batch.response_entropy
+    if entropy is None:
+        raise ValueError("entropy_clipped needs token entropies (the trainer computes them)")
     out = []
-    for v, h in zip(values, batch.think_entropy):
+    for v, h in zip(values, entropy):
         h = 0.0 if not np.isfinite(h) else float(h)  # no think span: no bonus
         bound = np.abs(v) / alpha
         out.append(v + lam * np.clip(h, -bound, bound))

@@ -75,3 +75,4 @@ class TextEnv:
 
 
 ENVS: Registry[type[TextEnv]] = Registry("environment", "palaestra.envs")
+ENVS.register("task", "palaestra.shared.rollout.tasks:TaskEnv")  # single-turn tasks: a task source + a reward

@@ -1,0 +1,127 @@
+"""Trainer checkpoints: the model (HF ``save_pretrained``; LoRA: the adapter), optimizer, RNG states, step.
+
+Layout under ``<output_dir>/checkpoints``::
+
+    step_000010/            model (loadable as an HF directory with its tokenizer) + trainer_state.pt
+    reference/              the frozen reference model (when KL is on), saved once at the start
+
+A checkpoint is written to a temporary directory and renamed, so a crash never
+leaves a half-written ``step_*`` behind.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def save(root: Path, step: int, model, tokenizer, optimizer) -> Path:
+    final = root / f"step_{step:06d}"
+    tmp = root / f".tmp_step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    state = {"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state()}
+    torch.save(state, tmp / "trainer_state.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def latest(root: Path) -> Path | None:
+    steps = sorted(p for p in Path(root).glob("step_*") if (p / "trainer_state.pt").is_file())
+    return steps[-1] if steps else None
+
+
+def prune(root: Path, keep: int) -> None:
+    steps = sorted(p for p in Path(root).glob("step_*") if (p / "trainer_state.pt").is_file())
+    for old in steps[: max(0, len(steps) - max(keep, 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load(path: Path, model, optimizer) -> int:
+    """Restore weights, optimizer and RNG states from `path`; return its step."""
+    load_weights(path, model)
+    state = torch.load(path / "trainer_state.pt", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"])
+    return int(state["step"])
+
+
+def load_weights(path: Path, model) -> None:
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if (path / "adapter_model.safetensors").is_file():
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(path / "adapter_model.safetensors"))
+        return
+    files = (
+        [path / "model.safetensors"] if (path / "model.safetensors").is_file() else sorted(path.glob("*.safetensors"))
+    )
+    if not files:
+        raise FileNotFoundError(f"no model weights (*.safetensors) in {path}")
+    state = {}
+    for f in files:
+        state.update(load_file(f))
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"checkpoint {path} has weights the model does not: {result.unexpected_keys[:3]}")
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in result.missing_keys if k not in tied and not k.endswith("lm_head.weight")]
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks weights: {missing[:3]}")
+
+
+def save_reference(root: Path, model) -> None:
+    model.save_pretrained(Path(root) / "reference")
+
+
+def load_reference(root: Path, model) -> None:
+    load_weights(Path(root) / "reference", model)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@torch.no_grad()
+def merged_lora_state(peft_model) -> dict[str, torch.Tensor]:
+    """The base model's state dict with each LoRA delta added in (the adapters stay as they are)."""
+    from peft.tuners.lora import LoraLayer
+
+    deltas = {}
+    for name, module in peft_model.named_modules():
+        if isinstance(module, LoraLayer):
+            adapter = module.active_adapters[0]
+            deltas[_clean(name) + ".weight"] = module.get_delta_weight(adapter)
+    out = {}
+    for name, value in peft_model.state_dict().items():
+        if "lora_" in name:
+            continue
+        key = _clean(name.replace(".base_layer", ""))
+        out[key] = value + deltas[key] if key in deltas else value
+    return out
+
+
+def _clean(name: str) -> str:
+    return name.removeprefix("base_model.model.")

@@ -1,0 +1,254 @@
+"""The rollout engine: many text environments at once against one `LLMClient`.
+
+Each loop collects every episode waiting for the model, makes one batched
+``generate`` call for all of them, and steps each environment with its
+response. Identical prompts in runs of equal length (a GRPO group's first turn)
+go out as one prompt with ``n`` completions.
+
+Token-in, token-out: an agent's first prompt is its messages rendered through
+the chat template; every later prompt is the previous prompt + the response as
+generated + the template's end-of-turn tokens + the new observation messages
+tokenized as a delta (`ChatTokens`). Nothing the model wrote is re-tokenized.
+
+Limits: ``max_turns`` model calls per episode, ``max_tokens_per_turn``, and
+``max_context_tokens`` per conversation. An episode that hits one is kept and
+marked truncated (``Trajectory.limit`` says which). An environment that raises
+marks its episode's trajectories failed (error kept, counted); the rest go on.
+Seeds make a rollout reproducible with the transformers backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from palaestra.shared.llm.base import Completion, LLMClient, SamplingParams
+from palaestra.shared.rollout.env import TextEnv
+from palaestra.shared.rollout.trajectory import Trajectory, Turn
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are sampled."""
+
+    group_size: int = 1
+    """Episodes per task (same reset seed): a GRPO group."""
+    max_turns: int = 16
+    """Model calls per episode (all agents together); reaching it truncates the episode."""
+    max_tokens_per_turn: int = 256
+    """Generated tokens per model call."""
+    max_context_tokens: int = 4096
+    """Prompt + response tokens per agent conversation."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EpisodeSpec:
+    """One task to play `group_size` times: how to make the env and the seed to reset it with."""
+
+    make_env: Callable[[], TextEnv]
+    seed: int
+    group_id: str
+
+
+@dataclass
+class RolloutResult:
+    trajectories: list[Trajectory]
+    stats: dict[str, float]
+
+
+class ChatTokens:
+    """Prompt ids through the chat template; later turns as token deltas (never re-rendering history)."""
+
+    _BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+
+    def __init__(self, client: LLMClient):
+        self.client = client
+        self.eos = client.tokenizer.eos_token_id
+        self._base_ids = client.render(self._BASE, add_generation_prompt=False)
+        if self.eos not in self._base_ids:
+            raise ValueError("the chat template does not end an assistant turn with the tokenizer's eos token")
+        last = len(self._base_ids) - 1 - self._base_ids[::-1].index(self.eos)
+        self.closing = self._base_ids[last:]
+        """What the template puts after an assistant turn's content (e.g. ``<|im_end|>\\n``)."""
+
+    def first(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        return self.client.render(messages, tools, add_generation_prompt=True)
+
+    def delta(self, messages: list[dict]) -> list[int]:
+        """Tokens that `messages` add after a finished assistant turn, through the next generation prompt."""
+        full = self.client.render(self._BASE + list(messages), add_generation_prompt=True)
+        if full[: len(self._base_ids)] != self._base_ids:
+            raise ValueError("the chat template re-renders earlier turns when messages are added")
+        return full[len(self._base_ids) :]
+
+    def extend(self, prompt: list[int], response: list[int], messages: list[dict]) -> list[int]:
+        closing = self.closing[1:] if response and response[-1] == self.eos else self.closing
+        return prompt + response + closing + self.delta(messages)
+
+
+@dataclass
+class _Episode:
+    env: TextEnv
+    spec: EpisodeSpec
+    trajs: dict[str, Trajectory] = field(default_factory=dict)
+    prompts: dict[str, list[int]] = field(default_factory=dict)
+    model_calls: int = 0
+    done: bool = False
+
+    def traj(self, agent: str) -> Trajectory:
+        if agent not in self.trajs:
+            env_type = getattr(self.env, "env_type", "text")
+            self.trajs[agent] = Trajectory(env_type=env_type, agent=agent, group_id=self.spec.group_id)
+        return self.trajs[agent]
+
+    def fail(self, err: BaseException) -> None:
+        for agent in getattr(self.env, "agents", []):
+            self.traj(agent)
+        for t in self.trajs.values():
+            t.failed, t.error = True, f"{type(err).__name__}: {err}"
+        self.done = True
+
+    def truncate(self, limit: str) -> None:
+        for t in self.trajs.values():
+            t.truncated, t.limit = True, t.limit or limit
+        self.done = True
+
+
+class RolloutEngine:
+    """Drives episodes against `client`; `run` returns their trajectories and counts."""
+
+    def __init__(self, client: LLMClient, cfg: RolloutConfig):
+        self.client = client
+        self.cfg = cfg
+        self.chat = ChatTokens(client)
+
+    def run(self, specs: Sequence[EpisodeSpec], seed: int = 0) -> RolloutResult:
+        start = time.perf_counter()
+        episodes = [_Episode(spec.make_env(), spec) for spec in specs for _ in range(self.cfg.group_size)]
+        for ep in episodes:
+            self._guard(ep, lambda ep=ep: self._reset(ep))
+        gen_s, gen_tokens, calls = 0.0, 0, 0
+        while True:
+            waiting = [(ep, req) for ep in episodes if not ep.done for req in [self._prepare(ep)] if req]
+            if not waiting:
+                break
+            t0 = time.perf_counter()
+            completions = self._generate([prompt for _, (_, prompt) in waiting], seed * 1_000_003 + calls)
+            gen_s += time.perf_counter() - t0
+            calls += 1
+            for (ep, (agent, prompt)), completion in zip(waiting, completions):
+                gen_tokens += len(completion.token_ids)
+                self._guard(ep, lambda ep=ep, a=agent, p=prompt, c=completion: self._act(ep, a, p, c))
+        trajs = [t for ep in episodes for t in ep.trajs.values()]
+        stats = {
+            "episodes": len(episodes),
+            "trajectories": len(trajs),
+            "failed": sum(t.failed for t in trajs),
+            "truncated": sum(t.truncated for t in trajs),
+            "generated_tokens": gen_tokens,
+            "generate_calls": calls,
+            "generate_s": gen_s,
+            "rollout_s": time.perf_counter() - start,
+        }
+        return RolloutResult(trajs, stats)
+
+    # -- one episode ------------------------------------------------------
+    def _reset(self, ep: _Episode) -> None:
+        info = ep.env.reset(seed=ep.spec.seed)
+        for agent in ep.env.agents:
+            ep.traj(agent).info["task"] = info
+
+    def _prepare(self, ep: _Episode) -> tuple[str, list[int]] | None:
+        """The acting agent and its next prompt, or None when the episode ends here."""
+        try:
+            agent = ep.env.current_agent
+            messages = ep.env.observe(agent)
+            traj = ep.traj(agent)
+            if agent not in ep.prompts:
+                prompt = self.chat.first(messages, ep.env.tools(agent))
+            else:
+                last = traj.turns[-1]
+                prompt = self.chat.extend(last.prompt_ids, last.response_ids, messages)
+        except Exception as err:  # the env broke: this episode is lost, the rollout goes on
+            ep.fail(err)
+            return None
+        if len(prompt) >= self.cfg.max_context_tokens:
+            ep.truncate("context")
+            return None
+        ep.prompts[agent] = prompt
+        return agent, prompt
+
+    def _act(self, ep: _Episode, agent: str, prompt: list[int], completion: Completion) -> None:
+        ids, logprobs, finish = list(completion.token_ids), completion.logprobs, completion.finish_reason
+        text = completion.text
+        room = self.cfg.max_context_tokens - len(prompt)
+        cut = len(ids) > room
+        if cut:  # a prefix of a sample is a sample: keep the tokens that fit
+            ids, logprobs, finish = ids[:room], (logprobs[:room] if logprobs else logprobs), "context"
+            text = self.client.tokenizer.decode(ids, skip_special_tokens=True)
+        turn = Turn(agent, prompt, ids, list(logprobs) if logprobs else None, text=text, finish_reason=finish)
+        ep.traj(agent).turns.append(turn)
+        ep.model_calls += 1
+        if cut:
+            ep.truncate("context")
+            return
+        if finish == "length":
+            ep.traj(agent).truncated, ep.traj(agent).limit = True, "max_tokens"
+        step = ep.env.step(text)
+        turn.action = step.info.get("action")
+        turn.error = step.info.get("format_error")
+        for who, reward in step.rewards.items():
+            target = ep.traj(who)
+            if target.turns:
+                target.turns[-1].reward += float(reward)
+            else:
+                target.extra_reward += float(reward)
+        if step.done:
+            for t in ep.trajs.values():
+                t.terminated, t.info["final"] = step.terminated, step.info
+                t.truncated = t.truncated or step.truncated
+            ep.done = True
+        elif ep.model_calls >= self.cfg.max_turns:
+            ep.truncate("max_turns")
+
+    def _guard(self, ep: _Episode, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception as err:
+            ep.fail(err)
+
+    # -- batched generation -------------------------------------------------
+    def _generate(self, prompts: list[list[int]], seed: int) -> list[Completion]:
+        params = SamplingParams(
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            max_tokens=self.cfg.max_tokens_per_turn,
+            stop=list(self.cfg.stop),
+            seed=seed,
+        )
+        n = _uniform_run_length(prompts)
+        if n > 1:  # every prompt repeats n times in a row: one prompt, n samples
+            params.n = n
+            return self.client.generate(prompts[::n], params)
+        return self.client.generate(prompts, params)
+
+
+def _uniform_run_length(prompts: list[list[int]]) -> int:
+    """k if `prompts` is made of consecutive runs of k identical prompts (k > 1), else 1."""
+    if len(prompts) < 2:
+        return 1
+    k = 1
+    while k < len(prompts) and prompts[k] == prompts[0]:
+        k += 1
+    if k == 1 or len(prompts) % k:
+        return 1
+    for start in range(0, len(prompts), k):
+        run = prompts[start : start + k]
+        if any(p != run[0] for p in run) or (start + k < len(prompts) and prompts[start + k] == run[0]):
+            return 1
+    return k

@@ -1,0 +1,156 @@
+"""Where rollouts run: in the learner's process, or on Ray actors each holding a model replica.
+
+Both kinds answer ``run(specs, seed) -> RolloutResult`` and ``sync(state_dict)``.
+
+- `LocalRollouts` drives the engine on the learner's own client; the client
+  shares the learner's model object, so there are no weights to copy.
+- `RayRollouts` starts ``num_workers`` `RolloutWorker` actors, each building its
+  own client from the `LLMConfig` (send configs, not models). A step's episode
+  specs are cut into one contiguous shard per worker; each shard has its own
+  seed (from its index, not from the worker), so the result does not depend on
+  which worker ran it. After each update the learner calls ``sync``: the state
+  dict goes into the object store once (``ray.put``) and every worker loads it
+  (``client.load_weights``: a tensor copy for transformers, vLLM's weight-update
+  path for vllm). A worker that dies is replaced, given the current weights,
+  and its shard is run again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from palaestra.shared.config import ClusterConfig
+from palaestra.shared.llm.base import LLMClient, LLMConfig, make_client
+from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine, RolloutResult
+
+
+class LocalRollouts:
+    """Rollouts in this process, on the learner's own client."""
+
+    def __init__(self, client: LLMClient, cfg: RolloutConfig):
+        self.engine = RolloutEngine(client, cfg)
+
+    def run(self, specs: Sequence[EpisodeSpec], seed: int) -> RolloutResult:
+        return self.engine.run(specs, seed)
+
+    def sync(self, state_dict: dict | None) -> None:
+        pass  # the engine's client holds the learner's model itself
+
+    def close(self) -> None:
+        pass
+
+
+class RolloutWorker:
+    """A Ray actor: one model replica and an engine (wrapped with ``ray.remote`` by `RayRollouts`)."""
+
+    def __init__(self, llm: LLMConfig, cfg: RolloutConfig, torch_threads: int = 1):
+        import torch
+
+        torch.set_num_threads(torch_threads)
+        self.client = make_client(llm)
+        self.engine = RolloutEngine(self.client, cfg)
+
+    def run(self, specs: list[EpisodeSpec], seed: int) -> RolloutResult:
+        return self.engine.run(specs, seed)
+
+    def load_weights(self, state_dict: dict) -> bool:
+        self.client.load_weights(state_dict)
+        return True
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RayRollouts:
+    """Rollouts spread over Ray actors; dead workers are replaced and their shard redone."""
+
+    def __init__(
+        self,
+        llm: LLMConfig,
+        cfg: RolloutConfig,
+        num_workers: int,
+        cluster: ClusterConfig | None = None,
+        num_cpus: float = 1,
+        num_gpus: float = 0,
+        max_restarts_per_step: int = 3,
+    ):
+        from palaestra.shared import cluster as ray_cluster
+
+        self.ray = ray_cluster.init(cluster)
+        self.llm, self.cfg = llm, cfg
+        self.actor_cls = self.ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(RolloutWorker)
+        self.max_restarts = max_restarts_per_step
+        self.weights_ref: Any = None
+        self.restarts = 0
+        self.workers = [self._start() for _ in range(num_workers)]
+        self.ray.get([w.pid.remote() for w in self.workers])  # fail here, not mid-step, if a model cannot load
+
+    def _start(self):
+        worker = self.actor_cls.remote(self.llm, self.cfg, 1)
+        if self.weights_ref is not None:
+            self.ray.get(worker.load_weights.remote(self.weights_ref))
+        return worker
+
+    def sync(self, state_dict: dict | None) -> None:
+        """Push new weights to every worker (one copy in the object store)."""
+        if state_dict is None:
+            return
+        self.weights_ref = self.ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+        self._call_all(lambda w: w.load_weights.remote(self.weights_ref))
+
+    def run(self, specs: Sequence[EpisodeSpec], seed: int) -> RolloutResult:
+        shards = _split(list(specs), len(self.workers))
+        results: list[RolloutResult | None] = [None] * len(shards)
+        pending = {self.workers[i].run.remote(shard, seed * 1009 + i): i for i, shard in enumerate(shards) if shard}
+        restarts = 0
+        while pending:
+            done, _ = self.ray.wait(list(pending), num_returns=1)
+            ref = done[0]
+            i = pending.pop(ref)
+            try:
+                results[i] = self.ray.get(ref)
+            except self.ray.exceptions.RayActorError:
+                restarts += 1
+                self.restarts += 1
+                if restarts > self.max_restarts:
+                    raise RuntimeError(f"rollout workers died {restarts} times in one step; giving up") from None
+                self.workers[i] = self._start()  # a fresh replica with the current weights
+                pending[self.workers[i].run.remote(shards[i], seed * 1009 + i)] = i
+        return _merge([r for r in results if r is not None], restarts)
+
+    def _call_all(self, fn) -> None:
+        refs = {fn(w): i for i, w in enumerate(self.workers)}
+        for ref, i in refs.items():
+            try:
+                self.ray.get(ref)
+            except self.ray.exceptions.RayActorError:
+                self.workers[i] = self._start()
+
+    def close(self) -> None:
+        for w in self.workers:
+            self.ray.kill(w)
+        self.workers = []
+
+
+def _split(items: list, parts: int) -> list[list]:
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+def _merge(results: list[RolloutResult], restarts: int) -> RolloutResult:
+    trajs = [t for r in results for t in r.trajectories]
+    stats: dict[str, float] = {}
+    for r in results:
+        for k, v in r.stats.items():
+            # times overlap across workers: the slowest one is the step's wall time
+            stats[k] = max(stats.get(k, 0.0), v) if k.endswith("_s") else stats.get(k, 0) + v
+    stats["worker_restarts"] = restarts
+    return RolloutResult(trajs, stats)
