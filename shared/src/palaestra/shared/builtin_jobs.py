@@ -1,4 +1,5 @@
-"""The jobs palaestra-shared registers: ``pipeline`` and ``llm.generate``."""
+"""The jobs palaestra-shared registers: ``pipeline``, ``llm.generate``, ``rl.train`` and ``rl.sft``."""
 
 import palaestra.shared.jobs  # noqa: F401  (registers `pipeline`)
 import palaestra.shared.llm.generate_job  # noqa: F401  (registers `llm.generate`)
+import palaestra.shared.rl.jobs  # noqa: F401  (registers `rl.train`, `rl.sft`)
