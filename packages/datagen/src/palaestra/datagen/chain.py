@@ -135,7 +135,7 @@ def verify_turn(env_start: ToolEnv, env_after: ToolEnv, turn: TurnTask, executio
             got.remove(key)
         else:
             missing.append(step.name)
-    state_ok = truth.public_state() == env_after.public_state()
+    state_ok = truth.same_state(env_after)
     if not missing and state_ok:
         return True, {}, truth
     return False, {"missing_tools": missing, "state_mismatch": not state_ok}, truth

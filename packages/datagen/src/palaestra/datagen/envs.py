@@ -177,16 +177,44 @@ class ToolEnv:
             return Execution(name, arguments, {"error": f"no such function: {name}"}, False)
         try:
             method = getattr(self.instance, name)
+            # BFCL methods have mutable defaults (post_tweet(mentions=[])) that later calls mutate in place;
+            # an explicit fresh empty value keeps every execution, and the recorded call, independent of that
+            for pname, default in _mutable_defaults(type(self.instance), name):
+                arguments.setdefault(pname, type(default)())
             output = method(**arguments)
         except (Exception, SystemExit, RecursionError) as err:  # a broken env must not take the process down
             return Execution(name, arguments, {"error": f"{type(err).__name__}: {err}"}, False)
         output = jsonable(output)
         failed = isinstance(output, dict) and "error" in output
+        if not failed and not self.healthy():
+            return Execution(name, arguments, {"error": "the call left the environment in a broken state"}, False)
         return Execution(name, arguments, output, not failed)
+
+    def healthy(self) -> bool:
+        """Whether the state can still be compared (a directory moved into itself makes it cyclic)."""
+        try:
+            return self.public_state() == copy.deepcopy(self.public_state())
+        except (RecursionError, Exception):
+            return False
+
+    def same_state(self, other: ToolEnv) -> bool:
+        try:
+            return self.public_state() == other.public_state()
+        except (RecursionError, Exception):
+            return False
 
     def public_state(self) -> dict:
         """Public attributes (what BFCL's state checker compares)."""
         return {k: v for k, v in vars(self.instance).items() if not k.startswith("_")}
+
+
+@cache
+def _mutable_defaults(cls: type, name: str) -> tuple:
+    try:
+        params = inspect.signature(getattr(cls, name)).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple((p.name, p.default) for p in params if isinstance(p.default, list | dict | set))
 
 
 def jsonable(value: Any, depth: int = 0) -> Any:

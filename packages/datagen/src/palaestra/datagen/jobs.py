@@ -1,1 +1,3 @@
 """Jobs of palaestra-datagen (registered through the `palaestra.jobs` entry point)."""
+
+from palaestra.datagen import generate, mine  # noqa: F401  (import registers the jobs)

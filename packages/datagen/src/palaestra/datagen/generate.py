@@ -1,0 +1,175 @@
+"""The ``datagen.generate`` job: verified samples from executable environments, on Ray workers.
+
+The driver builds (or loads) the API graph, plans the work items (one per
+sample: environment round-robin, targets allotted in proportion to the
+graph's tool weights by smooth weighted round-robin, so equal weights cover
+every tool), skips items a previous run finished, fans chunks of items out
+with `palaestra.shared.cluster.parallel_map` (``workers: 0`` runs them in
+process), and appends every verified sample to the JSONL as its chunk
+returns. Per batch it logs progress metrics; at the end a stats report
+(`stats.report`) and the graph (``graph.json``, ``graph.png``) go to MLflow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from palaestra.datagen.dataset import SampleWriter
+from palaestra.datagen.envs import BFCL_CLASSES, get_env
+from palaestra.datagen.graph import ApiGraph
+from palaestra.datagen.pipeline import ItemConfig, RolesConfig, generate_item, make_roles
+from palaestra.datagen.stats import RunStats
+from palaestra.shared.config import ConfigError, JobConfig
+from palaestra.shared.jobs import job
+from palaestra.shared.tracking import Tracker, scratch_dir
+
+
+@dataclass
+class GenerateConfig(JobConfig):
+    """Generate a verified tool-use dataset."""
+
+    job: str = "datagen.generate"
+    name: str = "default"
+    """Dataset name: samples go to ``<output_dir>/datagen/<name>/samples.jsonl``."""
+    envs: list[str] = field(default_factory=lambda: list(BFCL_CLASSES))
+    """Environments (registered names; BFCL's eight by default)."""
+    num_samples: int = 64
+    """Work items (each yields one verified sample or a counted drop)."""
+    workers: int = 2
+    """Parallel Ray tasks in flight (0: run in this process)."""
+    items_per_task: int = 8
+    """Items per Ray task."""
+    round: int = 0
+    """Closed-loop round (provenance; `datagen.mine` sets it)."""
+    graph: str | None = None
+    """Start from this ``graph.json`` (weights from an earlier round) instead of mining a new graph."""
+    roles: RolesConfig = field(default_factory=RolesConfig)
+    item: ItemConfig = field(default_factory=ItemConfig)
+    log_samples: bool = True
+    """Log the JSONL as an MLflow artifact at the end."""
+
+    @property
+    def output_path(self) -> Path:
+        return Path(self.output_dir) / "datagen" / self.name / "samples.jsonl"
+
+
+def build_graph(envs: list[str], seed: int = 0) -> ApiGraph:
+    graph = ApiGraph()
+    for name in envs:
+        graph.add_env(get_env(name), probe=True, seed=seed)
+    return graph
+
+
+def plan_items(cfg: GenerateConfig, graph: ApiGraph) -> list[dict]:
+    """Deterministic work items; targets per environment in proportion to tool weights."""
+    rng = random.Random(cfg.seed * 1000003 + cfg.round)
+    credit: dict[str, dict[str, float]] = {}
+    items = []
+    for i in range(cfg.num_samples):
+        env = cfg.envs[i % len(cfg.envs)]
+        tools = graph.tools(env)
+        credit.setdefault(env, {t: rng.random() * 1e-3 for t in tools})  # tiny jitter breaks ties by seed
+        weights = {t: graph.weight(env, t) for t in tools}
+        total = sum(weights.values())
+        for t in tools:
+            credit[env][t] += weights[t]
+        target = max(tools, key=lambda t: credit[env][t])
+        credit[env][target] -= total
+        seed = int(hashlib.sha1(f"{cfg.seed}-{cfg.round}-{i}".encode()).hexdigest()[:8], 16)
+        spec = get_env(env)
+        items.append(
+            {
+                "id": f"{cfg.name}-r{cfg.round}-{i}",
+                "env": env,
+                "target": target,
+                "seed": seed,
+                "scenario": seed % len(spec.scenarios),
+                "round": cfg.round,
+            }
+        )
+    return items
+
+
+def run_chunk(payload: dict) -> list[dict]:
+    """A Ray task: generate every item of a chunk (roles and clients built in the worker)."""
+    graph = ApiGraph.from_dict(payload["graph"])
+    roles, counter = make_roles(payload["roles"])
+    out = []
+    for item in payload["items"]:
+        result = generate_item(item, graph, roles, payload["item_cfg"], counter)
+        out.append({"id": item["id"], **result})
+    return out
+
+
+def run_generation(cfg: GenerateConfig, graph: ApiGraph, tracker: Tracker, step_offset: int = 0) -> RunStats:
+    """Generate into ``cfg.output_path`` (resuming), returning the run's stats."""
+    for name in cfg.envs:
+        get_env(name)  # unknown names fail here, with suggestions
+    make_roles(cfg.roles)  # a bad role name fails before any work
+    items = plan_items(cfg, graph)
+    stats = RunStats(envs={e: get_env(e).tool_names for e in cfg.envs}, k_max=cfg.item.k_max)
+    started = time.perf_counter()
+    with SampleWriter(cfg.output_path) as writer:
+        todo = [it for it in items if it["id"] not in writer.done]
+        stats.resumed = len(items) - len(todo)
+        chunks = [todo[i : i + cfg.items_per_task] for i in range(0, len(todo), cfg.items_per_task)]
+        payloads = [{"items": c, "graph": graph.to_dict(), "roles": cfg.roles, "item_cfg": cfg.item} for c in chunks]
+        batch = max(1, 2 * cfg.workers)
+        from tqdm import tqdm
+
+        with tqdm(total=len(todo), desc=f"datagen {cfg.name} r{cfg.round}", disable=False) as bar:
+            for b in range(0, len(payloads), batch):
+                group = payloads[b : b + batch]
+                if cfg.workers <= 0:
+                    results = [run_chunk(p) for p in group]
+                else:
+                    from palaestra.shared.cluster import TaskFailure, parallel_map
+
+                    results = parallel_map(
+                        run_chunk, group, keep_going=True, desc="chunks", cluster=cfg.cluster, progress=False
+                    )
+                    for i, r in enumerate(results):
+                        if isinstance(r, TaskFailure):  # a lost chunk is counted; its items stay unfinished
+                            stats.task_failures.append(r.error)
+                            results[i] = []
+                for chunk in results:
+                    for r in chunk:
+                        kept = writer.add(r["id"], r["sample"])
+                        stats.add(r, kept)
+                        graph.merge_stats(r["stats"]["sampler"])
+                    bar.update(len(chunk))
+                stats.duplicates = writer.duplicates
+                tracker.log_metrics(stats.progress_metrics(), step=step_offset + len(writer.done))
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+@job("datagen.generate", GenerateConfig)
+def generate(cfg: GenerateConfig, tracker: Tracker) -> dict:
+    """HardGen + FunReason-MT: verified (multi-turn) tool-use samples from executable environments."""
+    if cfg.num_samples < 0 or cfg.items_per_task < 1:
+        raise ConfigError("num_samples must be >= 0 and items_per_task >= 1")
+    graph = (
+        ApiGraph.from_dict(json.loads(Path(cfg.graph).read_text())) if cfg.graph else build_graph(cfg.envs, cfg.seed)
+    )
+    stats = run_generation(cfg, graph, tracker)
+    report = stats.report()
+    out_dir = scratch_dir()
+    for path in graph.save(out_dir):
+        tracker.log_artifact(path, "graph")
+    tracker.log_dict(report, "stats.json")
+    tracker.log_metrics({f"stats/{k}": v for k, v in report.items() if isinstance(v, int | float)})
+    if cfg.log_samples and cfg.output_path.exists():
+        tracker.log_artifact(cfg.output_path, "dataset")
+    print(f"datagen: {report['kept']} samples -> {cfg.output_path}")
+    return {
+        "kept": report["kept"],
+        "dropped": report["dropped"],
+        "output": str(cfg.output_path),
+        "samples_per_minute": report["samples_per_minute"],
+    }

@@ -1,0 +1,82 @@
+"""Per-run statistics of a generation run (the report logged to MLflow).
+
+calls per trace, hidden-step fraction, coverage of environments and
+functions, pass rate per try (of the tries made at index k, the share that
+passed), drops by reason, LLM calls per kept sample, throughput.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunStats:
+    envs: dict[str, list[str]]
+    k_max: int = 3
+    kept: int = 0
+    dropped: int = 0
+    duplicates: int = 0
+    resumed: int = 0
+    drops: dict[str, int] = field(default_factory=dict)
+    tries: list[int] = field(default_factory=list)
+    passes: list[int] = field(default_factory=list)
+    llm_calls: int = 0
+    calls: int = 0
+    traces: int = 0
+    hidden: int = 0
+    seen: set = field(default_factory=set)
+    task_failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def add(self, result: dict, kept: bool) -> None:
+        chain = result["stats"]["chain"]
+        for name, k in (("tries", self.tries), ("passes", self.passes)):
+            for i, n in enumerate(chain.get(name, [])):
+                while len(k) <= i:
+                    k.append(0)
+                k[i] += n
+        self.llm_calls += result.get("llm_calls", 0)
+        if result["sample"] is None:
+            self.dropped += 1
+            self.drops[result["drop"]] = self.drops.get(result["drop"], 0) + 1
+            return
+        if not kept:
+            return
+        self.kept += 1
+        for trace in json.loads(result["sample"]["provenance"]["trace"]):
+            self.traces += 1
+            self.calls += len(trace["steps"])
+            self.hidden += sum(
+                1 for i in {v for s in trace["steps"] for v in s["feeds"].values()} if i < len(trace["steps"]) - 1
+            )
+            self.seen |= {(result["sample"]["provenance"]["env"], s["name"]) for s in trace["steps"]}
+
+    def progress_metrics(self) -> dict:
+        return {"progress/kept": self.kept, "progress/dropped": self.dropped, "progress/llm_calls": self.llm_calls}
+
+    def report(self) -> dict:
+        n_tools = sum(len(t) for t in self.envs.values())
+        per_env = {e: len({t for (env, t) in self.seen if env == e}) / len(tools) for e, tools in self.envs.items()}
+        out = {
+            "kept": self.kept,
+            "dropped": self.dropped,
+            "duplicates": self.duplicates,
+            "resumed_items": self.resumed,
+            "calls_per_trace": self.calls / self.traces if self.traces else 0.0,
+            "hidden_step_fraction": self.hidden / self.calls if self.calls else 0.0,
+            "env_coverage": sum(1 for v in per_env.values() if v > 0) / len(self.envs) if self.envs else 0.0,
+            "function_coverage": len(self.seen) / n_tools if n_tools else 0.0,
+            "llm_calls": self.llm_calls,
+            "llm_calls_per_kept_sample": self.llm_calls / self.kept if self.kept else float(self.llm_calls),
+            "seconds": self.seconds,
+            "samples_per_minute": 60 * self.kept / self.seconds if self.seconds else 0.0,
+            "task_failures": len(self.task_failures),
+        }
+        for k, n in enumerate(self.tries):
+            out[f"pass_rate_try_{k + 1}"] = self.passes[k] / n if n and k < len(self.passes) else 0.0
+        for reason, n in self.drops.items():
+            out[f"drop_{reason}"] = n
+        out["function_coverage_per_env"] = per_env
+        return out
