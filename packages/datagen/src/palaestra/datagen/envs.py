@@ -181,7 +181,8 @@ class ToolEnv:
             # an explicit fresh empty value keeps every execution, and the recorded call, independent of that
             for pname, default in _mutable_defaults(type(self.instance), name):
                 arguments.setdefault(pname, type(default)())
-            output = method(**arguments)
+            # the method gets its own copy: environments keep argument lists in their state and mutate them later
+            output = method(**copy.deepcopy(arguments))
         except (Exception, SystemExit, RecursionError) as err:  # a broken env must not take the process down
             return Execution(name, arguments, {"error": f"{type(err).__name__}: {err}"}, False)
         output = jsonable(output)
