@@ -191,7 +191,9 @@ class AdversaryEnv(gym.Env):
         npcs = sorted((v for v in road.vehicles if v is not victim), key=lambda v: np.linalg.norm(v.position - victim.position))
         if len(npcs) < self.n_adv:
             raise RuntimeError(f"{self.scenario}: only {len(npcs)} NPCs for {self.n_adv} adversaries")
-        speeds = np.asarray(self.base.config["action"].get("target_speeds", MDPVehicle.DEFAULT_TARGET_SPEEDS), float)
+        # adversaries may brake to a standstill (highway-env's default speeds 20-30 m/s would forbid brake checks)
+        top = float(max(self.base.config["action"].get("target_speeds", MDPVehicle.DEFAULT_TARGET_SPEEDS)))
+        speeds = np.linspace(0.0, top, 7)
         self.advs = []
         for npc in npcs[: self.n_adv]:
             adv = MDPVehicle.create_from(npc)

@@ -1,1 +1,218 @@
-"""Jobs of palaestra-aed (registered through the `palaestra.jobs` entry point)."""
+"""Jobs of palaestra-aed (registered through the `palaestra.jobs` entry point).
+
+- ``aed.attack``: one adversarial policy per (scenario, accident type), trained
+  in parallel as Ray tasks, each in its own MLflow child run; plus a random
+  adversary baseline measured in the same run. A task whose worker dies is
+  retried by Ray; a type that fails is reported and the others are kept.
+- ``aed.victim``: trains the RL victim (SB3 DQN/PPO on the scenario) once and
+  caches the checkpoint; later runs reuse it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from palaestra.aed.train import TrainSettings
+from palaestra.shared.config import ConfigError, JobConfig
+from palaestra.shared.jobs import job
+from palaestra.shared.llm.base import LLMConfig
+from palaestra.shared.tracking import Tracker
+
+
+@dataclass
+class EurekaConfig:
+    rounds: int = 3
+    """Feedback rounds of LLM reward design."""
+    samples: int = 2
+    """Reward candidates the LLM writes per round."""
+    timesteps: int = 1000
+    """Training steps per candidate (a short run, as in Eureka)."""
+    eval_episodes: int = 5
+    """Evaluation episodes per candidate (its fitness)."""
+    temperature: float = 0.8
+    max_tokens: int = 768
+
+
+@dataclass
+class PreferenceConfig:
+    enabled: bool = False
+    """Fit a Bradley-Terry model on judge-labelled accidents and fine-tune the adversary with it."""
+    judge: str = "rules"
+    """rules | llm (through ``llm``): who labels the pairs."""
+    finetune_timesteps: int = 1000
+    epochs: int = 200
+    """Bradley-Terry fitting epochs."""
+    min_accidents: int = 6
+    """Fewer accidents than this (or only one kind): preference learning is skipped and said so."""
+
+
+@dataclass
+class AttackConfig(JobConfig):
+    job: str = "aed.attack"
+    scenarios: list[str] = field(default_factory=lambda: ["highway"])
+    """highway | merge | roundabout | intersection (palaestra.aed.scenarios)."""
+    accident_types: list[str] = field(default_factory=list)
+    """Accident types to attack (one policy each); empty: each scenario's defaults (rewards.SCENARIO_TYPES)."""
+    victim: str = "idm"
+    """idm (rule-based) | rl (a frozen SB3 policy from victim_checkpoint)."""
+    victim_checkpoint: str | None = None
+    """SB3 .zip written by the aed.victim job (victim=rl)."""
+    num_adversaries: int = 1
+    """NPCs nearest to the victim taken over after each reset (more than one needs train.algo=ppo)."""
+    env_overrides: dict[str, Any] = field(default_factory=dict)
+    """highway-env config keys (e.g. vehicles_count) applied to every scenario."""
+    max_steps: int | None = None
+    """Policy steps per episode (default: the scenario's)."""
+    rewards: str = "expert"
+    """expert | llm (Eureka-style design through ``llm``, falling back to expert when every round fails)."""
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    eureka: EurekaConfig = field(default_factory=EurekaConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    eval_episodes: int = 20
+    """Evaluation episodes per policy (and for the random baseline)."""
+    random_baseline: bool = True
+    """Also measure a uniformly random adversary in the same run."""
+    video: bool = True
+    """Log a GIF of a sample accident per type."""
+    video_episodes: int = 4
+    """Episodes tried to catch an accident on video."""
+    cpus_per_task: float = 1.0
+    max_retries: int = 2
+    """Ray retries of a task whose worker died."""
+    fail_types: list[str] = field(default_factory=list)
+    """Testing: accident types whose task raises (the others must survive)."""
+    crash_once_dir: str | None = None
+    """Testing: each task kills its worker once, leaving a marker file here (Ray must retry it)."""
+
+
+def _tasks(cfg: AttackConfig) -> list[dict[str, Any]]:
+    from palaestra.aed.rewards import EXPERT_REWARDS, SCENARIO_TYPES
+    from palaestra.aed.scenarios import get_scenario
+
+    if cfg.rewards not in ("expert", "llm"):
+        raise ConfigError(f"invalid value for 'rewards': {cfg.rewards!r} (expert | llm)")
+    if cfg.victim not in ("idm", "rl"):
+        raise ConfigError(f"invalid value for 'victim': {cfg.victim!r} (idm | rl)")
+    if cfg.victim == "rl" and not (cfg.victim_checkpoint and Path(cfg.victim_checkpoint).exists()):
+        raise ConfigError(f"victim=rl needs an existing 'victim_checkpoint' (got {cfg.victim_checkpoint!r}); run aed.victim")
+    if cfg.preference.judge not in ("rules", "llm"):
+        raise ConfigError(f"invalid value for 'preference.judge': {cfg.preference.judge!r} (rules | llm)")
+    for t in cfg.accident_types:
+        if t not in EXPERT_REWARDS:
+            raise ConfigError(f"unknown accident type {t!r} in 'accident_types' (known: {', '.join(EXPERT_REWARDS)})")
+    tasks = []
+    for scenario in cfg.scenarios:
+        try:
+            get_scenario(scenario)
+        except ValueError as err:
+            raise ConfigError(f"'scenarios': {err}") from None
+        for t in cfg.accident_types or SCENARIO_TYPES[scenario]:
+            tasks.append({"kind": "attack", "scenario": scenario, "accident_type": t, "name": f"{scenario}/{t}"})
+        if cfg.random_baseline:
+            tasks.append({"kind": "random", "scenario": scenario, "name": f"{scenario}/random"})
+    return tasks
+
+
+@job("aed.attack", AttackConfig)
+def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
+    """Train one adversarial driving policy per accident type in parallel on Ray; ASR, responsibility, diversity."""
+    from palaestra.aed.attack import attack_task
+    from palaestra.aed.train import type_entropy
+    from palaestra.shared.cluster import TaskFailure, parallel_map
+
+    tasks = _tasks(cfg)
+    for task in tasks:
+        task.update(cfg=cfg, run_id=tracker.child_run_id(task["name"], {"accident_type": task.get("accident_type", "random")}))
+    results = parallel_map(attack_task, tasks, num_cpus=cfg.cpus_per_task, max_retries=cfg.max_retries,
+                           keep_going=True, desc="aed.attack", cluster=cfg.cluster)  # fmt: skip
+    summary: dict[str, Any] = {}
+    failures = []
+    by_scenario: dict[str, list[dict]] = {}
+    for task, res in zip(tasks, results):
+        if isinstance(res, TaskFailure):
+            failures.append({"task": task["name"], "error": res.error})
+            print(f"[aed] task {task['name']} failed: {res.error}")
+            continue
+        by_scenario.setdefault(task["scenario"], []).append(res)
+    metrics: dict[str, float] = {}
+    for scenario, items in by_scenario.items():
+        attacks = [r for r in items if r["kind"] == "attack"]
+        types: dict[str, int] = {}
+        for r in attacks:
+            pre = f"aed/{scenario}/{r['accident_type']}"
+            metrics.update({f"{pre}/asr": r["asr"], f"{pre}/responsible_rate": r["responsible_rate"],
+                            f"{pre}/effective_asr": r["effective_asr"]})  # fmt: skip
+            for t, n in r["types"].items():
+                types[t] = types.get(t, 0) + n
+            if "preference" in r and "responsible_rate_after" in r["preference"]:
+                p = r["preference"]
+                metrics.update({f"{pre}/responsible_rate_before_pref": p["responsible_rate_before"],
+                                f"{pre}/responsible_rate_after_pref": p["responsible_rate_after"]})  # fmt: skip
+        firsts = [r["steps_to_first_success"] for r in attacks if r["steps_to_first_success"] is not None]
+        metrics[f"aed/{scenario}/distinct_types"] = len([t for t, n in types.items() if n])
+        metrics[f"aed/{scenario}/type_entropy"] = type_entropy(types)
+        metrics[f"aed/{scenario}/steps_to_first_success"] = min(firsts) if firsts else -1
+        if attacks:
+            metrics[f"aed/{scenario}/mean_asr"] = sum(r["asr"] for r in attacks) / len(attacks)
+        rand = next((r for r in items if r["kind"] == "random"), None)
+        if rand is not None:
+            metrics[f"aed/{scenario}/random/asr"] = rand["asr"]
+            if attacks:
+                metrics[f"aed/{scenario}/beats_random"] = float(min(r["asr"] for r in attacks) > rand["asr"])
+        summary[scenario] = {"types_found": types, "results": items}
+    tracker.log_metrics(metrics)
+    tracker.log_dict({"summary": summary, "failures": failures}, "aed_summary.json")
+    metrics["aed/failed_tasks"] = len(failures)
+    return {**metrics, "failures": failures, "summary": summary}
+
+
+@dataclass
+class VictimConfig(JobConfig):
+    job: str = "aed.victim"
+    scenario: str = "highway"
+    algo: str = "dqn"
+    """dqn | ppo."""
+    timesteps: int = 5000
+    env_overrides: dict[str, Any] = field(default_factory=dict)
+    checkpoint: str | None = None
+    """Where to cache the policy; default ``<output_dir>/victims/<scenario>_<algo>.zip``."""
+    retrain: bool = False
+    """Train again even if the checkpoint exists."""
+
+
+@job("aed.victim", VictimConfig)
+def victim(cfg: VictimConfig, tracker: Tracker) -> dict:
+    """Train (once, then cached) the RL victim of a scenario with stable-baselines3."""
+    from stable_baselines3 import DQN, PPO
+    from stable_baselines3.common.monitor import Monitor
+
+    from palaestra.aed.scenarios import get_scenario, make_base_env
+
+    if cfg.algo not in ("dqn", "ppo"):
+        raise ConfigError(f"invalid value for 'algo': {cfg.algo!r} (dqn | ppo)")
+    try:
+        get_scenario(cfg.scenario)
+    except ValueError as err:
+        raise ConfigError(f"'scenario': {err}") from None
+    path = Path(cfg.checkpoint or Path(cfg.output_dir) / "victims" / f"{cfg.scenario}_{cfg.algo}.zip")
+    if path.exists() and not cfg.retrain:
+        print(f"[aed] victim checkpoint cached: {path}")
+        return {"checkpoint": str(path), "cached": 1}
+    env = Monitor(make_base_env(cfg.scenario, cfg.env_overrides))
+    if cfg.algo == "dqn":
+        model = DQN("MlpPolicy", env, learning_starts=200, buffer_size=15_000, learning_rate=5e-4, batch_size=32,
+                    gamma=0.8, train_freq=1, target_update_interval=50, exploration_fraction=0.7,
+                    policy_kwargs={"net_arch": [256, 256]}, seed=cfg.seed, device="cpu", verbose=0)  # fmt: skip
+    else:
+        model = PPO("MlpPolicy", env, n_steps=256, batch_size=64, gamma=0.8, seed=cfg.seed, device="cpu", verbose=0)
+    model.learn(total_timesteps=cfg.timesteps, progress_bar=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.save(str(path))
+    returns = env.get_episode_rewards()
+    tail = returns[-10:] or [0.0]
+    tracker.log_metrics({"victim/episodes": len(returns), "victim/return_last10": sum(tail) / len(tail)})
+    tracker.log_artifact(path, "victim")
+    return {"checkpoint": str(path), "cached": 0}

@@ -1,0 +1,160 @@
+"""One accident type's attack, as a Ray task: reward design, training, evaluation, preference fine-tuning, video.
+
+`attack_task` runs inside a Ray worker and logs into its own MLflow child run
+(created by the driver with ``Tracker.child_run_id``, joined here with
+``Tracker.attach``). It returns a JSON-able summary; the driver aggregates.
+The random-adversary baseline is the same task with ``kind="random"``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from palaestra.shared.tracking import Tracker, scratch_dir
+
+
+def attack_task(task: dict[str, Any]) -> dict[str, Any]:
+    from palaestra.shared.jobs import seed_everything
+
+    cfg, scenario, kind = task["cfg"], task["scenario"], task["kind"]
+    _test_faults(cfg, task)
+    seed_everything(cfg.seed)
+    import torch
+
+    torch.set_num_threads(1)
+    with Tracker.attach(cfg.tracking, task.get("run_id")) as tracker:
+        if kind == "random":
+            return _random_baseline(cfg, scenario, tracker)
+        return _attack_type(cfg, scenario, task["accident_type"], tracker)
+
+
+def _spec(cfg, scenario: str, accident_type: str):
+    from palaestra.aed.train import EnvSpec
+
+    return EnvSpec(scenario=scenario, accident_type=accident_type, victim=cfg.victim,
+                   victim_checkpoint=cfg.victim_checkpoint, num_adversaries=cfg.num_adversaries,
+                   overrides=dict(cfg.env_overrides), max_steps=cfg.max_steps)  # fmt: skip
+
+
+def _random_baseline(cfg, scenario: str, tracker: Tracker) -> dict[str, Any]:
+    from palaestra.aed.train import evaluate
+
+    spec = _spec(cfg, scenario, (cfg.accident_types or ["rear_end"])[0])
+    ev = evaluate(None, spec, cfg.eval_episodes, seed=cfg.seed + 50_000)
+    tracker.log_metrics({f"aed/{scenario}/random/asr": ev["asr"], f"aed/{scenario}/random/responsible_rate": ev["responsible_rate"]})
+    return {"kind": "random", "scenario": scenario, **{k: v for k, v in ev.items() if k != "accidents"}}
+
+
+def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker) -> dict[str, Any]:
+    from palaestra.aed.rewards import expert_reward, register_reward
+    from palaestra.aed.train import build_model, evaluate, record_gif, train_adversary
+
+    prefix = f"aed/{scenario}/{accident_type}"
+    log = lambda metrics, step: tracker.log_metrics({f"{prefix}/{k}": v for k, v in metrics.items()}, step)
+    spec = _spec(cfg, scenario, accident_type)
+    out: dict[str, Any] = {"kind": "attack", "scenario": scenario, "accident_type": accident_type, "reward_source": "expert"}
+    if cfg.rewards == "llm":
+        out.update(_design(cfg, spec, tracker, log))
+        if out["reward_source"] == "llm":
+            spec = replace(spec, reward_code=out["reward_code"])
+    code = spec.reward_code or inspect.getsource(expert_reward(accident_type))
+    tracker.log_text(code, f"reward/{accident_type}.py")
+    if spec.reward_code:
+        from palaestra.aed.sandbox import SandboxedReward
+
+        name = register_reward(f"aed/llm/{scenario}/{accident_type}", SandboxedReward(spec.reward_code))
+        out["registered_reward"] = name
+
+    model = build_model(spec, cfg.train, cfg.seed)
+    stats = train_adversary(model, cfg.train.timesteps, log=log)
+    model.get_env().close()
+    ev = evaluate(model, spec, cfg.eval_episodes, seed=cfg.seed + 50_000)
+    out.update(train={k: v for k, v in stats.items() if k != "accident_log"})
+    out["steps_to_first_success"] = stats["steps_to_first_success"]
+    out.update({k: v for k, v in ev.items() if k != "accidents"})
+    if stats["reward_errors"]:
+        out["reward_errors"] = stats["reward_errors"]
+        print(f"[aed] {prefix}: reward failed during training ({stats['reward_errors'][0]}); fell back to expert reward")
+    metrics = {"asr": ev["asr"], "responsible_rate": ev["responsible_rate"], "effective_asr": ev["effective_asr"],
+               "target_rate": ev["types"].get(accident_type, 0) / max(1, cfg.eval_episodes),
+               "steps_to_first_success": stats["steps_to_first_success"] or -1}  # fmt: skip
+    if cfg.preference.enabled:
+        pref = _preference(cfg, spec, model, stats, ev, tracker)
+        out["preference"] = pref
+        metrics.update({f"preference/{k}": v for k, v in pref.items() if isinstance(v, int | float)})
+    log(metrics, cfg.train.timesteps)
+    tracker.log_dict({"accidents": ev["accidents"]}, f"accidents/{accident_type}.json")
+    if cfg.video:
+        gif = scratch_dir() / f"{scenario}_{accident_type}.gif"
+        shown = record_gif(model, spec, gif, seed=cfg.seed + 60_000, max_episodes=cfg.video_episodes)
+        tracker.log_artifact(gif, "videos")
+        out["video_accident"] = bool(shown and shown["victim_collision"])
+    return out
+
+
+def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:
+    from palaestra.aed.eureka import design_reward
+    from palaestra.shared.llm import make_client
+
+    settings = replace(cfg.train, timesteps=cfg.eureka.timesteps)
+    try:
+        client = make_client(cfg.llm)
+        result = design_reward(client, spec, settings, rounds=cfg.eureka.rounds, samples=cfg.eureka.samples,
+                               eval_episodes=cfg.eureka.eval_episodes, seed=cfg.seed,
+                               temperature=cfg.eureka.temperature, max_tokens=cfg.eureka.max_tokens, log=log)  # fmt: skip
+    except Exception as err:  # an unreachable LLM is a failed design, not a failed run
+        result = {"code": None, "fallback": True, "history": [], "reason": f"LLM reward design failed: {err}"}
+    tracker.log_dict(result["history"], f"eureka/{spec.accident_type}_history.json")
+    if result["fallback"]:
+        print(f"[aed] {spec.scenario}/{spec.accident_type}: {result['reason']}; falling back to the expert reward")
+        tracker.set_tags({f"aed.{spec.accident_type}.reward": "expert (LLM fallback)"})
+        return {"reward_source": "expert_fallback", "fallback_reason": result["reason"]}
+    tracker.set_tags({f"aed.{spec.accident_type}.reward": f"llm round {result['round'] + 1}"})
+    return {"reward_source": "llm", "reward_code": result["code"], "eureka_fitness": result["fitness"]}
+
+
+def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[str, Any]:
+    """Fit the Bradley-Terry model on judge-labelled accidents, fine-tune with it, evaluate again."""
+    from palaestra.aed.preference import PreferenceModel, label_accidents
+    from palaestra.aed.train import _vec_env, evaluate, train_adversary
+
+    accidents = stats["accident_log"] + ev_before["accidents"]
+    judge = None
+    if cfg.preference.judge == "llm":
+        from palaestra.aed.judge import LLMJudge
+        from palaestra.shared.llm import make_client
+
+        judge = LLMJudge(make_client(cfg.llm))
+    labels = label_accidents(accidents, judge)
+    n_pos = sum(labels)
+    base = {"accidents": len(accidents), "responsible_labels": n_pos,
+            "responsible_rate_before": ev_before["responsible_rate"], "asr_before": ev_before["asr"]}  # fmt: skip
+    if n_pos == 0 or n_pos == len(labels) or len(accidents) < cfg.preference.min_accidents:
+        print(f"[aed] preference learning skipped for {spec.accident_type}: {n_pos}/{len(accidents)} responsible accidents")
+        return {**base, "skipped": 1}
+    pm = PreferenceModel(len(accidents[0]["features"]), seed=cfg.seed)
+    fit = pm.fit([a["features"] for a in accidents], labels, epochs=cfg.preference.epochs, seed=cfg.seed)
+    tuned = replace(spec, preference_model=pm.to_dict())
+    model.set_env(_vec_env(tuned, cfg.train.n_envs, cfg.seed + 1))
+    train_adversary(model, cfg.preference.finetune_timesteps)
+    model.get_env().close()
+    after = evaluate(model, tuned, cfg.eval_episodes, seed=cfg.seed + 50_000)
+    tracker.log_dict(pm.to_dict(), f"preference/{spec.accident_type}_bt_model.json")
+    return {**base, **fit, "responsible_rate_after": after["responsible_rate"], "asr_after": after["asr"],
+            "effective_asr_before": ev_before["effective_asr"], "effective_asr_after": after["effective_asr"]}  # fmt: skip
+
+
+def _test_faults(cfg, task: dict) -> None:
+    """Fault injection for the tests: a type that raises, a worker that dies once (Ray retries it)."""
+    if task.get("accident_type") in cfg.fail_types:
+        raise RuntimeError(f"injected failure for accident type {task['accident_type']}")
+    if cfg.crash_once_dir and task.get("accident_type"):
+        marker = Path(cfg.crash_once_dir) / f"{task['scenario']}_{task['accident_type']}.crashed"
+        if not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text("worker killed once")
+            os._exit(1)

@@ -1,0 +1,140 @@
+"""Eureka-style reward design: an LLM writes reward code per accident type, refined by training feedback.
+
+Round r: the LLM sees the task (the accident type and its description), the
+documented state API (`rewards.STATE_API`) and, from round 2 on, the previous
+round's reward with its training statistics (or why it was refused). It
+answers with a ``reward(state)`` function in a python code block. Each
+candidate is checked (`sandbox.static_check`), probed in the sandbox on real
+states, then used to train an adversary briefly; its fitness is the rate of
+victim accidents of the target type per evaluation episode (ties: any
+accident). The best candidate over all rounds is kept.
+
+If every candidate fails, the result says so (``fallback=True`` with the
+reasons) and the caller trains on the expert reward: the run never stops.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from typing import Any
+
+from palaestra.aed.rewards import STATE_API, TAXONOMY
+from palaestra.aed.sandbox import check_reward
+from palaestra.aed.train import EnvSpec, TrainSettings, build_model, evaluate, make_env, train_adversary
+
+SYSTEM = (
+    "You are a reward engineer for reinforcement learning. You write Python reward functions that train an "
+    "adversarial vehicle to provoke a specific kind of accident of an automated vehicle in a driving simulator."
+)
+
+TASK = """Accident type to provoke: {type} ({description}).
+Scenario: {scenario}. The adversary drives with discrete actions (lane left, idle, lane right, faster, slower).
+
+{api}
+Good rewards give dense shaping toward the pre-crash geometry of this accident type and a large bonus when the \
+victim collides in this way; penalize the adversary crashing into others or leaving the road.
+
+Answer with one python code block that defines reward(state) and nothing else."""
+
+FEEDBACK_OK = """Training with your reward function {round_label} gave, over {episodes} evaluation episodes: \
+victim accidents per episode {asr:.2f}, of the target type {target_rate:.2f}, accident types {types}, \
+mean episode return {mean_return:.2f}{errors}.
+Analyse which parts of the reward help or hurt, then write an improved reward(state) in one python code block."""
+
+FEEDBACK_FAIL = """Your reward function could not be used: {reason}.
+Fix it (remember: only `math`, no imports, no attribute access except math.* and dict get/items/keys/values, \
+return a float) and answer with one python code block defining reward(state)."""
+
+
+def extract_code(text: str) -> str:
+    blocks = re.findall(r"```(?:python|py)?\s*\n(.*?)```", text or "", flags=re.S)
+    if blocks:
+        return max(blocks, key=lambda b: "def reward" in b)
+    start = (text or "").find("def reward")
+    return text[start:] if start >= 0 else (text or "")
+
+
+def probe_states(spec: EnvSpec, steps: int = 6, seed: int = 0) -> list[dict]:
+    """Real reward states from a few random steps, plus one with a victim collision event."""
+    env = make_env(replace(spec, reward_code=None, preference_model=None))
+    env.reset(seed=seed)
+    states = []
+    for _ in range(steps):
+        env.step(env.action_space.sample())
+        states.append(env.state(0, env._event([], [])))
+    crash = json.loads(json.dumps(states[-1]))
+    crash["event"].update({"victim_collision": 1.0, "with_adversary": 1.0, "accident_type": spec.accident_type})
+    env.close()
+    return states + [crash]
+
+
+def design_reward(
+    client,
+    spec: EnvSpec,
+    settings: TrainSettings,
+    rounds: int = 3,
+    samples: int = 2,
+    eval_episodes: int = 5,
+    seed: int = 0,
+    temperature: float = 0.8,
+    max_tokens: int = 768,
+    log=None,
+) -> dict[str, Any]:
+    """Run the Eureka loop; return ``{"code", "fitness", "round", "history", "fallback", "reason"}``."""
+    from palaestra.shared.llm import SamplingParams
+
+    probes = probe_states(spec, seed=seed)
+    task = TASK.format(type=spec.accident_type, description=TAXONOMY.get(spec.accident_type, spec.accident_type),
+                       scenario=spec.scenario, api=STATE_API)  # fmt: skip
+    conversation = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+    history: list[dict] = []
+    best: dict | None = None
+    for r in range(rounds):
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + r, logprobs=False)
+        outs = client.chat([conversation] * samples, params)
+        round_best: dict | None = None
+        for k, out in enumerate(outs):
+            code = extract_code(out.text)
+            entry: dict[str, Any] = {"round": r, "sample": k, "code": code, "response": out.text}
+            reason = check_reward(code, probes)
+            if reason is None:
+                cand = replace(spec, reward_code=code)
+                model = build_model(cand, settings, seed + r)
+                stats = train_adversary(model, settings.timesteps)
+                ev = evaluate(model, cand, eval_episodes, seed=seed + 10_000)
+                model.get_env().close()
+                target = ev["types"].get(spec.accident_type, 0) / max(1, eval_episodes)
+                entry.update(status="ok", asr=ev["asr"], target_rate=target, types=ev["types"],
+                             mean_return=ev["mean_return"], reward_errors=stats["reward_errors"],
+                             fitness=target + 0.1 * ev["asr"])  # fmt: skip
+                if stats["reward_errors"]:  # the sandbox killed it mid-training: the env fell back to the expert's
+                    entry.update(status="failed", reason=stats["reward_errors"][0], fitness=-1.0)
+            else:
+                entry.update(status="failed", reason=reason, fitness=-1.0)
+            history.append(entry)
+            if round_best is None or entry["fitness"] > round_best["fitness"]:
+                round_best = entry
+        if log is not None:
+            ok = [h for h in history if h["round"] == r and h["status"] == "ok"]
+            log({"eureka/valid_samples": len(ok), "eureka/best_fitness": max((h["fitness"] for h in ok), default=-1.0)}, r)
+        if round_best["status"] == "ok" and (best is None or round_best["fitness"] > best["fitness"]):
+            best = round_best
+        conversation = conversation[:2] + [{"role": "assistant", "content": round_best["response"]},
+                                           {"role": "user", "content": _feedback(round_best, eval_episodes)}]  # fmt: skip
+    if best is None:
+        reasons = sorted({h["reason"] for h in history})
+        return {"code": None, "fallback": True, "history": history,
+                "reason": f"all {len(history)} LLM reward candidates failed ({'; '.join(reasons)[:500]})"}  # fmt: skip
+    return {"code": best["code"], "fitness": best["fitness"], "round": best["round"], "history": history,
+            "fallback": False, "reason": ""}  # fmt: skip
+
+
+def _feedback(entry: dict, episodes: int) -> str:
+    if entry["status"] != "ok":
+        return FEEDBACK_FAIL.format(reason=entry["reason"])
+    errors = f", reward errors {entry['reward_errors']}" if entry["reward_errors"] else ""
+    return FEEDBACK_OK.format(round_label=f"(round {entry['round'] + 1})", episodes=episodes, asr=entry["asr"],
+                              target_rate=entry["target_rate"], types=entry["types"], mean_return=entry["mean_return"],
+                              errors=errors)  # fmt: skip

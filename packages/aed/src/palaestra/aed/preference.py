@@ -1,0 +1,100 @@
+"""Preference learning over accidents: a Bradley-Terry reward model of AV responsibility.
+
+Pairs of accident trajectories (``accident_features``: the contact geometry
+and the adversary's last steps) are labelled by a judge (rule-based or LLM):
+the accident the victim is responsible for is preferred. A small MLP ``r(x)``
+is fitted with the Bradley-Terry likelihood ``P(a > b) = sigmoid(r(a) - r(b))``.
+BT scores are shift-invariant, so the effectiveness threshold is the score
+that best separates the judge's labels on the training accidents.
+
+`PreferenceModel.is_effective(accident)` is the filter the adversary env
+applies during fine-tuning: accidents scored ineffective earn nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+
+
+class PreferenceModel:
+    def __init__(self, n_features: int, hidden: int = 32, seed: int = 0):
+        import torch
+
+        torch.manual_seed(seed)
+        self.n_features, self.hidden = n_features, hidden
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(n_features, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1)
+        )
+        self.threshold = 0.0
+
+    def scores(self, features) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            return self.net(torch.as_tensor(np.asarray(features, np.float32))).squeeze(-1).numpy()
+
+    def is_effective(self, accident: dict) -> bool:
+        return bool(self.scores([accident["features"]])[0] >= self.threshold)
+
+    def fit(self, features: list[list[float]], labels: list[bool], epochs: int = 200, lr: float = 1e-2, seed: int = 0,
+            max_pairs: int = 4000) -> dict[str, float]:  # fmt: skip
+        """Fit on all (responsible, not responsible) pairs; return training accuracy and pair count."""
+        import torch
+
+        pos = [i for i, y in enumerate(labels) if y]
+        neg = [i for i, y in enumerate(labels) if not y]
+        if not pos or not neg:
+            raise ValueError(f"preference learning needs both kinds of accidents: {len(pos)} responsible, {len(neg)} not")
+        pairs = [(i, j) for i in pos for j in neg]
+        random.Random(seed).shuffle(pairs)
+        pairs = pairs[:max_pairs]
+        x = torch.as_tensor(np.asarray(features, np.float32))
+        win = torch.as_tensor([p[0] for p in pairs])
+        lose = torch.as_tensor([p[1] for p in pairs])
+        opt = torch.optim.Adam(self.net.parameters(), lr=lr, weight_decay=1e-4)
+        for _ in range(epochs):
+            r = self.net(x).squeeze(-1)
+            loss = -torch.nn.functional.logsigmoid(r[win] - r[lose]).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        s = self.scores(features)
+        y = np.asarray(labels, bool)
+        candidates = np.unique(s)
+        accuracy = [((s >= t) == y).mean() for t in candidates]
+        self.threshold = float(candidates[int(np.argmax(accuracy))])
+        pair_acc = float((s[win.numpy()] > s[lose.numpy()]).mean())
+        return {"pairs": len(pairs), "bt_loss": float(loss), "pair_accuracy": pair_acc, "label_accuracy": float(max(accuracy))}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_features": self.n_features,
+            "hidden": self.hidden,
+            "threshold": self.threshold,
+            "state_dict": {k: v.tolist() for k, v in self.net.state_dict().items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PreferenceModel:
+        import torch
+
+        model = cls(data["n_features"], data["hidden"])
+        model.net.load_state_dict({k: torch.as_tensor(v) for k, v in data["state_dict"].items()})
+        model.threshold = data["threshold"]
+        return model
+
+
+def label_accidents(accidents: list[dict], judge=None) -> list[bool]:
+    """Responsibility labels for accidents: from `judge` (e.g. an `LLMJudge`) or the rule verdict recorded in them."""
+    if judge is None:
+        return [bool(a["victim_responsible"]) for a in accidents]
+    from palaestra.aed.attribution import CollisionRecord
+
+    fields = CollisionRecord.__dataclass_fields__
+    records = [CollisionRecord(**{k: v for k, v in a.items() if k in fields}) for a in accidents]
+    if hasattr(judge, "judge_many"):
+        return judge.judge_many(records)
+    return [bool(judge(r)) for r in records]

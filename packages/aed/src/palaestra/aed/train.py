@@ -1,0 +1,235 @@
+"""Training and evaluating one adversarial policy (stable-baselines3) against one victim.
+
+`EnvSpec` is everything needed to build an `AdversaryEnv` in any process
+(names and code strings, no live objects): the sandboxed reward and the
+preference filter are built inside the process that steps the env.
+
+- `train_adversary`: SB3 DQN (one adversary) or PPO (any number), vectorized
+  over ``n_envs`` subprocesses when that pays (``n_envs > 1``); a callback
+  counts victim collisions and remembers the step of the first one.
+- `evaluate`: attack success rate (victim collisions per episode), the share
+  of accidents the victim is responsible for, accident types, and the
+  accident records; ``policy=None`` is the random adversary baseline.
+- `record_gif`: renders headless (rgb_array) until an accident happens and
+  writes a GIF with imageio.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class EnvSpec:
+    scenario: str = "highway"
+    accident_type: str = "rear_end"
+    victim: str = "idm"
+    victim_checkpoint: str | None = None
+    num_adversaries: int = 1
+    overrides: dict[str, Any] = field(default_factory=dict)
+    max_steps: int | None = None
+    reward_code: str | None = None
+    """LLM-written reward code (run sandboxed); None: the expert reward of the type."""
+    preference_model: dict | None = None
+    """A serialized `PreferenceModel` whose verdict filters accidents (ineffective ones earn nothing)."""
+
+
+def make_env(spec: EnvSpec, render: bool = False):
+    from palaestra.aed.env import AdversaryEnv
+
+    reward_fn = None
+    if spec.reward_code:
+        from palaestra.aed.sandbox import SandboxedReward
+
+        reward_fn = SandboxedReward(spec.reward_code)
+    accident_filter = None
+    if spec.preference_model:
+        from palaestra.aed.preference import PreferenceModel
+
+        accident_filter = PreferenceModel.from_dict(spec.preference_model).is_effective
+    return AdversaryEnv(
+        spec.scenario,
+        spec.accident_type,
+        victim=spec.victim,
+        victim_checkpoint=spec.victim_checkpoint,
+        num_adversaries=spec.num_adversaries,
+        reward_fn=reward_fn,
+        accident_filter=accident_filter,
+        overrides=spec.overrides,
+        max_steps=spec.max_steps,
+        render_mode="rgb_array" if render else None,
+    )
+
+
+@dataclass
+class TrainSettings:
+    algo: str = "dqn"
+    """dqn (one adversary) | ppo."""
+    timesteps: int = 2000
+    """Environment steps of training (per accident type)."""
+    n_envs: int = 1
+    """Environments stepped in parallel subprocesses (1: in-process)."""
+    learning_rate: float = 5e-4
+    gamma: float = 0.9
+    net_arch: list[int] = field(default_factory=lambda: [64, 64])
+    learning_starts: int = 200
+    """DQN: steps of random exploration before learning."""
+
+
+def _vec_env(spec: EnvSpec, n_envs: int, seed: int):
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    cls = SubprocVecEnv if n_envs > 1 else DummyVecEnv
+    return make_vec_env(lambda: make_env(spec), n_envs=n_envs, seed=seed, vec_env_cls=cls)
+
+
+def build_model(spec: EnvSpec, settings: TrainSettings, seed: int):
+    from stable_baselines3 import DQN, PPO
+
+    if settings.algo not in ("dqn", "ppo"):
+        raise ValueError(f"algo must be 'dqn' or 'ppo', got {settings.algo!r}")
+    if settings.algo == "dqn" and spec.num_adversaries > 1:
+        raise ValueError("several adversaries act jointly (MultiDiscrete): use algo=ppo")
+    env = _vec_env(spec, settings.n_envs, seed)
+    kwargs = dict(learning_rate=settings.learning_rate, gamma=settings.gamma, seed=seed, device="cpu", verbose=0)
+    if settings.algo == "dqn":
+        return DQN(
+            "MlpPolicy", env, policy_kwargs={"net_arch": settings.net_arch}, buffer_size=20_000,
+            learning_starts=settings.learning_starts, batch_size=32, train_freq=1, target_update_interval=250,
+            exploration_fraction=0.4, exploration_final_eps=0.05, **kwargs,
+        )  # fmt: skip
+    n_steps = max(64, 256 // settings.n_envs)
+    return PPO(
+        "MlpPolicy", env, policy_kwargs={"net_arch": settings.net_arch}, n_steps=n_steps, batch_size=64,
+        n_epochs=5, **kwargs,
+    )  # fmt: skip
+
+
+def train_adversary(model, timesteps: int, log=None, log_every: int = 500) -> dict[str, Any]:
+    """Continue training `model` for `timesteps`; return training statistics."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class AttackStats(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.episodes = self.accidents = self.responsible = 0
+            self.first_success: int | None = None
+            self.reward_errors: set[str] = set()
+            self.types: Counter = Counter()
+            self.accident_log: list[dict] = []
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "reward_error" in info:
+                    self.reward_errors.add(info["reward_error"])
+                if "accident" in info:
+                    self.accidents += 1
+                    if len(self.accident_log) < 2000:
+                        self.accident_log.append(info["accident"])
+                    self.types[info["accident"]["accident_type"]] += 1
+                    self.responsible += bool(info["accident"]["victim_responsible"])
+                    if self.first_success is None:
+                        self.first_success = self.num_timesteps
+                if "attack" in info:
+                    self.episodes += 1
+            if log is not None and self.num_timesteps % log_every < self.training_env.num_envs:
+                log(
+                    {"train/episodes": self.episodes, "train/accidents": self.accidents,
+                     "train/accidents_per_episode": self.accidents / max(1, self.episodes)},
+                    self.num_timesteps,
+                )  # fmt: skip
+            return True
+
+    stats = AttackStats()
+    model.learn(total_timesteps=timesteps, callback=stats, reset_num_timesteps=False)
+    return {
+        "episodes": stats.episodes,
+        "accidents": stats.accidents,
+        "responsible": stats.responsible,
+        "steps_to_first_success": stats.first_success,
+        "reward_errors": sorted(stats.reward_errors),
+        "types": dict(stats.types),
+        "accident_log": stats.accident_log,
+    }
+
+
+def evaluate(policy, spec: EnvSpec, episodes: int, seed: int) -> dict[str, Any]:
+    """Run `episodes` attacks (policy None: uniformly random adversary actions)."""
+    env = make_env(spec)
+    rng = np.random.default_rng(seed)
+    env.action_space.seed(seed)
+    accidents: list[dict] = []
+    returns = []
+    for ep in range(episodes):
+        obs, _ = env.reset(seed=seed + ep)
+        done, total = False, 0.0
+        while not done:
+            if policy is None:
+                action = env.action_space.sample()
+            else:
+                action, _ = policy.predict(obs, deterministic=True)
+            obs, reward, terminated, truncated, info = env.step(action)
+            total += reward
+            done = terminated or truncated
+        returns.append(total)
+        summary = info["attack"]
+        if summary["victim_collision"]:
+            accidents.append(summary["accident"])
+    env.close()
+    del rng
+    return summarize(accidents, episodes, returns)
+
+
+def summarize(accidents: list[dict], episodes: int, returns: list[float] | None = None) -> dict[str, Any]:
+    types = Counter(a["accident_type"] for a in accidents)
+    responsible = sum(bool(a["victim_responsible"]) for a in accidents)
+    return {
+        "episodes": episodes,
+        "asr": len(accidents) / max(1, episodes),
+        "responsible_rate": responsible / len(accidents) if accidents else 0.0,
+        "effective_asr": responsible / max(1, episodes),
+        "types": dict(types),
+        "mean_return": float(np.mean(returns)) if returns else 0.0,
+        "accidents": accidents,
+    }
+
+
+def type_entropy(counts: dict[str, int]) -> float:
+    """Shannon entropy (nats) of the accident-type distribution."""
+    total = sum(counts.values())
+    if not total:
+        return 0.0
+    p = np.asarray([c / total for c in counts.values() if c])
+    return float(-(p * np.log(p)).sum())
+
+
+def record_gif(policy, spec: EnvSpec, path: str | Path, seed: int, max_episodes: int = 5, fps: int = 3) -> dict | None:
+    """Render attacks headless until one ends in a victim collision; write that episode as a GIF."""
+    import imageio.v2 as imageio
+
+    env = make_env(spec, render=True)
+    chosen, summary = None, None
+    for ep in range(max_episodes):
+        obs, _ = env.reset(seed=seed + ep)
+        frames, done = [env.render()], False
+        while not done:
+            action = env.action_space.sample() if policy is None else policy.predict(obs, deterministic=True)[0]
+            obs, _, terminated, truncated, info = env.step(action)
+            frames.append(env.render())
+            done = terminated or truncated
+        chosen, summary = frames, info["attack"]
+        if summary["victim_collision"]:
+            break
+    env.close()
+    imageio.mimsave(str(path), [np.asarray(f) for f in chosen] + [np.asarray(chosen[-1])] * fps, duration=1.0 / fps, loop=0)
+    return summary
+
+
+def spec_dict(spec: EnvSpec) -> dict:
+    return asdict(spec)

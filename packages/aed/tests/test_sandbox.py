@@ -1,0 +1,135 @@
+"""Hostile and broken reward code: each is refused or killed with a clear reason, nothing leaks, training goes on."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from palaestra.aed.sandbox import RewardCodeError, SandboxedReward, static_check
+
+STATE = {"rel": {"dist": 4.0}, "event": {"victim_collision": 0.0}}
+GOOD = "def reward(state):\n    d = state['rel']['dist']\n    return -math.sqrt(d) + max(0.0, 1.0)\n"
+
+
+def refuse(code: str, **kwargs) -> str:
+    with pytest.raises(RewardCodeError) as err:
+        fn = SandboxedReward(code, **kwargs)
+        try:
+            fn(STATE)
+        finally:
+            fn.close()
+    return err.value.reason
+
+
+def test_good_code_runs_in_sandbox():
+    fn = SandboxedReward(GOOD)
+    assert fn(STATE) == pytest.approx(-2.0 + 1.0)
+    assert fn({"rel": {"dist": 9.0}}) == pytest.approx(-2.0)
+    fn.close()
+
+
+@pytest.mark.parametrize(
+    "code, expected",
+    [
+        ("import os\ndef reward(state):\n    return 1.0\n", "Import is not allowed"),
+        ("import subprocess\ndef reward(state):\n    return 1.0\n", "Import is not allowed"),
+        ("from os import system\ndef reward(state):\n    return 1.0\n", "ImportFrom is not allowed"),
+        ("def reward(state):\n    return __import__('os').system('touch /tmp/x')\n", "name '__import__'"),
+        ("def reward(state):\n    open('/tmp/aed_pwned', 'w').write('x')\n    return 1.0\n", "name 'open'"),
+        ("def reward(state):\n    return eval('1+1')\n", "name 'eval'"),
+        ("def reward(state):\n    return ().__class__.__bases__[0]\n", "attribute '.__"),
+        ("def reward(state):\n    return getattr(state, 'x')\n", "name 'getattr'"),
+        ("def reward(state):\n    return globals()\n", "name 'globals'"),
+        ("def reward(state):\n    with state as s:\n        pass\n    return 1.0\n", "With is not allowed"),
+        ("def reward(state)\n    return 1.0\n", "syntax error at line 1"),
+        ("def score(state):\n    return 1.0\n", "must define a top-level function reward(state)"),
+    ],
+)
+def test_static_check_refuses(code, expected):
+    with pytest.raises(RewardCodeError) as err:
+        static_check(code)
+    assert expected in err.value.reason
+
+
+def test_infinite_loop_is_killed():
+    start = time.monotonic()
+    reason = refuse("def reward(state):\n    while True:\n        pass\n", timeout_s=0.5)
+    assert "timed out" in reason and "killed" in reason
+    assert time.monotonic() - start < 5
+
+
+def test_memory_bomb_hits_the_limit():
+    reason = refuse("def reward(state):\n    x = [0] * (10 ** 9)\n    return 1.0\n", memory_mb=128)
+    assert "memory limit" in reason
+
+
+@pytest.mark.parametrize(
+    "ret, expected",
+    [("'high'", "wrong return type: str"), ("None", "wrong return type: NoneType"), ("True", "wrong return type: bool"),
+     ("float('nan')", "non-finite"), ("[1.0]", "wrong return type: list")],
+)  # fmt: skip
+def test_wrong_return_types(ret, expected):
+    assert expected in refuse(f"def reward(state):\n    return {ret}\n")
+
+
+def test_exception_is_reported():
+    assert "raised ZeroDivisionError" in refuse("def reward(state):\n    return 1 / 0\n")
+    assert "raised KeyError" in refuse("def reward(state):\n    return state['nope']\n")
+
+
+def test_os_limits_hold_even_without_the_static_check(tmp_path):
+    # defence in depth: the child process itself cannot write files or open sockets, even with full builtins
+    target = tmp_path / "leak.txt"
+    code = f"def reward(state):\n    open({str(target)!r}, 'w').write('x')\n    return 1.0\n"
+    reason = refuse(code, check=False, _unsafe_full_builtins=True)
+    assert "OSError" in reason
+    assert not target.exists()
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(2)
+    port = listener.getsockname()[1]
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(_accept(listener)), daemon=True)
+    waiter.start()
+    code = (
+        "def reward(state):\n    import socket\n"
+        f"    socket.create_connection(('127.0.0.1', {port}))\n    return 1.0\n"
+    )
+    reason = refuse(code, check=False, _unsafe_full_builtins=True)
+    assert "OSError" in reason or "Error" in reason
+    waiter.join(5)
+    assert got == [None]  # nobody connected
+    listener.close()
+
+
+def _accept(listener):
+    try:
+        conn, _ = listener.accept()
+        conn.close()
+        return "connected"
+    except OSError:
+        return None
+
+
+def test_training_goes_on_when_the_reward_is_killed():
+    from palaestra.aed.env import AdversaryEnv
+
+    slow = "def reward(state):\n    n = 0\n    while state['t'] >= 0:\n        n = n + 1\n    return 0.0\n"
+    env = AdversaryEnv("highway", "rear_end", reward_fn=SandboxedReward(slow, timeout_s=0.3),
+                       overrides={"vehicles_count": 6}, max_steps=4)  # fmt: skip
+    env.reset(seed=0)
+    rewards, infos = [], []
+    for _ in range(4):
+        _, r, term, trunc, info = env.step(1)
+        rewards.append(r)
+        infos.append(info)
+        if term or trunc:
+            break
+    assert "timed out" in infos[0]["reward_error"]
+    assert env.reward_fn is env.expert  # fell back to the expert reward and kept stepping
+    assert len(rewards) >= 2
