@@ -5,9 +5,6 @@ from __future__ import annotations
 import random
 import string
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from palaestra.egpo.reward import fc_binary
 from palaestra.egpo.tasks import FCTask
 from palaestra.shared.rewards import REWARDS, score
@@ -93,11 +90,28 @@ def test_no_call_due():
     assert fc_binary(task, answer(("get_weather", {"city": "Rome"})))[0] == 0.0
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=string.printable + '<>{}"/', max_size=300))
-def test_never_raises_on_any_text(text):
-    for snippet in (text, "<think>" + text, "<think>x</think><tool_call>" + text + "</tool_call>"):
-        value, info = fc_binary(TASK, snippet)
+def test_never_raises_on_random_text():
+    rng = random.Random(1)
+    pieces = [
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        '{"name": "get_weather", "arguments": ',
+        '{"city": "Rome"}}',
+        "{",
+        "}",
+        '"',
+        "\n",
+        "null",
+        "[1, 2]",
+    ]
+    for _ in range(2000):
+        parts = [
+            rng.choice(pieces) if rng.random() < 0.6 else "".join(rng.choices(string.printable, k=5))
+            for _ in range(rng.randint(0, 12))
+        ]
+        value, info = fc_binary(TASK, "".join(parts))
         assert value in (0.0, 1.0) and isinstance(info["reason"], str)
 
 

@@ -1,1 +1,4 @@
-"""Jobs of palaestra-egpo (registered through the `palaestra.jobs` entry point)."""
+"""Jobs of palaestra-egpo (registered through the `palaestra.jobs` entry point): ``egpo.eval``."""
+
+import palaestra.egpo.eval  # noqa: F401  (registers `egpo.eval`)
+import palaestra.egpo.reward  # noqa: F401  (registers the `fc_binary` and `fc_multi_turn` rewards)

@@ -1,0 +1,277 @@
+"""BFCL evaluation (job ``egpo.eval``): any LLM backend, our prompt format, BFCL's official checkers.
+
+Per category, every entry becomes an environment whose ``step`` decodes the response and scores it:
+
+- single-turn AST categories: decoded calls -> BFCL's ``ast_checker`` (`BFCLSingleTurnEnv`);
+- ``irrelevance`` / ``live_irrelevance`` / ``live_relevance``: BFCL's rule (a decoded call or not);
+- multi-turn categories: `BFCLMultiTurnEnv` (calls executed, BFCL's ``multi_turn_checker``).
+
+The model plays them through the shared rollout engine (batched across entries). A ``policy`` other
+than ``model`` replaces the model by an oracle that answers with each entry's ground truth
+(``ground_truth``) or with a deliberately wrong answer (``wrong``): the harness check, through the
+same decode-and-score path. Logged: ``bfcl/<category>/accuracy``, summary scores, and a JSONL
+artifact per category with every sample's output, decoded calls and verdict.
+
+Summary scores, over the categories that ran (BFCL's leaderboard groups, without Java/JavaScript,
+web search, memory and format sensitivity, which do not run offline or in our format):
+``bfcl/summary/non_live`` (mean of the non-live AST categories), ``bfcl/summary/live`` (mean weighted by
+entry count over the live categories), ``bfcl/summary/multi_turn`` (mean of the multi-turn ones),
+``bfcl/summary/hallucination`` (mean of the relevance categories), ``bfcl/summary/overall`` (mean of
+the groups above that ran).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from palaestra.egpo import bfcl
+from palaestra.egpo.multiturn import BFCLMultiTurnEnv, ground_truth_turn_calls
+from palaestra.egpo.reward import judge_completion
+from palaestra.egpo.tasks import FCTask, canonical_calls, load_bfcl
+from palaestra.shared.config import ConfigError, JobConfig
+from palaestra.shared.jobs import job
+from palaestra.shared.llm.base import LLMConfig
+from palaestra.shared.rollout.env import Step, TextEnv
+from palaestra.shared.toolcall import ToolCall, format_calls, parse_response
+from palaestra.shared.tracking import Tracker
+
+DEFAULT_CATEGORIES = [
+    "simple_python",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "irrelevance",
+    "live_simple",
+    "live_multiple",
+    "live_irrelevance",
+    "multi_turn_base",
+    "multi_turn_miss_func",
+    "multi_turn_miss_param",
+    "multi_turn_long_context",
+]
+
+
+@dataclass
+class EvalConfig(JobConfig):
+    """Evaluate a model on BFCL categories with the official checkers."""
+
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    """The model under evaluation (any backend)."""
+    categories: list[str] = field(default_factory=lambda: list(DEFAULT_CATEGORIES))
+    """BFCL v4 categories (see palaestra.egpo.bfcl for what runs offline)."""
+    limit: int | None = None
+    """Entries per category (None: all)."""
+    policy: str = "model"
+    """model | ground_truth | wrong (the last two: the harness check, with an oracle instead of the model)."""
+    temperature: float = 0.0
+    """Sampling temperature (0: greedy)."""
+    max_tokens_per_turn: int = 1024
+    """Generated tokens per model response."""
+    max_context_tokens: int = 16384
+    """Prompt + response tokens per conversation (multi-turn prompts carry all eight environments' docs)."""
+    max_model_calls: int = 60
+    """Model responses per multi-turn episode (all turns together); more truncates it (scored wrong)."""
+
+
+class BFCLSingleTurnEnv(TextEnv):
+    """One BFCL single-turn entry: one response, decoded and scored by BFCL's checker."""
+
+    agents = ["agent"]
+
+    def __init__(self, task: FCTask):
+        self.task = task
+        self.env_type = f"bfcl_{task.category}"
+
+    def reset(self, seed: int | None = None) -> dict[str, Any]:
+        self._observed = False
+        return {"id": self.task.id}
+
+    def observe(self, agent: str) -> list[dict]:
+        if self._observed:
+            return []
+        self._observed = True
+        return self.task.prompt_messages()
+
+    def tools(self, agent: str) -> list[dict] | None:
+        return self.task.chat_tools()
+
+    def step(self, action: str) -> Step:
+        verdict = score_single_turn(self.task, action)
+        return Step(rewards={"agent": 1.0 if verdict["valid"] else 0.0}, terminated=True, info=verdict)
+
+
+def score_single_turn(task: FCTask, text: str) -> dict[str, Any]:
+    """Decode `text` in our format and score it with BFCL's official rule for the task's category."""
+    parsed = parse_response(text)
+    decoded = None if parsed.error else [{c.name: c.arguments} for c in parsed.calls]
+    out: dict[str, Any] = {"decoded": decoded, "decode_error": parsed.error}
+    if bfcl.category_kind(task.category) == "relevance":
+        out["valid"] = bfcl.official_relevance_check(decoded, task.category)
+        out["error"] = None if out["valid"] else "relevance rule"
+    elif decoded is None:
+        out["valid"], out["error"] = False, f"ast_decoder:decoder_failed ({parsed.error})"
+    else:
+        result = bfcl.official_ast_check(task.tools, copy.deepcopy(decoded), task.ground_truth, task.category)
+        out["valid"], out["error"] = bool(result["valid"]), result.get("error_type")
+    # our training reward's verdict on the same text (format without <think> required, as the eval is)
+    out["fc_binary"] = float(judge_completion(task, text, require_think=False)[0])
+    return out
+
+
+# ---- oracles for the harness check -----------------------------------------------------------
+
+
+def oracle_answer(env: TextEnv, wrong: bool) -> str:
+    """The next response of the ground-truth (or wrong) oracle for `env`."""
+    if isinstance(env, BFCLSingleTurnEnv):
+        calls = canonical_calls(env.task.ground_truth, env.task.tools)
+        if env.task.category == "live_relevance":  # BFCL has no ground truth here: any call is right
+            calls = [{"name": env.task.tools[0]["name"], "arguments": {}}]
+            if wrong:
+                calls = []
+        elif wrong:  # a call where none is due, or a misnamed call
+            calls = (
+                [{"name": calls[0]["name"] + "_x", "arguments": calls[0]["arguments"]}]
+                if calls
+                else [{"name": env.task.tools[0]["name"] if env.task.tools else "f", "arguments": {}}]
+            )
+        if not calls:
+            return "<think>No function fits.</think>I cannot do that with the functions I have."
+        return format_calls([ToolCall(c["name"], c["arguments"]) for c in calls], thinking="Calling the tools.")
+    turn_calls = env.oracle_calls[env.turn]
+    first_due = next((i for i, calls in enumerate(env.oracle_calls) if calls), None)
+    if env.steps_in_turn == 0 and turn_calls and not (wrong and env.turn == first_due):  # wrong: skip a due turn
+        return format_calls([ToolCall(n, a) for n, a in turn_calls], thinking="Calling the tools.")
+    return "<think>The request is handled.</think>Done."
+
+
+def run_oracle(envs: list[TextEnv], wrong: bool) -> list[dict]:
+    out = []
+    for env in envs:
+        env.reset(0)
+        texts, step = [], Step()
+        for _ in range(200):
+            env.observe("agent")
+            texts.append(oracle_answer(env, wrong))
+            step = env.step(texts[-1])
+            if step.done:
+                break
+        out.append({"outputs": texts, "reward": sum(step.rewards.values()), "info": step.info, "limit": None})
+    return out
+
+
+def run_model(envs: list[TextEnv], client: Any, cfg: EvalConfig) -> list[dict]:
+    from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
+
+    # a conversation longer than the model's context is cut (scored wrong), never sent
+    context = min(cfg.max_context_tokens, getattr(client, "context_length", None) or cfg.max_context_tokens)
+    engine = RolloutEngine(
+        client,
+        RolloutConfig(
+            group_size=1,
+            max_turns=cfg.max_model_calls,
+            max_tokens_per_turn=cfg.max_tokens_per_turn,
+            max_context_tokens=context,
+            temperature=cfg.temperature,
+        ),
+    )
+    specs = [EpisodeSpec(make_env=lambda e=env: e, seed=cfg.seed, group_id=str(i)) for i, env in enumerate(envs)]
+    result = engine.run(specs, seed=cfg.seed)
+    by_group = {t.group_id: t for t in result.trajectories}
+    out = []
+    for i, env in enumerate(envs):
+        traj = by_group.get(str(i))
+        if isinstance(env, BFCLMultiTurnEnv):
+            env.close()  # an episode cut by a limit never reached its end
+        if traj is None:
+            out.append({"outputs": [], "reward": 0.0, "info": {"error": "no trajectory"}, "limit": "none"})
+            continue
+        final = traj.info.get("final") or {}
+        reward = sum(t.reward for t in traj.turns) if traj.terminated and not traj.failed else 0.0
+        limit = traj.limit if not traj.terminated else None
+        info = final if traj.terminated else {"error": traj.error or f"truncated ({traj.limit})"}
+        out.append({"outputs": [t.text for t in traj.turns], "reward": reward, "info": info, "limit": limit})
+    return out
+
+
+def build_envs(category: str, limit: int | None) -> tuple[list[TextEnv], list[str]]:
+    if bfcl.category_kind(category) == "multi_turn":
+        envs, ids = [], []
+        for entry, truth in bfcl.load_category(category, limit):
+            env = BFCLMultiTurnEnv(entry, truth)
+            env.oracle_calls = ground_truth_turn_calls(entry, truth)
+            envs.append(env)
+            ids.append(entry["id"])
+        return envs, ids
+    tasks = load_bfcl(category, limit)
+    return [BFCLSingleTurnEnv(t) for t in tasks], [t.id for t in tasks]
+
+
+def summary_scores(accuracy: dict[str, float], counts: dict[str, int]) -> dict[str, float]:
+    groups: dict[str, float] = {}
+    non_live = [accuracy[c] for c in bfcl.AST_CATEGORIES if c in accuracy and not c.startswith("live")]
+    live = [c for c in accuracy if c.startswith("live") and c != "live_irrelevance"]
+    multi = [accuracy[c] for c in bfcl.MULTI_TURN_CATEGORIES if c in accuracy]
+    halluc = [accuracy[c] for c in ("irrelevance", "live_irrelevance") if c in accuracy]
+    if non_live:
+        groups["non_live"] = sum(non_live) / len(non_live)
+    if live:
+        groups["live"] = sum(accuracy[c] * counts[c] for c in live) / sum(counts[c] for c in live)
+    if multi:
+        groups["multi_turn"] = sum(multi) / len(multi)
+    if halluc:
+        groups["hallucination"] = sum(halluc) / len(halluc)
+    if groups:
+        groups["overall"] = sum(groups.values()) / len(groups)
+    return {f"bfcl/summary/{k}": v for k, v in groups.items()}
+
+
+@job("egpo.eval", EvalConfig)
+def evaluate(cfg: EvalConfig, tracker: Tracker) -> dict:
+    """BFCL evaluation of any LLM backend in our prompt format, scored by BFCL's official checkers."""
+    if cfg.policy not in ("model", "ground_truth", "wrong"):
+        raise ConfigError(f"invalid value for 'policy': {cfg.policy!r} (model | ground_truth | wrong)")
+    try:
+        for category in cfg.categories:
+            bfcl.category_kind(category)
+        bfcl.require_bfcl()
+    except (ValueError, ImportError) as err:
+        raise ConfigError(str(err)) from None
+    skipped = sorted(bfcl.OFFLINE_SKIPPED)
+    print(f"egpo.eval: not run offline / outside our format: {', '.join(skipped)}", flush=True)
+    tracker.set_tags({"bfcl.skipped_categories": ",".join(skipped)})
+    client = None
+    if cfg.policy == "model":
+        from palaestra.shared.llm.base import make_client
+
+        client = make_client(cfg.llm)
+    accuracy, counts = {}, {}
+    for category in cfg.categories:
+        envs, ids = build_envs(category, cfg.limit)
+        if client is None:
+            results = run_oracle(envs, wrong=cfg.policy == "wrong")
+        else:
+            results = run_model(envs, client, cfg)
+        records = [{"id": i, "category": category, **_record(r)} for i, r in zip(ids, results)]
+        correct = sum(r["valid"] for r in records)
+        accuracy[category], counts[category] = correct / max(len(records), 1), len(records)
+        tracker.log_metrics({f"bfcl/{category}/accuracy": accuracy[category], f"bfcl/{category}/n": len(records)})
+        tracker.log_text("\n".join(json.dumps(r, default=str) for r in records) + "\n", f"bfcl/{category}.jsonl")
+        print(f"egpo.eval: {category}: {correct}/{len(records)} = {accuracy[category]:.2%}", flush=True)
+    summary = summary_scores(accuracy, counts)
+    tracker.log_metrics(summary)
+    if client is not None:
+        client.close()
+    return {**{f"bfcl/{c}/accuracy": a for c, a in accuracy.items()}, **summary}
+
+
+def _record(result: dict) -> dict:
+    info = result["info"] or {}
+    record = {"valid": result["reward"] == 1.0, "outputs": result["outputs"], "limit": result["limit"]}
+    for key in ("decoded", "decode_error", "error", "fc_binary", "multi_turn_error", "action"):
+        if key in info:
+            record[key] = info[key]
+    return record

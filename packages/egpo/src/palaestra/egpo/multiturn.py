@@ -1,0 +1,178 @@
+"""Multi-turn function calling over BFCL's executable environments, as a `TextEnv`.
+
+One episode is one BFCL multi-turn entry (``multi_turn_base``, ``_miss_func``, ``_miss_param``,
+``_long_context``): several user turns on one evolving state of BFCL's environments
+(GorillaFileSystem, MathAPI, MessageAPI, TwitterAPI, TicketAPI, TradingBot, TravelAPI,
+VehicleControlAPI). It follows BFCL's own inference loop (``base_handler.inference_multi_turn_*``):
+
+- each model response is decoded (`palaestra.shared.toolcall`); its calls are executed by BFCL's
+  ``execute_multi_turn_func_call`` on this episode's instances and the results come back as
+  ``tool`` messages; a response with no call (a plain answer, or one that does not decode) ends
+  the user turn, and the next user message follows;
+- a miss-func turn adds the held-out functions to the user message, as BFCL's prompting mode does
+  (the tools in the system prompt are fixed at the first turn);
+- more than ``max_steps`` (BFCL: 20) responses in one user turn force-quit the episode (failed);
+- at the end, BFCL's ``multi_turn_checker`` replays the decoded calls and the ground truth on fresh
+  instances and compares every environment's state and the results after each turn: reward 1.0 if
+  valid, else 0.0 (``info["multi_turn_valid"]``, ``info["multi_turn_error"]``).
+
+BFCL keeps environment instances in its module's globals, keyed by model name and entry id; each
+episode uses its own key and removes its instances when it ends (`close`).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+from palaestra.egpo.bfcl import call_string, load_category, require_bfcl
+from palaestra.egpo.tasks import SYSTEM_PROMPT, to_chat_tool
+from palaestra.shared.rollout.env import Step, TextEnv
+from palaestra.shared.toolcall import parse_response
+
+MAX_STEPS_PER_TURN = 20
+"""BFCL's MAXIMUM_STEP_LIMIT."""
+
+
+class BFCLMultiTurnEnv(TextEnv):
+    """One BFCL multi-turn entry per episode; reward 1.0 iff BFCL's multi-turn checker accepts it."""
+
+    agents = ["agent"]
+    env_type = "bfcl_multi_turn"
+
+    def __init__(self, entry: dict, ground_truth: list[list[str]], max_steps: int = MAX_STEPS_PER_TURN):
+        require_bfcl()
+        self.entry = entry
+        self.ground_truth = ground_truth
+        self.max_steps = max_steps
+        self.category = entry["id"].rsplit("_", 1)[0]
+        self.long_context = "long_context" in self.category or "composite" in self.category
+        self._key: str | None = None
+
+    @classmethod
+    def from_category(cls, category: str, index: int, **kwargs: Any) -> BFCLMultiTurnEnv:
+        entry, truth = load_category(category)[index]
+        return cls(entry, truth, **kwargs)
+
+    # -- protocol -----------------------------------------------------------
+    def reset(self, seed: int | None = None) -> dict[str, Any]:
+        self.close()
+        self._key = f"palaestra_{uuid.uuid4().hex[:12]}"
+        self.turn = 0
+        self.steps_in_turn = 0
+        self.decoded: list[list[list[str]]] = [[]]
+        self.responses: list[list[str]] = [[]]
+        self.pending: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, *self._user_messages(0)]
+        self.result: dict[str, Any] | None = None
+        self._execute([])  # create this episode's instances from the initial config
+        return {"id": self.entry["id"], "turns": len(self.entry["question"])}
+
+    def observe(self, agent: str) -> list[dict]:
+        messages, self.pending = self.pending, []
+        return messages
+
+    def tools(self, agent: str) -> list[dict] | None:
+        return [to_chat_tool(doc) for doc in self.entry["function"]]
+
+    def step(self, action: str) -> Step:
+        parsed = parse_response(action)
+        self.responses[self.turn].append(action)
+        calls = [] if parsed.error else parsed.calls
+        info: dict[str, Any] = {"action": [(c.name, c.arguments) for c in calls], "turn": self.turn}
+        if parsed.error:
+            info["format_error"] = parsed.error
+        if calls:
+            strings = [call_string(c.name, c.arguments) for c in calls]
+            self.decoded[self.turn].append(strings)
+            results = self._execute(strings)
+            self.pending = [{"role": "tool", "name": c.name, "content": r} for c, r in zip(calls, results)]
+            self.steps_in_turn += 1
+            if self.steps_in_turn <= self.max_steps:
+                return Step(info=info)
+            info["force_quit"] = True
+            return self._finish(info, force_quit=True)
+        # no call: the user turn is over
+        self.turn += 1
+        self.steps_in_turn = 0
+        if self.turn >= len(self.entry["question"]):
+            return self._finish(info)
+        self.decoded.append([])
+        self.responses.append([])
+        self.pending = self._user_messages(self.turn)
+        return Step(info=info)
+
+    # -- helpers ------------------------------------------------------------
+    def _user_messages(self, turn: int) -> list[dict]:
+        messages = list(self.entry["question"][turn])
+        held_out = (self.entry.get("missed_function") or {}).get(str(turn))
+        if held_out:
+            from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
+
+            text = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(functions=held_out)
+            messages = [{"role": "user", "content": text}]
+        return messages
+
+    def _execute(self, strings: list[str]) -> list[str]:
+        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+
+        results, _ = execute_multi_turn_func_call(
+            strings,
+            self.entry.get("initial_config", {}),
+            self.entry["involved_classes"],
+            self._key,
+            self.entry["id"],
+            long_context=self.long_context,
+            is_evaL_run=False,
+        )
+        return [str(r) for r in results]
+
+    def _finish(self, info: dict, force_quit: bool = False) -> Step:
+        self.result = check_multi_turn(self.entry, self.decoded, self.ground_truth, self._key, force_quit)
+        valid = bool(self.result["valid"])
+        info.update(
+            multi_turn_valid=valid,
+            multi_turn_error=None if valid else self.result.get("error_type"),
+            decoded=self.decoded,
+        )
+        self.close()
+        return Step(rewards={"agent": 1.0 if valid else 0.0}, terminated=True, info=info)
+
+    def close(self) -> None:
+        """Drop this episode's environment instances from BFCL's module globals."""
+        if self._key:
+            _drop_instances(self._key)
+            self._key = None
+
+
+def check_multi_turn(
+    entry: dict, decoded: list[list[list[str]]], ground_truth: list[list[str]], key: str, force_quit: bool = False
+) -> dict:
+    """BFCL's verdict on decoded per-turn, per-step call strings (as its eval runner computes it)."""
+    require_bfcl()
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+    if force_quit or len(decoded) != len(ground_truth):
+        return {"valid": False, "error_type": "multi_turn:force_terminated"}
+    checker_key = f"{key}_check"
+    try:
+        return multi_turn_checker(decoded, ground_truth, dict(entry), entry["id"].rsplit("_", 1)[0], checker_key)
+    except Exception as err:  # BFCL's checker asserting on an odd episode is a failed episode, not a crash
+        return {"valid": False, "error_type": f"checker_error: {type(err).__name__}: {err}"}
+    finally:
+        _drop_instances(checker_key)
+
+
+def _drop_instances(key: str) -> None:
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+    prefix = re.sub(r"[-./:]", "_", key)
+    for name in [n for n in vars(multi_turn_utils) if n.startswith(prefix)]:
+        del vars(multi_turn_utils)[name]
+
+
+def ground_truth_turn_calls(entry: dict, ground_truth: list[list[str]]) -> list[list[tuple[str, dict]]]:
+    """The ground truth as keyword calls per turn (positional arguments named by signature)."""
+    from palaestra.egpo.bfcl import parse_call_string
+
+    return [[parse_call_string(s, entry["involved_classes"]) for s in turn] for turn in ground_truth]
