@@ -102,9 +102,9 @@ class History:
         n = 0
         for _, lane, _, _ in reversed(buf):
             if lane != lane_index:
-                break
+                return max(0, n - 1) * self.dt
             n += 1
-        return max(0, n - 1) * self.dt
+        return HISTORY_S  # in that lane for as long as we know (e.g. since the reset): settled
 
     def changed_lane_within(self, v, seconds: float) -> bool:
         buf = list(self.frames.get(id(v), ()))[-int(seconds / self.dt) - 1 :]
@@ -139,7 +139,7 @@ def make_record(a, b, a_role: str, b_role: str, t: float, step: int, history: Hi
     long, lat = relative(a, b)
     b_vehicle = hasattr(b, "lane_index") and b_role != "object"
     striker = a_role if not b_vehicle or closing_speed(a, b) >= closing_speed(b, a) else b_role
-    a_changing = a.target_lane_index != a.lane_index or history.changed_lane_within(a, 1.0)
+    a_changing = getattr(a, "target_lane_index", a.lane_index) != a.lane_index or history.changed_lane_within(a, 1.0)
     b_changing = b_vehicle and (
         getattr(b, "target_lane_index", b.lane_index) != b.lane_index or history.changed_lane_within(b, 1.0)
     )

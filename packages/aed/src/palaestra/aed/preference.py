@@ -67,7 +67,7 @@ class PreferenceModel:
         accuracy = [((s >= t) == y).mean() for t in candidates]
         self.threshold = float(candidates[int(np.argmax(accuracy))])
         pair_acc = float((s[win.numpy()] > s[lose.numpy()]).mean())
-        return {"pairs": len(pairs), "bt_loss": float(loss), "pair_accuracy": pair_acc, "label_accuracy": float(max(accuracy))}
+        return {"pairs": len(pairs), "bt_loss": float(loss.detach()), "pair_accuracy": pair_acc, "label_accuracy": float(max(accuracy))}
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -70,12 +70,13 @@ def static_check(code: str) -> None:
             bound.update(a.arg for a in node.args.args + node.args.kwonlyargs)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             bound.add(node.id)
-    for node in ast.walk(tree):  # names first: "open" says more than ".write"
+    for node in ast.walk(tree):  # forbidden statements first, then names: "open" says more than ".write"
+        if not isinstance(node, ALLOWED_NODES):
+            raise RewardCodeError(f"rejected: {type(node).__name__} is not allowed (line {getattr(node, 'lineno', '?')})")
+    for node in ast.walk(tree):
         if isinstance(node, ast.Name) and (node.id not in bound or node.id.startswith("_")):
             raise RewardCodeError(f"rejected: name '{node.id}' is not allowed (line {node.lineno})")
     for node in ast.walk(tree):
-        if not isinstance(node, ALLOWED_NODES):
-            raise RewardCodeError(f"rejected: {type(node).__name__} is not allowed (line {getattr(node, 'lineno', '?')})")
         if isinstance(node, ast.FunctionDef) and (node.decorator_list or node.args.vararg or node.args.kwarg):
             raise RewardCodeError(f"rejected: decorators and *args/**kwargs are not allowed (line {node.lineno})")
         if isinstance(node, ast.Attribute):

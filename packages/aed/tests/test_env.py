@@ -1,0 +1,77 @@
+"""The adversary env: pinned scenario ids, takeover after every reset, SB3's check_env, accident bookkeeping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from palaestra.aed.env import AdversaryEnv
+from palaestra.aed.scenarios import SCENARIOS, get_scenario
+
+
+def test_scenario_ids_are_pinned_and_registered():
+    import gymnasium as gym
+    import highway_env  # noqa: F401
+
+    assert {s.env_id for s in SCENARIOS.values()} == {"highway-fast-v0", "merge-v1", "roundabout-v1", "intersection-v2"}
+    for spec in SCENARIOS.values():
+        assert spec.env_id in gym.registry
+    with pytest.raises(ValueError, match="did you mean 'highway'"):
+        get_scenario("higway")
+
+
+@pytest.mark.parametrize("n_adv", [1, 2])
+def test_check_env_accepts_it(n_adv):
+    from stable_baselines3.common.env_checker import check_env
+
+    env = AdversaryEnv("highway", "rear_end", num_adversaries=n_adv, overrides={"vehicles_count": 8}, max_steps=5)
+    check_env(env, warn=False)
+    assert env.observation_space.shape == (n_adv * 31,)
+
+
+def test_takeover_is_redone_after_every_reset():
+    from highway_env.vehicle.behavior import IDMVehicle
+    from highway_env.vehicle.controller import MDPVehicle
+
+    env = AdversaryEnv("highway", "cut_in", num_adversaries=2, overrides={"vehicles_count": 8}, max_steps=3)
+    for seed in (0, 1):
+        env.reset(seed=seed)
+        road = env.base.road.vehicles
+        assert type(env.victim) is IDMVehicle and env.victim in road
+        assert all(type(a) is MDPVehicle and a in road for a in env.advs)
+        # the adversaries are the NPCs nearest to the victim
+        others = [v for v in road if v is not env.victim and v not in env.advs]
+        far = max(np.linalg.norm(a.position - env.victim.position) for a in env.advs)
+        assert all(np.linalg.norm(o.position - env.victim.position) >= far - 1e-6 for o in others)
+
+
+@pytest.mark.parametrize("scenario", ["merge", "roundabout", "intersection"])
+def test_other_scenarios_step(scenario):
+    env = AdversaryEnv(scenario, "rear_end", max_steps=3)
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.contains(obs)
+    for _ in range(3):
+        obs, reward, term, trunc, info = env.step(env.action_space.sample())
+        assert np.isfinite(reward)
+        if term or trunc:
+            break
+    assert "attack" in info
+
+
+def test_a_victim_collision_is_recorded_once_with_geometry():
+    env = AdversaryEnv("highway", "rear_end", overrides={"vehicles_count": 8}, max_steps=30)
+    for seed in range(40):
+        env.reset(seed=seed)
+        done = False
+        while not done:  # drive toward the victim: change lanes toward it, match its longitudinal position
+            rel = env.state(0, env._event([], []))["rel"]
+            action = (0 if rel["lat"] > 0 else 2) if abs(rel["lat"]) > 2 else (3 if rel["long"] < 0 else 4)
+            _, _, term, trunc, info = env.step(action)
+            done = term or trunc
+        if info["attack"]["victim_collision"]:
+            break
+    acc = info["attack"]["accident"]
+    assert term and acc["a_role"] == "victim"
+    assert acc["accident_type"] in ("rear_end", "cut_in", "side_swipe")
+    assert isinstance(acc["victim_responsible"], bool) and len(acc["features"]) == 16
+    assert sum(1 for r in env.records if r.a_role == "victim") >= 1

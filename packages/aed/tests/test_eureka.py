@@ -1,0 +1,53 @@
+"""Eureka-style reward design: refused code is fed back, the best valid round is kept, all-fail falls back."""
+
+from __future__ import annotations
+
+from palaestra.aed.eureka import design_reward, extract_code
+from palaestra.aed.train import EnvSpec, TrainSettings
+from palaestra.shared.llm.base import Completion, LLMClient
+
+SPEC = EnvSpec("highway", "rear_end", overrides={"vehicles_count": 6}, max_steps=4)
+TINY = TrainSettings(timesteps=24, learning_starts=8)
+HOSTILE = "```python\nimport os\ndef reward(state):\n    os.system('touch /tmp/aed_eureka_pwned')\n    return 1.0\n```"
+VALID = (
+    "Here is a reward.\n```python\ndef reward(state):\n    rel = state['rel']\n"
+    "    bonus = 10.0 * state['event']['victim_collision']\n    return bonus - 0.01 * rel['dist']\n```"
+)
+
+
+class ScriptedLLM(LLMClient):
+    """An LLMClient that answers each chat call with the next scripted reply and records the prompts it saw."""
+
+    def __init__(self, replies: list[str]):
+        self.replies, self.seen = list(replies), []
+
+    def chat(self, conversations, params=None, tools=None):
+        self.seen.append(conversations[0])
+        text = self.replies.pop(0)
+        return [Completion(text, [], None, [], "stop") for _ in conversations]
+
+
+def test_extract_code():
+    assert extract_code(VALID).startswith("def reward(state):")
+    assert extract_code("blah def reward(state):\n    return 1.0").startswith("def reward")
+
+
+def test_refusal_is_fed_back_and_the_valid_round_kept(tmp_path):
+    llm = ScriptedLLM([HOSTILE, VALID])
+    out = design_reward(llm, SPEC, TINY, rounds=2, samples=1, eval_episodes=1, seed=0)
+    assert not out["fallback"] and out["round"] == 1
+    assert "def reward(state)" in out["code"] and "victim_collision" in out["code"]
+    first, second = out["history"]
+    assert first["status"] == "failed" and "Import is not allowed" in first["reason"]
+    assert second["status"] == "ok" and 0.0 <= second["asr"] <= 1.0
+    feedback = llm.seen[1][-1]["content"]
+    assert "could not be used" in feedback and "Import is not allowed" in feedback
+    assert "state[\"rel\"]" in llm.seen[0][1]["content"]  # the documented state API is in the task prompt
+
+
+def test_every_round_failing_falls_back(tiny_llm):
+    # the random-weight tiny model writes no valid reward: the loop must say so and never raise
+    out = design_reward(tiny_llm, SPEC, TINY, rounds=2, samples=1, eval_episodes=1, seed=0, max_tokens=24)
+    assert out["fallback"] and out["code"] is None
+    assert out["reason"].startswith("all 2 LLM reward candidates failed")
+    assert len(out["history"]) == 2
