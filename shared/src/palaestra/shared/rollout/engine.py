@@ -115,7 +115,7 @@ class _Episode:
 
     def truncate(self, limit: str) -> None:
         for t in self.trajs.values():
-            t.truncated, t.limit = True, t.limit or limit
+            t.truncated, t.limit = True, limit  # the limit that ended the episode wins
         self.done = True
 
 

@@ -99,14 +99,16 @@ def exact_answer(sample: dict, completion: str, **info) -> float:
 
 @TASKS.register("next_number_format")
 def next_number_format(num_samples: int = 64, seed: int = 0, **kwargs) -> list[dict]:
-    """SFT data that teaches only the answer's form: `next_number` prompts answered by a random digit.
+    """SFT data that teaches only the answer's form: `next_number` prompts answered by a random one of its answers.
 
-    A random-init model learns to reply with one digit and stop; which digit is
-    right is left for RL to find (the reward is 1 in about 1 of 10 at the start).
+    A random-init model learns to reply with one of the task's digits and stop,
+    whatever the prompt; which digit is right for which prompt is left for RL
+    (at the start the reward is about 1 / number of distinct answers).
     """
     rng = random.Random(seed + 1)
     base = next_number(seed=seed, **kwargs)
+    answers = sorted({s["answer"] for s in base})
     return [
-        {"messages": base[i % len(base)]["messages"] + [{"role": "assistant", "content": str(rng.randrange(10))}]}
+        {"messages": base[i % len(base)]["messages"] + [{"role": "assistant", "content": rng.choice(answers)}]}
         for i in range(num_samples)
     ]

@@ -1,0 +1,176 @@
+"""The trainer on the tiny model: exact resume, NaN stop, MLflow metrics, LoRA + KL, multi-agent pipelines."""
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+import palaestra.shared.rl.jobs  # noqa: F401  (registers rl.train even when another builtin job fails to import)
+from palaestra.shared.config import TrackingConfig
+from palaestra.shared.jobs import load_config, run_job
+from palaestra.shared.rewards import REWARDS
+from palaestra.shared.rl import checkpoint
+from palaestra.shared.rl.advantages import ADVANTAGES, AdvantageStep
+from palaestra.shared.rl.loss import LossConfig
+from palaestra.shared.rl.trainer import EnvSpec, LoraConfig, OptimConfig, TrainConfig, Trainer, TrainingError
+from palaestra.shared.rollout.engine import RolloutConfig
+from palaestra.shared.rollout.env import ENVS, Step, TextEnv
+
+METRICS = [
+    "train/reward_mean",
+    "train/advantage_mean",
+    "train/advantage_std",
+    "train/entropy",
+    "train/kl",
+    "train/clip_fraction",
+    "train/loss",
+    "perf/tokens_per_s",
+    "perf/step_s",
+]
+
+
+@REWARDS.register("test_response_length")
+def response_length(sample, completion, **info) -> float:
+    """A dense reward so that every group has a signal."""
+    return len(completion) / 10
+
+
+def small_config(tmp_path, **kw) -> TrainConfig:
+    base = dict(
+        envs=[EnvSpec("task", {"reward": "test_response_length"})],
+        job="rl.train",
+        output_dir=str(tmp_path / "out"),
+        tracking=TrackingConfig(enabled=False),
+        rollout=RolloutConfig(group_size=3, max_tokens_per_turn=5),
+        optim=OptimConfig(lr=1e-3),
+        steps=4,
+        tasks_per_step=2,
+        checkpoint_every=2,
+        ppo_epochs=2,
+        minibatch_size=4,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_resume_continues_exactly(tmp_path):
+    straight = Trainer(small_config(tmp_path / "a"))
+    straight.train()
+    first = Trainer(small_config(tmp_path / "b", steps=2))
+    first.train()
+    assert checkpoint.latest(tmp_path / "b" / "out" / "checkpoints").name == "step_000002"
+    resumed = Trainer(small_config(tmp_path / "b", steps=4, resume=True))
+    assert resumed.step == 2
+    resumed.train()
+    a, b = weights(straight.model), weights(resumed.model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # and the training did move the weights
+    fresh = Trainer(small_config(tmp_path / "c", steps=0))
+    assert any(not torch.equal(a[k], fresh.model.state_dict()[k]) for k in a)
+    sa, sb = straight.optimizer.state_dict(), resumed.optimizer.state_dict()
+    assert all(torch.equal(sa["state"][i]["exp_avg"], sb["state"][i]["exp_avg"]) for i in sa["state"])
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
+    @ADVANTAGES.register("test_nan_after_two")
+    def nan_after_two(values, batch, *, calls=[0]):  # noqa: B006  (a counter across calls)
+        calls[0] += 1
+        return [np.full(len(r), np.nan if calls[0] > 2 else 1.0) for r in batch.turn_rewards]
+
+    try:
+        cfg = small_config(tmp_path, steps=5, checkpoint_every=1, advantages=[AdvantageStep("test_nan_after_two")])
+        trainer = Trainer(cfg)
+        with pytest.raises(TrainingError, match=r"non-finite loss.*step 3.*Last good checkpoint: .*step_000002"):
+            trainer.train()
+        assert checkpoint.latest(tmp_path / "out" / "checkpoints").name == "step_000002"
+    finally:
+        ADVANTAGES.unregister("test_nan_after_two")
+
+
+def test_job_logs_metrics_to_mlflow(tmp_path, tracking):
+    cfg = load_config(
+        {
+            "job": "rl.train",
+            "output_dir": str(tmp_path / "out"),
+            "tracking": vars(tracking),
+            "rollout": {"group_size": 2, "max_tokens_per_turn": 4},
+            "loss": {"kl_coef": 0.05},
+            "envs": [{"name": "task", "kwargs": {"reward": "test_response_length"}}],
+            "steps": 2,
+            "tasks_per_step": 2,
+        }
+    )
+    out = run_job(cfg)
+    run = mlflow.MlflowClient(tracking.uri).get_run(out["run_id"])
+    assert set(METRICS) <= set(run.data.metrics)
+    assert run.data.metrics["train/kl"] >= 0
+    assert (tmp_path / "out" / "checkpoints" / "step_000002" / "config.json").is_file()
+
+
+def test_lora_with_kl_trains_adapters_only(tmp_path, tiny_llm):
+    cfg = small_config(
+        tmp_path, steps=1, lora=LoraConfig(enabled=True, r=4), loss=LossConfig(kl_coef=0.1), optim=OptimConfig(lr=1e-2)
+    )
+    trainer = Trainer(cfg)
+    before = {k: v.clone() for k, v in trainer.policy_state().items()}
+    trainer.train()
+    after = trainer.policy_state()
+    assert set(before) == set(after) == set(tiny_llm.model.state_dict())  # plain names, for the workers
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert changed and all("proj" in k for k in changed)  # LoRA targets only
+    assert (tmp_path / "out" / "checkpoints" / "step_000001" / "adapter_model.safetensors").is_file()
+
+
+class Duel(TextEnv):
+    """Two seats alternate for 4 moves; reward +1 to the seat whose answer was a digit last."""
+
+    agents = ["p0", "p1"]
+    env_type = "duel"
+
+    def reset(self, seed=None):
+        self.t = 0
+        return {}
+
+    @property
+    def current_agent(self):
+        return self.agents[self.t % 2]
+
+    def observe(self, agent):
+        return [{"role": "user", "content": f"move {self.t}"}]
+
+    def step(self, action):
+        self.t += 1
+        reward = 0.05 if action.strip()[:1].isdigit() else 0.0
+        return Step(rewards={self.agents[(self.t - 1) % 2]: reward}, terminated=self.t >= 4)
+
+
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        [AdvantageStep("turn_level"), AdvantageStep("agent_norm")],
+        [AdvantageStep("turn_level"), AdvantageStep("mars_code_norm")],
+        [AdvantageStep("grpo"), AdvantageStep("entropy_clipped", {"span": "response"})],
+    ],
+    ids=["mars", "mars_code", "egpo"],
+)
+def test_self_play_pipelines_run(tmp_path, pipeline):
+    ENVS.register("test_duel", Duel)
+    try:
+        cfg = small_config(
+            tmp_path, steps=1, envs=[EnvSpec("test_duel")], advantages=pipeline, loss=LossConfig(dual_clip=3.0)
+        )
+        trainer = Trainer(cfg)
+        metrics = trainer.train_step()
+        assert metrics["rollout/trajectories"] == 2 * 3 * 2  # tasks x group x seats
+        assert np.isfinite(metrics["train/loss"])
+    finally:
+        ENVS.unregister("test_duel")
+
+
+def test_bad_config_fails_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match="unknown option"):
+        Trainer(small_config(tmp_path, advantages=[AdvantageStep("grpo", {"scale": "group", "bogus": 1})]))
