@@ -14,7 +14,8 @@ def deterministic_run(tmp_path_factory):
     from palaestra.shared.tracking import Tracker
 
     out = tmp_path_factory.mktemp("datagen")
-    cfg = GenerateConfig(num_samples=120, workers=0, output_dir=str(out), seed=7,
-                         tracking=TrackingConfig(enabled=False))
+    cfg = GenerateConfig(
+        num_samples=120, workers=0, output_dir=str(out), seed=7, tracking=TrackingConfig(enabled=False)
+    )
     result = generate(cfg, Tracker(cfg.tracking))
     return cfg.output_path, result

@@ -8,8 +8,16 @@ from palaestra.datagen.envs import BFCL_CLASSES, EnvSpec, ToolEnv, get_env, regi
 from palaestra.datagen.schema import SchemaError, to_openai_tool
 
 # function counts as DESIGN.md lists them for bfcl-eval's multi-turn docs
-EXPECTED = {"GorillaFileSystem": 18, "MathAPI": 17, "MessageAPI": 10, "TwitterAPI": 14, "TicketAPI": 9,
-            "TradingBot": 20, "TravelAPI": 18, "VehicleControlAPI": 22}
+EXPECTED = {
+    "GorillaFileSystem": 18,
+    "MathAPI": 17,
+    "MessageAPI": 10,
+    "TwitterAPI": 14,
+    "TicketAPI": 9,
+    "TradingBot": 20,
+    "TravelAPI": 18,
+    "VehicleControlAPI": 22,
+}
 
 
 def test_bfcl_envs_load_with_their_docs():
@@ -26,8 +34,9 @@ def test_bfcl_envs_load_with_their_docs():
 def test_reset_and_copy_are_independent():
     env = ToolEnv(get_env("TwitterAPI"), 0)
     fork = env.copy()
-    assert fork.execute("authenticate_twitter", {"username": env.instance.username,
-                                                 "password": env.instance.password}).ok
+    assert fork.execute(
+        "authenticate_twitter", {"username": env.instance.username, "password": env.instance.password}
+    ).ok
     assert fork.execute("post_tweet", {"content": "hello"}).ok
     assert env.public_state() != fork.public_state()
     assert not env.instance.authenticated
@@ -63,8 +72,11 @@ class Exploding:
 DOCS = [
     {"name": "boom", "description": "Explodes.", "parameters": {"type": "dict", "properties": {}}},
     {"name": "leave", "description": "Exits.", "parameters": {"type": "dict", "properties": {}}},
-    {"name": "bump", "description": "Adds.", "parameters": {"type": "dict", "properties": {"by": {"type": "integer"}},
-                                                          "required": ["by"]}},
+    {
+        "name": "bump",
+        "description": "Adds.",
+        "parameters": {"type": "dict", "properties": {"by": {"type": "integer"}}, "required": ["by"]},
+    },
 ]
 
 
@@ -77,12 +89,15 @@ def test_user_env_that_raises_is_contained():
     assert get_env("ExplodingTest") is spec
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"description": "x"}, "valid 'name'"),
-    ({"name": "f", "parameters": {"type": "dict", "properties": {"a": {"type": "banana"}}}}, "unknown type"),
-    ({"name": "f", "parameters": {"type": "dict", "properties": {}, "required": ["a"]}}, "unknown parameters"),
-    ("not a dict", "mapping"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"description": "x"}, "valid 'name'"),
+        ({"name": "f", "parameters": {"type": "dict", "properties": {"a": {"type": "banana"}}}}, "unknown type"),
+        ({"name": "f", "parameters": {"type": "dict", "properties": {}, "required": ["a"]}}, "unknown parameters"),
+        ("not a dict", "mapping"),
+    ],
+)
 def test_invalid_schemas_are_clear_errors(doc, message):
     with pytest.raises(SchemaError, match=message):
         EnvSpec("Bad", Exploding, [doc])

@@ -108,8 +108,9 @@ def test_llm_roles_survive_junk_and_count_drops():
     graph.add_env(get_env("MathAPI"), probe=False)
     counter = CountingClient(JunkClient(), SamplingParams(max_tokens=16))
     all_llm = Roles(LLMToolMaker(counter), LLMQueryWriter(counter), LLMReasoner(counter), LLMCritic(counter))
-    only_reasoner = Roles(DeterministicToolMaker(), DeterministicQueryWriter(), LLMReasoner(counter),
-                          LLMCritic(counter))
+    only_reasoner = Roles(
+        DeterministicToolMaker(), DeterministicQueryWriter(), LLMReasoner(counter), LLMCritic(counter)
+    )
     drops = {}
     for roles in (all_llm, only_reasoner):
         for i in range(6):
@@ -125,7 +126,7 @@ def test_llm_roles_survive_junk_and_count_drops():
 
 def test_tiny_model_pipeline_runs(tiny_llm):
     """The real tiny model through every LLM role: junk becomes counted drops."""
-    from palaestra.datagen.llm_roles import CountingClient, LLMCritic, LLMQueryWriter, LLMReasoner, LLMToolMaker
+    from palaestra.datagen.llm_roles import CountingClient, LLMCritic, LLMReasoner, LLMToolMaker
 
     graph = ApiGraph()
     graph.add_env(get_env("MathAPI"), probe=False)

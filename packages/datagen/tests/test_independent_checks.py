@@ -82,8 +82,11 @@ def test_bfcl_multi_turn_checker_accepts_ground_truth(deterministic_run):
     rows = _rows(path)
     assert any(len(r["turns"]) > 1 for r in rows)
     for i, row in enumerate(rows):
-        entry = {"id": f"multi_turn_datagen_{i}", "initial_config": json.loads(row["initial_config"]),
-                 "involved_classes": row["involved_classes"]}
+        entry = {
+            "id": f"multi_turn_datagen_{i}",
+            "initial_config": json.loads(row["initial_config"]),
+            "involved_classes": row["involved_classes"],
+        }
         decoded = [[turn] if turn else [] for turn in row["ground_truth"]]
         verdict = multi_turn_checker(decoded, row["ground_truth"], entry, "multi_turn_base", "datagen_test")
         assert verdict["valid"], (row["id"], verdict.get("error_message"))
@@ -101,8 +104,11 @@ def test_bfcl_multi_turn_checker_rejects_a_wrong_answer(deterministic_run):
             continue
         decoded = [[t] if t else [] for t in turns]
         decoded[0] = [turns[0][:-1]] if len(turns[0]) > 1 else []
-        entry = {"id": f"multi_turn_datagen_wrong_{i}", "initial_config": json.loads(row["initial_config"]),
-                 "involved_classes": row["involved_classes"]}
+        entry = {
+            "id": f"multi_turn_datagen_wrong_{i}",
+            "initial_config": json.loads(row["initial_config"]),
+            "involved_classes": row["involved_classes"],
+        }
         rejected += not multi_turn_checker(decoded, turns, entry, "multi_turn_base", "datagen_wrong")["valid"]
     assert rejected >= 20
 

@@ -13,20 +13,36 @@ from palaestra.shared.jobs import load_config, run_job
 def test_generate_job_on_ray_logs_stats_and_graph(ray_local, tracking, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    cfg = load_config({"job": "datagen.generate", "num_samples": 24, "workers": 2, "items_per_task": 6,
-                       "output_dir": str(tmp_path), "envs": ["MathAPI", "TicketAPI", "VehicleControlAPI"]})
+    cfg = load_config(
+        {
+            "job": "datagen.generate",
+            "num_samples": 24,
+            "workers": 2,
+            "items_per_task": 6,
+            "output_dir": str(tmp_path),
+            "envs": ["MathAPI", "TicketAPI", "VehicleControlAPI"],
+        }
+    )
     cfg.tracking = tracking
     result = run_job(cfg)
     assert result["kept"] >= 20
     client = MlflowClient(tracking.uri)
     run = client.get_run(result["run_id"])
-    for key in ("stats/calls_per_trace", "stats/hidden_step_fraction", "stats/function_coverage",
-                "stats/env_coverage", "stats/pass_rate_try_1", "stats/llm_calls_per_kept_sample"):
+    for key in (
+        "stats/calls_per_trace",
+        "stats/hidden_step_fraction",
+        "stats/function_coverage",
+        "stats/env_coverage",
+        "stats/pass_rate_try_1",
+        "stats/llm_calls_per_kept_sample",
+    ):
         assert key in run.data.metrics, key
     artifacts = {a.path for a in client.list_artifacts(result["run_id"], "graph")}
     assert {"graph/graph.json", "graph/graph.png"} <= artifacts
-    stats = json.loads(client.download_artifacts(result["run_id"], "stats.json", str(tmp_path)) and
-                       (tmp_path / "stats.json").read_text())
+    stats = json.loads(
+        client.download_artifacts(result["run_id"], "stats.json", str(tmp_path))
+        and (tmp_path / "stats.json").read_text()
+    )
     assert stats["env_coverage"] == 1.0
 
 
@@ -35,8 +51,18 @@ def test_mine_steers_sampling_toward_student_failures(tracking, tmp_path):
     from mlflow.tracking import MlflowClient
 
     weak = ["add", "multiply", "sum_values"]
-    cfg = load_config({"job": "datagen.mine", "rounds": 2, "num_samples": 40, "workers": 0, "student": "scripted",
-                       "weak_tools": weak, "envs": ["MathAPI"], "output_dir": str(tmp_path)})
+    cfg = load_config(
+        {
+            "job": "datagen.mine",
+            "rounds": 2,
+            "num_samples": 40,
+            "workers": 0,
+            "student": "scripted",
+            "weak_tools": weak,
+            "envs": ["MathAPI"],
+            "output_dir": str(tmp_path),
+        }
+    )
     cfg.tracking = tracking
     result = run_job(cfg)
     client = MlflowClient(tracking.uri)

@@ -25,8 +25,9 @@ generate(cfg, Tracker(cfg.tracking))
 
 
 def _run(out_dir, kill_after_lines=None):
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(out_dir)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(out_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     if kill_after_lines is None:
         assert proc.wait(timeout=300) == 0
         return

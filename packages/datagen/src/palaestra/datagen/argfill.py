@@ -17,6 +17,7 @@ of the environment and keeps it only if the call succeeds.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 from typing import Any
@@ -114,10 +115,8 @@ def candidates(
     add([v for k, v in reversed(prior_outputs) if names_match(pname, k) or _described(k, described)], "output")
     hint = env.spec.hints().get(f"{tool}.{pname}") or env.spec.hints().get(pname)
     if hint is not None:
-        try:
+        with contextlib.suppress(Exception):  # a broken hint only loses its candidates
             add(list(hint(env.instance, rng, chosen)), "hint")
-        except Exception:  # a broken hint only loses its candidates
-            pass
     add(enum_values(spec), "enum")
     if not any(src in ("hint", "enum") for _, src in found):
         add([v for k, v in leaves(env.public_state()) if names_match(pname, k)], "state")

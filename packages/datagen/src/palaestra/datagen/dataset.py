@@ -115,8 +115,8 @@ class SampleWriter:
                     self.done.add(row["id"])
         if self.done_path.exists():
             self.done |= {line.strip() for line in self.done_path.read_text().splitlines() if line.strip()}
-        self._f = open(self.path, "a")
-        self._d = open(self.done_path, "a")
+        self._f = open(self.path, "a")  # noqa: SIM115  (held open for the run; closed by close())
+        self._d = open(self.done_path, "a")  # noqa: SIM115
 
     @staticmethod
     def _repair(path: Path) -> None:

@@ -129,7 +129,7 @@ class ApiGraph:
         for _, d in self.g.nodes(data=True):
             rate = d["student_failures"] / d["student_tries"] if d["student_tries"] else 0.0
             d["weight"] = 1.0 + boost * rate
-        for u, v, d in self.g.edges(data=True):
+        for _u, v, d in self.g.edges(data=True):
             tries = self.g.nodes[v]["student_tries"]
             d["weight"] = 1.0 + boost * (d["student_failures"] / tries if tries else 0.0)
         self.version += 1
