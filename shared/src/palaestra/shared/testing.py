@@ -3,7 +3,8 @@
 - torch runs on one thread (two threads on a shared core degrade badly);
 - `ray_local`: one small Ray instance for the whole session;
 - `tracking`: a `TrackingConfig` on a fresh sqlite MLflow store in a temp dir;
-- `tiny_llm`: the embedded `tiny` model through the transformers backend, built once.
+- `tiny_llm`: the embedded `tiny` model through the transformers backend, built once;
+- `tiny_server`: `palaestra serve tiny` in a child process (base URL), started once.
 """
 
 from __future__ import annotations
@@ -62,3 +63,12 @@ def tiny_llm():
     from palaestra.shared.llm import LLMConfig, make_client
 
     return make_client(LLMConfig(model="tiny", device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def tiny_server():
+    """Base URL (``http://127.0.0.1:PORT/v1``) of ``palaestra serve tiny`` in a child process, shared by the session."""
+    from palaestra.shared.llm.serve import serve_in_subprocess
+
+    with serve_in_subprocess("tiny") as url:
+        yield url

@@ -61,22 +61,31 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 class _LogprobRecorder(LogitsProcessor):
-    """Records log p(token) of each sampled token from the raw logits (placed first in the processor list)."""
+    """Records log p(token) of each sampled token from the raw logits (placed first in the processor list).
+
+    It keeps a reference to the current step's logits (generate hands each step a fresh float32 copy, and the
+    warpers after us return new tensors) and scores them once the chosen token is known, at the next step:
+    gather - logsumexp writes only [batch] values, cheaper than a full log_softmax.
+    """
 
     def __init__(self) -> None:
         self.steps: list[torch.Tensor] = []
         self.last: torch.Tensor | None = None
 
+    def _score(self, chosen: torch.Tensor) -> None:
+        logits = self.last
+        self.steps.append(logits.gather(1, chosen).squeeze(1) - torch.logsumexp(logits, dim=-1))
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.last is not None:  # the token chosen from the previous distribution is now input_ids[:, -1]
-            self.steps.append(self.last.gather(1, input_ids[:, -1:]).squeeze(1))
-        self.last = torch.log_softmax(scores.float(), dim=-1)
+            self._score(input_ids[:, -1:])
+        self.last = scores
         return scores
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
         """[batch, generated] logprobs, given the final sequences."""
         if self.last is not None:
-            self.steps.append(self.last.gather(1, sequences[:, -1:]).squeeze(1))
+            self._score(sequences[:, -1:])
             self.last = None
         return torch.stack(self.steps, dim=1) if self.steps else sequences.new_zeros((sequences.shape[0], 0)).float()
 
