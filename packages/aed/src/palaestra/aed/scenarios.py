@@ -62,7 +62,8 @@ def check_versions() -> None:
 
 def make_base_env(scenario: str | Scenario, overrides: dict[str, Any] | None = None, render: bool = False):
     """The unwrapped highway-env environment of `scenario` with discrete meta-actions."""
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # headless rendering (pygame)
+    # headless rendering: SDL's "offscreen" driver (highway-env turns its viewer off under "dummy")
+    os.environ.setdefault("SDL_VIDEODRIVER", "offscreen")
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
     import gymnasium as gym
     import highway_env  # noqa: F401  (registers the envs)

@@ -1,0 +1,101 @@
+"""aed.attack end to end on Ray and MLflow (tiny budgets), aed.victim caching, and the experiment configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from palaestra.shared.jobs import load_config, run_job
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("name", ["tiny_cpu", "llm_rewards", "paper"])
+def test_experiment_configs_resolve(name):
+    cfg = load_config(ROOT / "experiments" / "aed" / f"{name}.yaml")
+    assert cfg.job == "aed.attack" and cfg.scenarios
+
+
+def test_bad_config_values_are_one_line_errors(tracking):
+    from palaestra.shared.config import ConfigError
+
+    base = {"job": "aed.attack", "tracking": {"enabled": False}}
+    with pytest.raises(ConfigError, match="did you mean 'highway'"):
+        run_job(load_config({**base, "scenarios": ["higway"]}))
+    with pytest.raises(ConfigError, match="unknown accident type 'rear'"):
+        run_job(load_config({**base, "accident_types": ["rear"]}))
+    with pytest.raises(ConfigError, match="victim_checkpoint"):
+        run_job(load_config({**base, "victim": "rl"}))
+
+
+@pytest.mark.slow
+def test_attack_job_end_to_end(ray_local, tracking, tmp_path):
+    import imageio.v2 as imageio
+    from mlflow.tracking import MlflowClient
+
+    cfg = load_config(
+        {
+            "job": "aed.attack",
+            "scenarios": ["highway"],
+            "accident_types": ["rear_end", "cut_in"],
+            "env_overrides": {"vehicles_count": 6},
+            "max_steps": 6,
+            "train": {"timesteps": 60, "learning_starts": 20},
+            "eval_episodes": 2,
+            "video_episodes": 1,
+            "preference": {"enabled": True, "finetune_timesteps": 20},
+            "fail_types": ["cut_in"],
+            "crash_once_dir": str(tmp_path / "markers"),
+            "tracking": vars(tracking),
+            "output_dir": str(tmp_path / "out"),
+        }
+    )
+    result = run_job(cfg)
+    # one type failing does not lose the others; the dead worker was retried
+    assert result["aed/failed_tasks"] == 1
+    assert "injected failure" in result["failures"][0]["error"] and result["failures"][0]["task"] == "highway/cut_in"
+    assert (tmp_path / "markers" / "highway_rear_end.crashed").exists()
+    assert 0.0 <= result["aed/highway/rear_end/asr"] <= 1.0
+    assert 0.0 <= result["aed/highway/random/asr"] <= 1.0
+    for key in ("distinct_types", "type_entropy", "steps_to_first_success", "beats_random"):
+        assert f"aed/highway/{key}" in result
+
+    client = MlflowClient(tracking.uri)
+    parent = client.get_run(result["run_id"])
+    assert "aed/highway/rear_end/responsible_rate" in parent.data.metrics
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result['run_id']}'"
+    )
+    by_name = {c.info.run_name: c for c in children}
+    assert set(by_name) == {"highway/rear_end", "highway/cut_in", "highway/random"}
+    rear = by_name["highway/rear_end"]
+    assert rear.info.status == "FINISHED" and "aed/highway/rear_end/asr" in rear.data.metrics
+    files = {f.path for f in client.list_artifacts(rear.info.run_id, "videos")}
+    assert files == {"videos/highway_rear_end.gif"}
+    gif = imageio.mimread(client.download_artifacts(rear.info.run_id, "videos/highway_rear_end.gif", str(tmp_path)))
+    assert len(gif) > 2 and gif[0].ndim == 3
+    code = Path(client.download_artifacts(rear.info.run_id, "reward/rear_end.py", str(tmp_path))).read_text()
+    assert code.startswith("def rear_end(state")
+    assert "random/asr" in " ".join(by_name["highway/random"].data.metrics)
+
+
+@pytest.mark.slow
+def test_victim_is_trained_once_then_cached_and_drives(tracking, tmp_path):
+    from palaestra.aed.env import AdversaryEnv
+
+    cfg = load_config({"job": "aed.victim", "timesteps": 40, "env_overrides": {"vehicles_count": 5},
+                       "output_dir": str(tmp_path), "tracking": vars(tracking)})  # fmt: skip
+    first = run_job(cfg)
+    assert first["cached"] == 0 and Path(first["checkpoint"]).exists()
+    assert run_job(cfg)["cached"] == 1
+    env = AdversaryEnv("highway", "rear_end", victim="rl", victim_checkpoint=first["checkpoint"],
+                       overrides={"vehicles_count": 5}, max_steps=3)  # fmt: skip
+    env.reset(seed=0)
+    speed0 = env.victim.speed
+    for _ in range(3):
+        *_, term, trunc, _ = env.step(1)
+        if term or trunc:
+            break
+    assert type(env.victim).__name__ == "MDPVehicle" and env.victim_policy is not None
+    assert env.victim.speed != speed0 or env.victim.crashed or env.steps == 3
