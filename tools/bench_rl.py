@@ -1,0 +1,187 @@
+"""Benchmark the RL core on CPU, against peers measured in the same run.
+
+1. One GRPO training step (rollout + old log-probs + advantages + one PPO update)
+   of palaestra's `Trainer` vs TRL's `GRPOTrainer` on the same model (`tiny`),
+   prompts, group size, completion length and loss (DAPO token mean, no KL,
+   one update per generation): steps/s of each and the ratio (goal >= 1.5).
+2. The rollout engine's generated tokens/s vs plain batched ``model.generate``
+   on the same prompt ids and the same number of new tokens.
+
+    .venv/bin/python tools/bench_rl.py [--steps 3] [--prompts 8] [--group 8] [--tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def prompts(n: int) -> list[list[dict]]:
+    from palaestra.shared.rollout.tasks import next_number
+
+    return [s["messages"] for s in next_number(num_samples=n, max_start=3, steps=(1, 2))]
+
+
+def reward_fn(completions, **kwargs) -> list[float]:
+    return [float(len(c[0]["content"] if isinstance(c, list) else c)) / 100 for c in completions]
+
+
+def ours(args) -> float:
+    import palaestra.shared.rollout.tasks  # noqa: F401
+    from palaestra.shared.config import TrackingConfig
+    from palaestra.shared.llm.base import LLMConfig
+    from palaestra.shared.rewards import REWARDS
+    from palaestra.shared.rl.loss import LossConfig
+    from palaestra.shared.rl.trainer import EnvSpec, OptimConfig, TrainConfig, Trainer
+    from palaestra.shared.rollout.engine import RolloutConfig
+
+    if "bench_length" not in REWARDS:
+        REWARDS.register("bench_length", lambda sample, completion, **i: len(completion) / 100)
+    cfg = TrainConfig(
+        job="rl.train",
+        output_dir=tempfile.mkdtemp(),
+        tracking=TrackingConfig(enabled=False),
+        llm=LLMConfig(model="tiny", device="cpu", max_batch_size=args.prompts * args.group),
+        envs=[EnvSpec("task", {"reward": "bench_length", "source_kwargs": {"num_samples": args.prompts}})],
+        rollout=RolloutConfig(group_size=args.group, max_tokens_per_turn=args.tokens, temperature=1.0),
+        loss=LossConfig(reduction="dapo"),
+        optim=OptimConfig(lr=1e-6, max_grad_norm=1.0),
+        tasks_per_step=args.prompts,
+        task_seeds=args.prompts,
+        log_samples=0,
+        steps=args.steps + 1,
+    )
+    trainer = Trainer(cfg)
+    trainer.train_step()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        trainer.train_step()
+    return args.steps / (time.perf_counter() - t0)
+
+
+def trl(args) -> float:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from palaestra.shared.llm.models import resolve_model_path
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.times = []
+
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            self.times.append(time.perf_counter() - self.t0)
+
+    data = Dataset.from_list([{"prompt": p} for p in prompts(args.prompts)] * (args.steps + 1))
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(),
+        use_cpu=True,
+        per_device_train_batch_size=args.prompts * args.group,
+        num_generations=args.group,
+        max_completion_length=args.tokens,
+        temperature=1.0,
+        learning_rate=1e-6,
+        max_grad_norm=1.0,
+        loss_type="dapo",
+        beta=0.0,
+        max_steps=args.steps + 1,
+        logging_steps=1000,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+    )
+    timer = StepTimer()
+    trainer = GRPOTrainer(
+        model=str(resolve_model_path("tiny")),
+        reward_funcs=reward_fn,
+        args=config,
+        train_dataset=data,
+        callbacks=[timer],
+    )
+    trainer.train()
+    steps = timer.times[1:]  # the first step is warm-up
+    return len(steps) / sum(steps)
+
+
+def generation(args) -> tuple[float, float, float]:
+    import torch
+
+    from palaestra.shared.llm.base import LLMConfig, make_client
+    from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
+    from palaestra.shared.rollout.tasks import TaskEnv
+
+    client = make_client(LLMConfig(model="tiny", device="cpu", max_batch_size=args.prompts * args.group))
+    n = args.prompts * args.group
+    engine = RolloutEngine(client, RolloutConfig(group_size=1, max_tokens_per_turn=args.tokens))
+    specs = [EpisodeSpec(lambda: TaskEnv(source_kwargs={"num_samples": n}), seed=i, group_id=str(i)) for i in range(n)]
+    engine.run(specs[:4], seed=0)  # warm-up
+    t0 = time.perf_counter()
+    result = engine.run(specs, seed=1)
+    ours_tps = result.stats["generated_tokens"] / (time.perf_counter() - t0)
+    in_backend = result.stats["generate_s"] / result.stats["rollout_s"]
+
+    batch = [t.turns[0].prompt_ids for t in result.trajectories]
+    ids, mask = client.batch_inputs(batch)
+    gen_kwargs = dict(
+        max_new_tokens=args.tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        pad_token_id=client.tokenizer.pad_token_id,
+        eos_token_id=client.eos_token_ids,
+    )
+    with torch.inference_mode():
+        client.model.generate(input_ids=ids[:4], attention_mask=mask[:4], **gen_kwargs)
+        t0 = time.perf_counter()
+        out = client.model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
+        elapsed = time.perf_counter() - t0
+    new = out[:, ids.shape[1] :]
+    eos = torch.tensor(client.eos_token_ids)
+    produced = 0
+    for row in new.tolist():  # count up to and including the first end-of-turn token, as the engine does
+        stop = next((k for k, t in enumerate(row) if t in eos.tolist()), len(row) - 1)
+        produced += stop + 1
+    return ours_tps, produced / elapsed, in_backend
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(
+        f"setting: tiny model, {args.prompts} prompts x {args.group} samples, {args.tokens} new tokens, CPU, "
+        f"{args.threads} thread(s), {args.steps} timed steps"
+    )
+    ours_sps = ours(args)
+    trl_sps = trl(args)
+    print(
+        f"training step  palaestra {ours_sps:.3f} steps/s   TRL GRPOTrainer {trl_sps:.3f} steps/s   "
+        f"ratio {ours_sps / trl_sps:.2f}x (goal >= 1.5x)"
+    )
+    engine_tps, plain_tps = generation(args)
+    print(
+        f"generation     rollout engine {engine_tps:.0f} tok/s   plain model.generate {plain_tps:.0f} tok/s   "
+        f"ratio {engine_tps / plain_tps:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
