@@ -19,8 +19,13 @@ def scripted_road(victim_state, other_state):
     made = []
     for lane, x, speed, target_lane in (victim_state, other_state):
         lane_index = ("0", "1", lane)
-        v = ControlledVehicle(road, road.network.get_lane(lane_index).position(x, 0), speed=speed,
-                              target_lane_index=("0", "1", target_lane), target_speed=speed)  # fmt: skip
+        v = ControlledVehicle(
+            road,
+            road.network.get_lane(lane_index).position(x, 0),
+            speed=speed,
+            target_lane_index=("0", "1", target_lane),
+            target_speed=speed,
+        )
         road.vehicles.append(v)
         made.append(v)
     return road, made

@@ -42,7 +42,7 @@ def test_refusal_is_fed_back_and_the_valid_round_kept(tmp_path):
     assert second["status"] == "ok" and 0.0 <= second["asr"] <= 1.0
     feedback = llm.seen[1][-1]["content"]
     assert "could not be used" in feedback and "Import is not allowed" in feedback
-    assert "state[\"rel\"]" in llm.seen[0][1]["content"]  # the documented state API is in the task prompt
+    assert 'state["rel"]' in llm.seen[0][1]["content"]  # the documented state API is in the task prompt
 
 
 def test_every_round_failing_falls_back(tiny_llm):

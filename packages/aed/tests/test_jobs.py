@@ -84,13 +84,26 @@ def test_attack_job_end_to_end(ray_local, tracking, tmp_path):
 def test_victim_is_trained_once_then_cached_and_drives(tracking, tmp_path):
     from palaestra.aed.env import AdversaryEnv
 
-    cfg = load_config({"job": "aed.victim", "timesteps": 40, "env_overrides": {"vehicles_count": 5},
-                       "output_dir": str(tmp_path), "tracking": vars(tracking)})  # fmt: skip
+    cfg = load_config(
+        {
+            "job": "aed.victim",
+            "timesteps": 40,
+            "env_overrides": {"vehicles_count": 5},
+            "output_dir": str(tmp_path),
+            "tracking": vars(tracking),
+        }
+    )
     first = run_job(cfg)
     assert first["cached"] == 0 and Path(first["checkpoint"]).exists()
     assert run_job(cfg)["cached"] == 1
-    env = AdversaryEnv("highway", "rear_end", victim="rl", victim_checkpoint=first["checkpoint"],
-                       overrides={"vehicles_count": 5}, max_steps=3)  # fmt: skip
+    env = AdversaryEnv(
+        "highway",
+        "rear_end",
+        victim="rl",
+        victim_checkpoint=first["checkpoint"],
+        overrides={"vehicles_count": 5},
+        max_steps=3,
+    )
     env.reset(seed=0)
     speed0 = env.victim.speed
     for _ in range(3):

@@ -11,9 +11,26 @@ from palaestra.aed.judge import LLMJudge, RuleJudge, parse_verdict
 
 
 def rec(**kw) -> CollisionRecord:
-    base = dict(t=3.0, step=3, a_role="victim", b_role="adv0", striker="victim", long=5.0, lat=0.0, heading_diff=0.0,
-                a_speed=25.0, b_speed=20.0, a_lane="0-1-1", b_lane="0-1-1", a_lane_changing=False,
-                b_lane_changing=False, b_in_a_lane_s=3.0, a_in_b_lane_s=3.0, b_min_accel=-1.0, a_min_accel=0.0)  # fmt: skip
+    base = dict(
+        t=3.0,
+        step=3,
+        a_role="victim",
+        b_role="adv0",
+        striker="victim",
+        long=5.0,
+        lat=0.0,
+        heading_diff=0.0,
+        a_speed=25.0,
+        b_speed=20.0,
+        a_lane="0-1-1",
+        b_lane="0-1-1",
+        a_lane_changing=False,
+        b_lane_changing=False,
+        b_in_a_lane_s=3.0,
+        a_in_b_lane_s=3.0,
+        b_min_accel=-1.0,
+        a_min_accel=0.0,
+    )
     base.update(kw)
     return CollisionRecord(**base)
 

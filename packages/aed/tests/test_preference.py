@@ -18,13 +18,25 @@ def random_accidents(n: int, seed: int) -> list[dict]:
         behind = rng.random() < 0.3
         side = rng.random() < 0.3
         rec = CollisionRecord(
-            t=5.0, step=5, a_role="victim", b_role="adv0", striker="adv0" if behind else rng.choice(["victim", "adv0"]),
-            long=-5.0 if behind else rng.uniform(0.5, 5.0), lat=rng.uniform(1.6, 2.5) if side else rng.uniform(-1, 1),
-            heading_diff=rng.uniform(-0.2, 0.2), a_speed=rng.uniform(15, 30), b_speed=rng.uniform(5, 30),
-            a_lane="0-1-1", b_lane="0-1-1", a_lane_changing=side and rng.random() < 0.5,
-            b_lane_changing=side and rng.random() < 0.5, b_in_a_lane_s=rng.choice([0.2, 0.6, 1.5, 4.0]),
-            a_in_b_lane_s=4.0, b_min_accel=rng.choice([-1.0, -3.0, -8.0]), a_min_accel=-1.0,
-        )  # fmt: skip
+            t=5.0,
+            step=5,
+            a_role="victim",
+            b_role="adv0",
+            striker="adv0" if behind else rng.choice(["victim", "adv0"]),
+            long=-5.0 if behind else rng.uniform(0.5, 5.0),
+            lat=rng.uniform(1.6, 2.5) if side else rng.uniform(-1, 1),
+            heading_diff=rng.uniform(-0.2, 0.2),
+            a_speed=rng.uniform(15, 30),
+            b_speed=rng.uniform(5, 30),
+            a_lane="0-1-1",
+            b_lane="0-1-1",
+            a_lane_changing=side and rng.random() < 0.5,
+            b_lane_changing=side and rng.random() < 0.5,
+            b_in_a_lane_s=rng.choice([0.2, 0.6, 1.5, 4.0]),
+            a_in_b_lane_s=4.0,
+            b_min_accel=rng.choice([-1.0, -3.0, -8.0]),
+            a_min_accel=-1.0,
+        )
         rec.victim_responsible = RuleJudge()(rec)
         state = {"rel": {"long": rec.long, "lat": rec.lat, "closing_speed": rec.a_speed - rec.b_speed}}
         out.append({**rec.to_dict(), "features": accident_features(rec, [state])})

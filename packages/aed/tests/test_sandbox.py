@@ -68,9 +68,14 @@ def test_memory_bomb_hits_the_limit():
 
 @pytest.mark.parametrize(
     "ret, expected",
-    [("'high'", "wrong return type: str"), ("None", "wrong return type: NoneType"), ("True", "wrong return type: bool"),
-     ("float('nan')", "non-finite"), ("[1.0]", "wrong return type: list")],
-)  # fmt: skip
+    [
+        ("'high'", "wrong return type: str"),
+        ("None", "wrong return type: NoneType"),
+        ("True", "wrong return type: bool"),
+        ("float('nan')", "non-finite"),
+        ("[1.0]", "wrong return type: list"),
+    ],
+)
 def test_wrong_return_types(ret, expected):
     assert expected in refuse(f"def reward(state):\n    return {ret}\n")
 
@@ -97,8 +102,7 @@ def test_os_limits_hold_even_without_the_static_check(tmp_path):
     waiter = threading.Thread(target=lambda: got.append(_accept(listener)), daemon=True)
     waiter.start()
     code = (
-        "def reward(state):\n    import socket\n"
-        f"    socket.create_connection(('127.0.0.1', {port}))\n    return 1.0\n"
+        f"def reward(state):\n    import socket\n    socket.create_connection(('127.0.0.1', {port}))\n    return 1.0\n"
     )
     reason = refuse(code, check=False, _unsafe_full_builtins=True)
     assert "OSError" in reason or "Error" in reason
@@ -120,8 +124,13 @@ def test_training_goes_on_when_the_reward_is_killed():
     from palaestra.aed.env import AdversaryEnv
 
     slow = "def reward(state):\n    n = 0\n    while state['t'] >= 0:\n        n = n + 1\n    return 0.0\n"
-    env = AdversaryEnv("highway", "rear_end", reward_fn=SandboxedReward(slow, timeout_s=0.3),
-                       overrides={"vehicles_count": 6}, max_steps=4)  # fmt: skip
+    env = AdversaryEnv(
+        "highway",
+        "rear_end",
+        reward_fn=SandboxedReward(slow, timeout_s=0.3),
+        overrides={"vehicles_count": 6},
+        max_steps=4,
+    )
     env.reset(seed=0)
     rewards, infos = [], []
     for _ in range(4):

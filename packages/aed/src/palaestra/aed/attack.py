@@ -35,9 +35,15 @@ def attack_task(task: dict[str, Any]) -> dict[str, Any]:
 def _spec(cfg, scenario: str, accident_type: str):
     from palaestra.aed.train import EnvSpec
 
-    return EnvSpec(scenario=scenario, accident_type=accident_type, victim=cfg.victim,
-                   victim_checkpoint=cfg.victim_checkpoint, num_adversaries=cfg.num_adversaries,
-                   overrides=dict(cfg.env_overrides), max_steps=cfg.max_steps)  # fmt: skip
+    return EnvSpec(
+        scenario=scenario,
+        accident_type=accident_type,
+        victim=cfg.victim,
+        victim_checkpoint=cfg.victim_checkpoint,
+        num_adversaries=cfg.num_adversaries,
+        overrides=dict(cfg.env_overrides),
+        max_steps=cfg.max_steps,
+    )
 
 
 def _random_baseline(cfg, scenario: str, tracker: Tracker) -> dict[str, Any]:
@@ -45,7 +51,9 @@ def _random_baseline(cfg, scenario: str, tracker: Tracker) -> dict[str, Any]:
 
     spec = _spec(cfg, scenario, (cfg.accident_types or ["rear_end"])[0])
     ev = evaluate(None, spec, cfg.eval_episodes, seed=cfg.seed + 50_000)
-    tracker.log_metrics({f"aed/{scenario}/random/asr": ev["asr"], f"aed/{scenario}/random/responsible_rate": ev["responsible_rate"]})
+    tracker.log_metrics(
+        {f"aed/{scenario}/random/asr": ev["asr"], f"aed/{scenario}/random/responsible_rate": ev["responsible_rate"]}
+    )
     return {"kind": "random", "scenario": scenario, **{k: v for k, v in ev.items() if k != "accidents"}}
 
 
@@ -56,7 +64,12 @@ def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker) -> di
     prefix = f"aed/{scenario}/{accident_type}"
     log = lambda metrics, step: tracker.log_metrics({f"{prefix}/{k}": v for k, v in metrics.items()}, step)
     spec = _spec(cfg, scenario, accident_type)
-    out: dict[str, Any] = {"kind": "attack", "scenario": scenario, "accident_type": accident_type, "reward_source": "expert"}
+    out: dict[str, Any] = {
+        "kind": "attack",
+        "scenario": scenario,
+        "accident_type": accident_type,
+        "reward_source": "expert",
+    }
     if cfg.rewards == "llm":
         out.update(_design(cfg, spec, tracker, log))
         if out["reward_source"] == "llm":
@@ -78,10 +91,16 @@ def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker) -> di
     out.update({k: v for k, v in ev.items() if k != "accidents"})
     if stats["reward_errors"]:
         out["reward_errors"] = stats["reward_errors"]
-        print(f"[aed] {prefix}: reward failed during training ({stats['reward_errors'][0]}); fell back to expert reward")
-    metrics = {"asr": ev["asr"], "responsible_rate": ev["responsible_rate"], "effective_asr": ev["effective_asr"],
-               "target_rate": ev["types"].get(accident_type, 0) / max(1, cfg.eval_episodes),
-               "steps_to_first_success": stats["steps_to_first_success"] or -1}  # fmt: skip
+        print(
+            f"[aed] {prefix}: reward failed during training ({stats['reward_errors'][0]}); fell back to expert reward"
+        )
+    metrics = {
+        "asr": ev["asr"],
+        "responsible_rate": ev["responsible_rate"],
+        "effective_asr": ev["effective_asr"],
+        "target_rate": ev["types"].get(accident_type, 0) / max(1, cfg.eval_episodes),
+        "steps_to_first_success": stats["steps_to_first_success"] or -1,
+    }
     if cfg.preference.enabled:
         pref = _preference(cfg, spec, model, stats, ev, tracker)
         out["preference"] = pref
@@ -103,9 +122,18 @@ def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:
     settings = replace(cfg.train, timesteps=cfg.eureka.timesteps)
     try:
         client = make_client(cfg.llm)
-        result = design_reward(client, spec, settings, rounds=cfg.eureka.rounds, samples=cfg.eureka.samples,
-                               eval_episodes=cfg.eureka.eval_episodes, seed=cfg.seed,
-                               temperature=cfg.eureka.temperature, max_tokens=cfg.eureka.max_tokens, log=log)  # fmt: skip
+        result = design_reward(
+            client,
+            spec,
+            settings,
+            rounds=cfg.eureka.rounds,
+            samples=cfg.eureka.samples,
+            eval_episodes=cfg.eureka.eval_episodes,
+            seed=cfg.seed,
+            temperature=cfg.eureka.temperature,
+            max_tokens=cfg.eureka.max_tokens,
+            log=log,
+        )
     except Exception as err:  # an unreachable LLM is a failed design, not a failed run
         result = {"code": None, "fallback": True, "history": [], "reason": f"LLM reward design failed: {err}"}
     tracker.log_dict(result["history"], f"eureka/{spec.accident_type}_history.json")
@@ -131,10 +159,17 @@ def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[st
         judge = LLMJudge(make_client(cfg.llm))
     labels = label_accidents(accidents, judge)
     n_pos = sum(labels)
-    base = {"accidents": len(accidents), "responsible_labels": n_pos,
-            "responsible_rate_before": ev_before["responsible_rate"], "asr_before": ev_before["asr"]}  # fmt: skip
+    base = {
+        "accidents": len(accidents),
+        "responsible_labels": n_pos,
+        "responsible_rate_before": ev_before["responsible_rate"],
+        "asr_before": ev_before["asr"],
+    }
     if n_pos == 0 or n_pos == len(labels) or len(accidents) < cfg.preference.min_accidents:
-        print(f"[aed] preference learning skipped for {spec.accident_type}: {n_pos}/{len(accidents)} responsible accidents")
+        print(
+            f"[aed] preference learning skipped for {spec.accident_type}: "
+            f"{n_pos}/{len(accidents)} accidents the victim is responsible for"
+        )
         return {**base, "skipped": 1}
     pm = PreferenceModel(len(accidents[0]["features"]), seed=cfg.seed)
     fit = pm.fit([a["features"] for a in accidents], labels, epochs=cfg.preference.epochs, seed=cfg.seed)
@@ -144,8 +179,14 @@ def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[st
     model.get_env().close()
     after = evaluate(model, tuned, cfg.eval_episodes, seed=cfg.seed + 50_000)
     tracker.log_dict(pm.to_dict(), f"preference/{spec.accident_type}_bt_model.json")
-    return {**base, **fit, "responsible_rate_after": after["responsible_rate"], "asr_after": after["asr"],
-            "effective_asr_before": ev_before["effective_asr"], "effective_asr_after": after["effective_asr"]}  # fmt: skip
+    return {
+        **base,
+        **fit,
+        "responsible_rate_after": after["responsible_rate"],
+        "asr_after": after["asr"],
+        "effective_asr_before": ev_before["effective_asr"],
+        "effective_asr_after": after["effective_asr"],
+    }
 
 
 def _test_faults(cfg, task: dict) -> None:

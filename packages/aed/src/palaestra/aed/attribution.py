@@ -99,11 +99,9 @@ class History:
     def time_in_lane(self, v, lane_index) -> float:
         """Seconds `v` has continuously been on `lane_index` (same road segment and lane id), newest backwards."""
         buf = self.frames.get(id(v), ())
-        n = 0
-        for _, lane, _, _ in reversed(buf):
+        for n, (_, lane, _, _) in enumerate(reversed(buf)):
             if lane != lane_index:
                 return max(0, n - 1) * self.dt
-            n += 1
         return HISTORY_S  # in that lane for as long as we know (e.g. since the reset): settled
 
     def changed_lane_within(self, v, seconds: float) -> bool:

@@ -86,7 +86,9 @@ class AdversaryEnv(gym.Env):
         self.max_steps = max_steps or self.spec_.max_steps
         width = OWN_F + VICTIM_F + OTHER_F * NEIGHBOURS
         self.observation_space = gym.spaces.Box(-5.0, 5.0, (num_adversaries * width,), np.float32)
-        self.action_space = gym.spaces.Discrete(5) if num_adversaries == 1 else gym.spaces.MultiDiscrete([5] * num_adversaries)
+        self.action_space = (
+            gym.spaces.Discrete(5) if num_adversaries == 1 else gym.spaces.MultiDiscrete([5] * num_adversaries)
+        )
         self.steps = 0
 
     # -- gymnasium API ----------------------------------------------------
@@ -188,7 +190,9 @@ class AdversaryEnv(gym.Env):
             victim = ego
         self.victim = victim
         self.base.controlled_vehicles = [victim]  # the viewer follows the victim
-        npcs = sorted((v for v in road.vehicles if v is not victim), key=lambda v: np.linalg.norm(v.position - victim.position))
+        npcs = sorted(
+            (v for v in road.vehicles if v is not victim), key=lambda v: np.linalg.norm(v.position - victim.position)
+        )
         if len(npcs) < self.n_adv:
             raise RuntimeError(f"{self.scenario}: only {len(npcs)} NPCs for {self.n_adv} adversaries")
         # adversaries may brake to a standstill (highway-env's default speeds 20-30 m/s would forbid brake checks)
@@ -202,6 +206,9 @@ class AdversaryEnv(gym.Env):
             adv.target_speed = adv.index_to_speed(adv.speed_index)
             road.vehicles[road.vehicles.index(npc)] = adv
             self.advs.append(adv)
+        victim.color = (50, 200, 0)  # videos: victim green, adversaries orange, NPCs blue
+        for adv in self.advs:
+            adv.color = (255, 140, 0)
         self.roles = {id(victim): "victim", **{id(a): f"adv{i}" for i, a in enumerate(self.advs)}}
         self.history = History(int(self.base.config["simulation_frequency"]))
         self.history.record(0.0, road.vehicles)

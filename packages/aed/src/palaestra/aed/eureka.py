@@ -86,8 +86,12 @@ def design_reward(
     from palaestra.shared.llm import SamplingParams
 
     probes = probe_states(spec, seed=seed)
-    task = TASK.format(type=spec.accident_type, description=TAXONOMY.get(spec.accident_type, spec.accident_type),
-                       scenario=spec.scenario, api=STATE_API)  # fmt: skip
+    task = TASK.format(
+        type=spec.accident_type,
+        description=TAXONOMY.get(spec.accident_type, spec.accident_type),
+        scenario=spec.scenario,
+        api=STATE_API,
+    )
     conversation = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
     history: list[dict] = []
     best: dict | None = None
@@ -106,9 +110,15 @@ def design_reward(
                 ev = evaluate(model, cand, eval_episodes, seed=seed + 10_000)
                 model.get_env().close()
                 target = ev["types"].get(spec.accident_type, 0) / max(1, eval_episodes)
-                entry.update(status="ok", asr=ev["asr"], target_rate=target, types=ev["types"],
-                             mean_return=ev["mean_return"], reward_errors=stats["reward_errors"],
-                             fitness=target + 0.1 * ev["asr"])  # fmt: skip
+                entry.update(
+                    status="ok",
+                    asr=ev["asr"],
+                    target_rate=target,
+                    types=ev["types"],
+                    mean_return=ev["mean_return"],
+                    reward_errors=stats["reward_errors"],
+                    fitness=target + 0.1 * ev["asr"],
+                )
                 if stats["reward_errors"]:  # the sandbox killed it mid-training: the env fell back to the expert's
                     entry.update(status="failed", reason=stats["reward_errors"][0], fitness=-1.0)
             else:
@@ -118,23 +128,44 @@ def design_reward(
                 round_best = entry
         if log is not None:
             ok = [h for h in history if h["round"] == r and h["status"] == "ok"]
-            log({"eureka/valid_samples": len(ok), "eureka/best_fitness": max((h["fitness"] for h in ok), default=-1.0)}, r)
+            log(
+                {"eureka/valid_samples": len(ok), "eureka/best_fitness": max((h["fitness"] for h in ok), default=-1.0)},
+                r,
+            )
         if round_best["status"] == "ok" and (best is None or round_best["fitness"] > best["fitness"]):
             best = round_best
-        conversation = conversation[:2] + [{"role": "assistant", "content": round_best["response"]},
-                                           {"role": "user", "content": _feedback(round_best, eval_episodes)}]  # fmt: skip
+        conversation = conversation[:2] + [
+            {"role": "assistant", "content": round_best["response"]},
+            {"role": "user", "content": _feedback(round_best, eval_episodes)},
+        ]
     if best is None:
         reasons = sorted({h["reason"] for h in history})
-        return {"code": None, "fallback": True, "history": history,
-                "reason": f"all {len(history)} LLM reward candidates failed ({'; '.join(reasons)[:500]})"}  # fmt: skip
-    return {"code": best["code"], "fitness": best["fitness"], "round": best["round"], "history": history,
-            "fallback": False, "reason": ""}  # fmt: skip
+        return {
+            "code": None,
+            "fallback": True,
+            "history": history,
+            "reason": f"all {len(history)} LLM reward candidates failed ({'; '.join(reasons)[:500]})",
+        }
+    return {
+        "code": best["code"],
+        "fitness": best["fitness"],
+        "round": best["round"],
+        "history": history,
+        "fallback": False,
+        "reason": "",
+    }
 
 
 def _feedback(entry: dict, episodes: int) -> str:
     if entry["status"] != "ok":
         return FEEDBACK_FAIL.format(reason=entry["reason"])
     errors = f", reward errors {entry['reward_errors']}" if entry["reward_errors"] else ""
-    return FEEDBACK_OK.format(round_label=f"(round {entry['round'] + 1})", episodes=episodes, asr=entry["asr"],
-                              target_rate=entry["target_rate"], types=entry["types"], mean_return=entry["mean_return"],
-                              errors=errors)  # fmt: skip
+    return FEEDBACK_OK.format(
+        round_label=f"(round {entry['round'] + 1})",
+        episodes=episodes,
+        asr=entry["asr"],
+        target_rate=entry["target_rate"],
+        types=entry["types"],
+        mean_return=entry["mean_return"],
+        errors=errors,
+    )

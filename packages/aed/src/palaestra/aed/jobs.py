@@ -97,7 +97,9 @@ def _tasks(cfg: AttackConfig) -> list[dict[str, Any]]:
     if cfg.victim not in ("idm", "rl"):
         raise ConfigError(f"invalid value for 'victim': {cfg.victim!r} (idm | rl)")
     if cfg.victim == "rl" and not (cfg.victim_checkpoint and Path(cfg.victim_checkpoint).exists()):
-        raise ConfigError(f"victim=rl needs an existing 'victim_checkpoint' (got {cfg.victim_checkpoint!r}); run aed.victim")
+        raise ConfigError(
+            f"victim=rl needs an existing 'victim_checkpoint' (got {cfg.victim_checkpoint!r}); run aed.victim"
+        )
     if cfg.preference.judge not in ("rules", "llm"):
         raise ConfigError(f"invalid value for 'preference.judge': {cfg.preference.judge!r} (rules | llm)")
     for t in cfg.accident_types:
@@ -125,9 +127,18 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
 
     tasks = _tasks(cfg)
     for task in tasks:
-        task.update(cfg=cfg, run_id=tracker.child_run_id(task["name"], {"accident_type": task.get("accident_type", "random")}))
-    results = parallel_map(attack_task, tasks, num_cpus=cfg.cpus_per_task, max_retries=cfg.max_retries,
-                           keep_going=True, desc="aed.attack", cluster=cfg.cluster)  # fmt: skip
+        task.update(
+            cfg=cfg, run_id=tracker.child_run_id(task["name"], {"accident_type": task.get("accident_type", "random")})
+        )
+    results = parallel_map(
+        attack_task,
+        tasks,
+        num_cpus=cfg.cpus_per_task,
+        max_retries=cfg.max_retries,
+        keep_going=True,
+        desc="aed.attack",
+        cluster=cfg.cluster,
+    )
     summary: dict[str, Any] = {}
     failures = []
     by_scenario: dict[str, list[dict]] = {}
@@ -143,14 +154,23 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
         types: dict[str, int] = {}
         for r in attacks:
             pre = f"aed/{scenario}/{r['accident_type']}"
-            metrics.update({f"{pre}/asr": r["asr"], f"{pre}/responsible_rate": r["responsible_rate"],
-                            f"{pre}/effective_asr": r["effective_asr"]})  # fmt: skip
+            metrics.update(
+                {
+                    f"{pre}/asr": r["asr"],
+                    f"{pre}/responsible_rate": r["responsible_rate"],
+                    f"{pre}/effective_asr": r["effective_asr"],
+                }
+            )
             for t, n in r["types"].items():
                 types[t] = types.get(t, 0) + n
             if "preference" in r and "responsible_rate_after" in r["preference"]:
                 p = r["preference"]
-                metrics.update({f"{pre}/responsible_rate_before_pref": p["responsible_rate_before"],
-                                f"{pre}/responsible_rate_after_pref": p["responsible_rate_after"]})  # fmt: skip
+                metrics.update(
+                    {
+                        f"{pre}/responsible_rate_before_pref": p["responsible_rate_before"],
+                        f"{pre}/responsible_rate_after_pref": p["responsible_rate_after"],
+                    }
+                )
         firsts = [r["steps_to_first_success"] for r in attacks if r["steps_to_first_success"] is not None]
         metrics[f"aed/{scenario}/distinct_types"] = len([t for t, n in types.items() if n])
         metrics[f"aed/{scenario}/type_entropy"] = type_entropy(types)
@@ -203,9 +223,22 @@ def victim(cfg: VictimConfig, tracker: Tracker) -> dict:
         return {"checkpoint": str(path), "cached": 1}
     env = Monitor(make_base_env(cfg.scenario, cfg.env_overrides))
     if cfg.algo == "dqn":
-        model = DQN("MlpPolicy", env, learning_starts=200, buffer_size=15_000, learning_rate=5e-4, batch_size=32,
-                    gamma=0.8, train_freq=1, target_update_interval=50, exploration_fraction=0.7,
-                    policy_kwargs={"net_arch": [256, 256]}, seed=cfg.seed, device="cpu", verbose=0)  # fmt: skip
+        model = DQN(
+            "MlpPolicy",
+            env,
+            learning_starts=200,
+            buffer_size=15_000,
+            learning_rate=5e-4,
+            batch_size=32,
+            gamma=0.8,
+            train_freq=1,
+            target_update_interval=50,
+            exploration_fraction=0.7,
+            policy_kwargs={"net_arch": [256, 256]},
+            seed=cfg.seed,
+            device="cpu",
+            verbose=0,
+        )
     else:
         model = PPO("MlpPolicy", env, n_steps=256, batch_size=64, gamma=0.8, seed=cfg.seed, device="cpu", verbose=0)
     model.learn(total_timesteps=cfg.timesteps, progress_bar=False)

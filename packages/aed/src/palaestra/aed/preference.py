@@ -25,9 +25,7 @@ class PreferenceModel:
 
         torch.manual_seed(seed)
         self.n_features, self.hidden = n_features, hidden
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(n_features, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1)
-        )
+        self.net = torch.nn.Sequential(torch.nn.Linear(n_features, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
         self.threshold = 0.0
 
     def scores(self, features) -> np.ndarray:
@@ -39,15 +37,24 @@ class PreferenceModel:
     def is_effective(self, accident: dict) -> bool:
         return bool(self.scores([accident["features"]])[0] >= self.threshold)
 
-    def fit(self, features: list[list[float]], labels: list[bool], epochs: int = 200, lr: float = 1e-2, seed: int = 0,
-            max_pairs: int = 4000) -> dict[str, float]:  # fmt: skip
+    def fit(
+        self,
+        features: list[list[float]],
+        labels: list[bool],
+        epochs: int = 200,
+        lr: float = 1e-2,
+        seed: int = 0,
+        max_pairs: int = 4000,
+    ) -> dict[str, float]:
         """Fit on all (responsible, not responsible) pairs; return training accuracy and pair count."""
         import torch
 
         pos = [i for i, y in enumerate(labels) if y]
         neg = [i for i, y in enumerate(labels) if not y]
         if not pos or not neg:
-            raise ValueError(f"preference learning needs both kinds of accidents: {len(pos)} responsible, {len(neg)} not")
+            raise ValueError(
+                f"preference learning needs both kinds of accidents: {len(pos)} responsible, {len(neg)} not"
+            )
         pairs = [(i, j) for i in pos for j in neg]
         random.Random(seed).shuffle(pairs)
         pairs = pairs[:max_pairs]
@@ -67,7 +74,12 @@ class PreferenceModel:
         accuracy = [((s >= t) == y).mean() for t in candidates]
         self.threshold = float(candidates[int(np.argmax(accuracy))])
         pair_acc = float((s[win.numpy()] > s[lose.numpy()]).mean())
-        return {"pairs": len(pairs), "bt_loss": float(loss.detach()), "pair_accuracy": pair_acc, "label_accuracy": float(max(accuracy))}
+        return {
+            "pairs": len(pairs),
+            "bt_loss": float(loss.detach()),
+            "pair_accuracy": pair_acc,
+            "label_accuracy": float(max(accuracy)),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -23,6 +23,7 @@ and carry on.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import math
 import os
@@ -34,17 +35,71 @@ import tempfile
 from typing import Any
 
 SAFE_BUILTINS = (
-    "abs", "min", "max", "sum", "len", "range", "float", "int", "bool", "round", "pow", "enumerate", "zip",
-    "sorted", "any", "all", "dict", "list", "tuple", "str", "isinstance",
-)  # fmt: skip
+    "abs",
+    "min",
+    "max",
+    "sum",
+    "len",
+    "range",
+    "float",
+    "int",
+    "bool",
+    "round",
+    "pow",
+    "enumerate",
+    "zip",
+    "sorted",
+    "any",
+    "all",
+    "dict",
+    "list",
+    "tuple",
+    "str",
+    "isinstance",
+)
 DICT_METHODS = {"get", "items", "keys", "values"}
 ALLOWED_NODES = (
-    ast.Module, ast.FunctionDef, ast.arguments, ast.arg, ast.Return, ast.Assign, ast.AugAssign, ast.AnnAssign,
-    ast.If, ast.IfExp, ast.For, ast.While, ast.Break, ast.Continue, ast.Pass, ast.Expr, ast.Compare, ast.BoolOp,
-    ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Load, ast.Store, ast.Constant, ast.Subscript, ast.Attribute,
-    ast.Dict, ast.List, ast.Tuple, ast.ListComp, ast.GeneratorExp, ast.comprehension, ast.keyword, ast.Slice,
-    ast.operator, ast.boolop, ast.cmpop, ast.unaryop, ast.expr_context,
-)  # fmt: skip
+    ast.Module,
+    ast.FunctionDef,
+    ast.arguments,
+    ast.arg,
+    ast.Return,
+    ast.Assign,
+    ast.AugAssign,
+    ast.AnnAssign,
+    ast.If,
+    ast.IfExp,
+    ast.For,
+    ast.While,
+    ast.Break,
+    ast.Continue,
+    ast.Pass,
+    ast.Expr,
+    ast.Compare,
+    ast.BoolOp,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Call,
+    ast.Name,
+    ast.Load,
+    ast.Store,
+    ast.Constant,
+    ast.Subscript,
+    ast.Attribute,
+    ast.Dict,
+    ast.List,
+    ast.Tuple,
+    ast.ListComp,
+    ast.GeneratorExp,
+    ast.comprehension,
+    ast.keyword,
+    ast.Slice,
+    ast.operator,
+    ast.boolop,
+    ast.cmpop,
+    ast.unaryop,
+    ast.expr_context,
+)
 
 
 class RewardCodeError(RuntimeError):
@@ -72,7 +127,9 @@ def static_check(code: str) -> None:
             bound.add(node.id)
     for node in ast.walk(tree):  # forbidden statements first, then names: "open" says more than ".write"
         if not isinstance(node, ALLOWED_NODES):
-            raise RewardCodeError(f"rejected: {type(node).__name__} is not allowed (line {getattr(node, 'lineno', '?')})")
+            raise RewardCodeError(
+                f"rejected: {type(node).__name__} is not allowed (line {getattr(node, 'lineno', '?')})"
+            )
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and (node.id not in bound or node.id.startswith("_")):
             raise RewardCodeError(f"rejected: name '{node.id}' is not allowed (line {node.lineno})")
@@ -149,7 +206,16 @@ class SandboxedReward:
         self.calls = 0
         self.tmp = tempfile.mkdtemp(prefix="aed-sandbox-")
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", WORKER, str(memory_mb << 20), str(cpu_s), "1" if _unsafe_full_builtins else "0"],
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                WORKER,
+                str(memory_mb << 20),
+                str(cpu_s),
+                "1" if _unsafe_full_builtins else "0",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -202,20 +268,14 @@ class SandboxedReward:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=5)
         for stream in (self.proc.stdin, self.proc.stdout):
-            try:
+            with contextlib.suppress(OSError):
                 stream.close()
-            except OSError:
-                pass
-        try:
+        with contextlib.suppress(OSError):
             os.rmdir(self.tmp)
-        except OSError:
-            pass
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     def __getstate__(self):
         raise TypeError("SandboxedReward holds a process; send its code and build it in the worker")

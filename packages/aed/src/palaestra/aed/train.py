@@ -100,15 +100,28 @@ def build_model(spec: EnvSpec, settings: TrainSettings, seed: int):
     kwargs = dict(learning_rate=settings.learning_rate, gamma=settings.gamma, seed=seed, device="cpu", verbose=0)
     if settings.algo == "dqn":
         return DQN(
-            "MlpPolicy", env, policy_kwargs={"net_arch": settings.net_arch}, buffer_size=20_000,
-            learning_starts=settings.learning_starts, batch_size=32, train_freq=1, target_update_interval=250,
-            exploration_fraction=0.4, exploration_final_eps=0.05, **kwargs,
-        )  # fmt: skip
+            "MlpPolicy",
+            env,
+            policy_kwargs={"net_arch": settings.net_arch},
+            buffer_size=20_000,
+            learning_starts=settings.learning_starts,
+            batch_size=32,
+            train_freq=1,
+            target_update_interval=250,
+            exploration_fraction=0.4,
+            exploration_final_eps=0.05,
+            **kwargs,
+        )
     n_steps = max(64, 256 // settings.n_envs)
     return PPO(
-        "MlpPolicy", env, policy_kwargs={"net_arch": settings.net_arch}, n_steps=n_steps, batch_size=64,
-        n_epochs=5, **kwargs,
-    )  # fmt: skip
+        "MlpPolicy",
+        env,
+        policy_kwargs={"net_arch": settings.net_arch},
+        n_steps=n_steps,
+        batch_size=64,
+        n_epochs=5,
+        **kwargs,
+    )
 
 
 def train_adversary(model, timesteps: int, log=None, log_every: int = 500) -> dict[str, Any]:
@@ -140,10 +153,13 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500) -> di
                     self.episodes += 1
             if log is not None and self.num_timesteps % log_every < self.training_env.num_envs:
                 log(
-                    {"train/episodes": self.episodes, "train/accidents": self.accidents,
-                     "train/accidents_per_episode": self.accidents / max(1, self.episodes)},
+                    {
+                        "train/episodes": self.episodes,
+                        "train/accidents": self.accidents,
+                        "train/accidents_per_episode": self.accidents / max(1, self.episodes),
+                    },
                     self.num_timesteps,
-                )  # fmt: skip
+                )
             return True
 
     stats = AttackStats()
@@ -227,7 +243,9 @@ def record_gif(policy, spec: EnvSpec, path: str | Path, seed: int, max_episodes:
         if summary["victim_collision"]:
             break
     env.close()
-    imageio.mimsave(str(path), [np.asarray(f) for f in chosen] + [np.asarray(chosen[-1])] * fps, duration=1.0 / fps, loop=0)
+    imageio.mimsave(
+        str(path), [np.asarray(f) for f in chosen] + [np.asarray(chosen[-1])] * fps, duration=1.0 / fps, loop=0
+    )
     return summary
 
 
