@@ -36,13 +36,14 @@ def measure(graph, workers: int, samples: int, **kw) -> tuple[float, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--samples", type=int, default=160)
+    ap.add_argument("--samples", type=int, default=320)
     ap.add_argument("--llm-samples", type=int, default=6)
     ap.add_argument("--llm-model", default="tiny")
+    ap.add_argument("--writer-model", default="smollm2-135m", help="query-writer-only run ('' to skip)")
     args = ap.parse_args()
     cluster.init(ClusterConfig(num_cpus=2, object_store_mb=128))
     graph = build_graph(GenerateConfig().envs)
-    measure(graph, 1, 16)  # warm the workers' imports
+    measure(graph, 2, 32)  # start both workers and warm their imports before timing
     one, _ = measure(graph, 1, args.samples)
     two, _ = measure(graph, 2, args.samples)
     print(

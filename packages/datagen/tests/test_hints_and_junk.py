@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import re
 
+import pytest
+
 from palaestra.datagen.chain import TurnTask, guided_chain
 from palaestra.datagen.envs import BFCL_CLASSES, ToolEnv, get_env
 from palaestra.datagen.graph import ApiGraph
@@ -124,6 +126,7 @@ def test_llm_roles_survive_junk_and_count_drops():
     assert counter.errors >= 1
 
 
+@pytest.mark.slow
 def test_tiny_model_pipeline_runs(tiny_llm):
     """The real tiny model through every LLM role: junk becomes counted drops."""
     from palaestra.datagen.llm_roles import CountingClient, LLMCritic, LLMReasoner, LLMToolMaker

@@ -112,8 +112,12 @@ def sample_trace(
             best = min(graph.distance(name, t, target) for t in fresh)
             pick = rng.choice([t for t in fresh if graph.distance(name, t, target) == best])
         else:
-            fresh = [t for t in legal if t not in called]
-            pick = rng.choice(fresh if fresh and rng.random() < 0.7 else legal)
+            # a random legal tool, favouring those that consume an earlier result (HardGen's hidden steps)
+            pool = [t for t in legal if t not in called] or legal
+            consumers = [
+                3.0 if any(graph.g.has_edge(node(name, c), node(name, t)) for c in called) else 1.0 for t in pool
+            ]
+            pick = rng.choices(pool, weights=consumers)[0]
         new_env, ex = try_call(env, pick, outputs, rng)
         if stats is not None:
             stats.record(name, pick, ex.ok)

@@ -75,7 +75,8 @@ class RunStats:
             "task_failures": len(self.task_failures),
         }
         for k, n in enumerate(self.tries):
-            out[f"pass_rate_try_{k + 1}"] = self.passes[k] / n if n and k < len(self.passes) else 0.0
+            if n:  # of the tries made at index k, the share that passed
+                out[f"pass_rate_try_{k + 1}"] = self.passes[k] / n if k < len(self.passes) else 0.0
         for reason, n in self.drops.items():
             out[f"drop_{reason}"] = n
         out["function_coverage_per_env"] = per_env
