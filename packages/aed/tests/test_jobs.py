@@ -112,3 +112,31 @@ def test_victim_is_trained_once_then_cached_and_drives(tracking, tmp_path):
             break
     assert type(env.victim).__name__ == "MDPVehicle" and env.victim_policy is not None
     assert env.victim.speed != speed0 or env.victim.crashed or env.steps == 3
+
+
+@pytest.mark.slow
+def test_llm_rewards_through_a_served_model_fall_back_and_go_on(ray_local, tiny_server, tracking, tmp_path):
+    # the full loop over the openai backend against `palaestra serve tiny`: the random-weight model writes no valid
+    # reward, so the run must say so, fall back to the expert reward and still train and evaluate the adversary
+    cfg = load_config(
+        {
+            "job": "aed.attack",
+            "accident_types": ["rear_end"],
+            "env_overrides": {"vehicles_count": 6},
+            "max_steps": 4,
+            "rewards": "llm",
+            "llm": {"backend": "openai", "model": "tiny", "base_url": tiny_server},
+            "eureka": {"rounds": 2, "samples": 1, "timesteps": 20, "eval_episodes": 1, "max_tokens": 16},
+            "train": {"timesteps": 30, "learning_starts": 10},
+            "eval_episodes": 1,
+            "random_baseline": False,
+            "video": False,
+            "tracking": vars(tracking),
+            "output_dir": str(tmp_path),
+        }
+    )
+    result = run_job(cfg)
+    [res] = result["summary"]["highway"]["results"]
+    assert res["reward_source"] == "expert_fallback"
+    assert res["fallback_reason"].startswith("all 2 LLM reward candidates failed")
+    assert 0.0 <= result["aed/highway/rear_end/asr"] <= 1.0

@@ -77,9 +77,9 @@ def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker) -> di
     code = spec.reward_code or inspect.getsource(expert_reward(accident_type))
     tracker.log_text(code, f"reward/{accident_type}.py")
     if spec.reward_code:
-        from palaestra.aed.sandbox import SandboxedReward
+        from palaestra.aed.sandbox import LazySandboxedReward
 
-        name = register_reward(f"aed/llm/{scenario}/{accident_type}", SandboxedReward(spec.reward_code))
+        name = register_reward(f"aed/llm/{scenario}/{accident_type}", LazySandboxedReward(spec.reward_code))
         out["registered_reward"] = name
 
     model = build_model(spec, cfg.train, cfg.seed)

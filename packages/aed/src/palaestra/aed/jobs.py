@@ -122,6 +122,8 @@ def _tasks(cfg: AttackConfig) -> list[dict[str, Any]]:
 def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
     """Train one adversarial driving policy per accident type in parallel on Ray; ASR, responsibility, diversity."""
     from palaestra.aed.attack import attack_task
+    from palaestra.aed.rewards import register_reward
+    from palaestra.aed.sandbox import LazySandboxedReward
     from palaestra.aed.train import type_entropy
     from palaestra.shared.cluster import TaskFailure, parallel_map
 
@@ -148,6 +150,10 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
             print(f"[aed] task {task['name']} failed: {res.error}")
             continue
         by_scenario.setdefault(task["scenario"], []).append(res)
+        if res.get("reward_source") == "llm":  # the kept LLM reward, usable from the driver too (sandboxed, lazily)
+            res["registered_reward"] = register_reward(
+                f"aed/llm/{task['scenario']}/{task['accident_type']}", LazySandboxedReward(res["reward_code"])
+            )
     metrics: dict[str, float] = {}
     for scenario, items in by_scenario.items():
         attacks = [r for r in items if r["kind"] == "attack"]

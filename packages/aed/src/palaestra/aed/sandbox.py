@@ -281,6 +281,19 @@ class SandboxedReward:
         raise TypeError("SandboxedReward holds a process; send its code and build it in the worker")
 
 
+class LazySandboxedReward:
+    """A `SandboxedReward` that starts its process on first call (for registering code without running it yet)."""
+
+    def __init__(self, code: str, **kwargs):
+        static_check(code)
+        self.code, self.kwargs, self._fn = code, kwargs, None
+
+    def __call__(self, state: dict[str, Any]) -> float:
+        if self._fn is None:
+            self._fn = SandboxedReward(self.code, **self.kwargs)
+        return self._fn(state)
+
+
 def check_reward(code: str, probe_states: list[dict], **kwargs) -> str | None:
     """None if `code` passes the static check and returns floats on `probe_states`; else the reason."""
     try:
