@@ -1,0 +1,108 @@
+"""The `vllm` backend: an in-process `vllm.LLM` engine (GPU nodes; the ``palaestra-shared[vllm]`` extra).
+
+UNTESTED ON CPU: vLLM is never installed in CPU CI; its tests (``gpu`` marker, the
+conformance suite) run only on a machine with a CUDA GPU and vLLM. Written against
+vLLM's documented offline API (0.10+ / 0.33: ``LLM(model, worker_extension_cls=...)``,
+``LLM.generate`` with ``TokensPrompt``, ``SamplingParams(logprobs=0, seed=...)``,
+``LLM.collective_rpc``, ``LLM.reset_prefix_cache``).
+
+- prompts go in as token ids (``TokensPrompt``): token-in, token-out;
+- logprobs are vLLM's ``raw_logprobs`` (the engine's ``logprobs_mode``): log-softmax of
+  the raw logits before temperature / top-p, the same quantity as the transformers backend;
+- ``include_stop_str_in_output`` keeps the stop string in the text, as our other backends do;
+- weight updates (`load_weights`) use vLLM's worker-extension path from its RLHF examples:
+  `WeightLoaderExtension` is mixed into each vLLM worker (``worker_extension_cls``), and
+  ``collective_rpc("palaestra_load_weights", ...)`` hands it (name, tensor) pairs that the
+  worker passes to ``model_runner.model.load_weights`` (vLLM's own loader, which knows
+  how to shard and fuse HF parameter names); the prefix cache is reset afterwards, since
+  cached KV blocks were computed with the old weights. Tensors travel pickled on CPU: fine
+  for small models; a large-model deployment would broadcast over NCCL instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams
+
+
+class WeightLoaderExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``); runs inside each worker process."""
+
+    def palaestra_load_weights(self, weights: list[tuple[str, Any]]) -> int:
+        import torch
+
+        device = self.device  # type: ignore[attr-defined]  (the worker's device)
+        self.model_runner.model.load_weights(weights=[(n, t.to(device)) for n, t in weights])  # type: ignore[attr-defined]
+        torch.cuda.synchronize()
+        return len(weights)
+
+
+class VLLMClient(LLMClient):
+    """`LLMClient` over an in-process `vllm.LLM` engine."""
+
+    def __init__(self, config: LLMConfig) -> None:
+        try:
+            import vllm
+        except ImportError:
+            raise LLMError("the vllm backend needs vLLM on a GPU node: pip install 'palaestra-shared[vllm]'") from None
+        from transformers import AutoTokenizer
+
+        from palaestra.shared.llm.models import resolve_model_path
+
+        self.config = config
+        self._vllm = vllm
+        path = resolve_model_path(config.model, seed=config.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.llm = vllm.LLM(
+            model=path,
+            tokenizer=path,
+            dtype="bfloat16" if config.dtype == "auto" else config.dtype,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            tensor_parallel_size=config.tensor_parallel_size,
+            seed=config.seed,
+            logprobs_mode="raw_logprobs",
+            worker_extension_cls=f"{__name__}.WeightLoaderExtension",
+        )
+        self.context_length = int(self.llm.llm_engine.model_config.max_model_len)
+
+    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None) -> list[Completion]:
+        params = params or SamplingParams()
+        ids = [self.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p) for p in prompts]
+        for i, prompt in enumerate(ids):
+            if len(prompt) >= self.context_length:
+                raise LLMError(
+                    f"prompt {i} has {len(prompt)} tokens; the model's context is {self.context_length} tokens "
+                    f"({self.config.model})"
+                )
+        sampling = self._vllm.SamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_tokens,
+            stop=list(params.stop) or None,
+            seed=params.seed,
+            logprobs=0 if params.logprobs else None,
+            include_stop_str_in_output=True,
+        )
+        from vllm.inputs import TokensPrompt
+
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], sampling, use_tqdm=False)
+        completions = []
+        for prompt, request in zip(ids, outputs):
+            for sample in request.outputs:  # n samples of one prompt, consecutively
+                logprobs = None
+                if params.logprobs and sample.logprobs is not None:
+                    logprobs = [step[t].logprob for t, step in zip(sample.token_ids, sample.logprobs)]
+                finish = "length" if sample.finish_reason == "length" else "stop"
+                completions.append(Completion(sample.text, list(sample.token_ids), logprobs, list(prompt), finish))
+        return completions
+
+    def load_weights(self, state_dict: dict) -> None:
+        """Push new weights into every vLLM worker (see the module docstring), then drop the stale prefix cache."""
+        weights = [(name, tensor.detach().to("cpu")) for name, tensor in state_dict.items()]
+        self.llm.collective_rpc("palaestra_load_weights", args=(weights,))
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        del self.llm
