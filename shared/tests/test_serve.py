@@ -117,3 +117,21 @@ def test_unreachable_server_is_one_line_error():
     with pytest.raises(LLMError, match=r"cannot reach .*http://127.0.0.1:9/v1") as err:
         client.generate(["x"], SamplingParams(max_tokens=2))
     assert "\n" not in str(err.value)
+
+
+def test_serve_cli_with_missing_model_exits_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    missing = str(tmp_path / "no-such-model")
+    proc = subprocess.run(
+        [sys.executable, "-m", "palaestra.shared.cli", "serve", missing, "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"palaestra: error: model path '{missing}' does not exist (embedded models: tiny, smollm2-135m)"
+    )
