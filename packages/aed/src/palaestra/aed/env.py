@@ -90,6 +90,8 @@ class AdversaryEnv(gym.Env):
             gym.spaces.Discrete(5) if num_adversaries == 1 else gym.spaces.MultiDiscrete([5] * num_adversaries)
         )
         self.steps = 0
+        self.on_frame: Callable[[np.ndarray], None] | None = None
+        """Called with an rgb frame after every simulation frame (videos at the simulation frequency)."""
 
     # -- gymnasium API ----------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -123,6 +125,11 @@ class AdversaryEnv(gym.Env):
         for _ in range(frames):
             new += step_road(self.base.road, dt, self.t, self.steps, self.roles, self.history)
             self.t += dt
+            for v in [self.victim, *self.advs]:
+                if v.crashed:
+                    v.color = None  # crashed vehicles show red in videos
+            if self.on_frame is not None:
+                self.on_frame(self.render())
         self.steps += 1
         victim_recs = [r for r in new if r.a_role == "victim"]
         for rec in victim_recs:

@@ -225,7 +225,7 @@ def type_entropy(counts: dict[str, int]) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def record_gif(policy, spec: EnvSpec, path: str | Path, seed: int, max_episodes: int = 5, fps: int = 3) -> dict | None:
+def record_gif(policy, spec: EnvSpec, path: str | Path, seed: int, max_episodes: int = 5, fps: int = 8) -> dict | None:
     """Render attacks headless until one ends in a victim collision; write that episode as a GIF."""
     import imageio.v2 as imageio
 
@@ -234,10 +234,10 @@ def record_gif(policy, spec: EnvSpec, path: str | Path, seed: int, max_episodes:
     for ep in range(max_episodes):
         obs, _ = env.reset(seed=seed + ep)
         frames, done = [env.render()], False
+        env.on_frame = frames.append
         while not done:
             action = env.action_space.sample() if policy is None else policy.predict(obs, deterministic=True)[0]
             obs, _, terminated, truncated, info = env.step(action)
-            frames.append(env.render())
             done = terminated or truncated
         chosen, summary = frames, info["attack"]
         if summary["victim_collision"]:
