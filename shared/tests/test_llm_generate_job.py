@@ -8,6 +8,7 @@ import pytest
 
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import load_config, run_job
+from palaestra.shared.llm.generate_job import load_prompts
 
 
 def _config(tracking, tmp_path, **fields):
@@ -70,10 +71,13 @@ def test_raw_completion_mode_and_resume(tracking, tmp_path, tiny_llm):
 
 def test_bad_prompt_sources_are_config_errors(tracking, tmp_path):
     with pytest.raises(ConfigError, match="no prompts"):
-        run_job(_config(tracking, tmp_path))
+        load_prompts(_config(tracking, tmp_path))
     with pytest.raises(ConfigError, match="does not exist"):
-        run_job(_config(tracking, tmp_path, prompts_file=str(tmp_path / "nope.txt")))
+        load_prompts(_config(tracking, tmp_path, prompts_file=str(tmp_path / "nope.txt")))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{oops\n')
     with pytest.raises(ConfigError, match=r"bad.jsonl:2: not valid JSON"):
-        run_job(_config(tracking, tmp_path, prompts_file=str(bad)))
+        load_prompts(_config(tracking, tmp_path, prompts_file=str(bad)))
+    bad.write_text('{"text": "no prompt key"}\n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:1: expected an object with 'prompt' or 'messages'"):
+        load_prompts(_config(tracking, tmp_path, prompts_file=str(bad)))
