@@ -11,10 +11,10 @@ from palaestra.shared.jobs import load_config, run_job
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("name", ["tiny_cpu", "llm_rewards", "paper"])
+@pytest.mark.parametrize("name", ["tiny_cpu", "llm_rewards", "paper", "victim_dqn"])
 def test_experiment_configs_resolve(name):
     cfg = load_config(ROOT / "experiments" / "aed" / f"{name}.yaml")
-    assert cfg.job == "aed.attack" and cfg.scenarios
+    assert cfg.job == ("aed.victim" if name == "victim_dqn" else "aed.attack")
 
 
 def test_bad_config_values_are_one_line_errors(tracking):
