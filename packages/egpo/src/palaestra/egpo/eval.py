@@ -248,6 +248,15 @@ def evaluate(cfg: EvalConfig, tracker: Tracker) -> dict:
         from palaestra.shared.llm.base import make_client
 
         client = make_client(cfg.llm)
+    try:
+        return evaluate_with_client(cfg, client, tracker)
+    finally:
+        if client is not None:
+            client.close()
+
+
+def evaluate_with_client(cfg: EvalConfig, client: Any, tracker: Tracker) -> dict:
+    """Run and score every category with `client` (None: the oracle of ``cfg.policy``); log to `tracker`."""
     accuracy, counts = {}, {}
     for category in cfg.categories:
         envs, ids = build_envs(category, cfg.limit)
@@ -263,8 +272,6 @@ def evaluate(cfg: EvalConfig, tracker: Tracker) -> dict:
         print(f"egpo.eval: {category}: {correct}/{len(records)} = {accuracy[category]:.2%}", flush=True)
     summary = summary_scores(accuracy, counts)
     tracker.log_metrics(summary)
-    if client is not None:
-        client.close()
     return {**{f"bfcl/{c}/accuracy": a for c, a in accuracy.items()}, **summary}
 
 

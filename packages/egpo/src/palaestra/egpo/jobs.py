@@ -1,4 +1,5 @@
-"""Jobs of palaestra-egpo (registered through the `palaestra.jobs` entry point): ``egpo.eval``."""
+"""Jobs of palaestra-egpo (registered through the `palaestra.jobs` entry point): ``egpo.eval``, ``egpo.train``."""
 
 import palaestra.egpo.eval  # noqa: F401  (registers `egpo.eval`)
 import palaestra.egpo.reward  # noqa: F401  (registers the `fc_binary` and `fc_multi_turn` rewards)
+import palaestra.egpo.train  # noqa: F401  (registers `egpo.train`, the `fc_tasks` source, the `bfcl_multi_turn` env)

@@ -47,7 +47,7 @@ def judge_completion(sample: Any, completion: str, require_think: bool = True) -
         if parsed.error:
             return False, f"format: {parsed.error}"
         ground_truth = _field(sample, "ground_truth") or []
-        tools = _field(sample, "tools") or []
+        tools = _field(sample, "tools") or _field(sample, "tool_docs") or []
         if not ground_truth:
             return (not parsed.calls, "ok" if not parsed.calls else "called a tool where none is due")
         if not parsed.calls:

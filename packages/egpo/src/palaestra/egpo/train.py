@@ -1,0 +1,163 @@
+"""EGPO training (job ``egpo.train``) through the shared trainer (`palaestra.shared.rl.trainer`).
+
+EGPO = GRPO's group-normalized advantage plus the entropy term of the chain of thought,
+A + λ·clip(H, -|A|/α, |A|/α) (the shared ``entropy_clipped`` step after ``grpo``), with the strict
+binary reward ``fc_binary``. This module adds what the trainer needs by name:
+
+- task source ``fc_tasks`` (`TASKS`): single-turn FC tasks from a JSONL file (datagen's output,
+  xLAM/APIGen style, or explicit ground truth), from a BFCL category, or generated in code
+  (`palaestra.egpo.synthetic`); ``with_answers: true`` adds the reference answer to each sample,
+  which is what the SFT warm start (``sft_warmup.source: fc_tasks``) trains on;
+- environment ``bfcl_multi_turn`` (`ENVS`): BFCL's multi-turn entries, the reward from BFCL's
+  multi-turn checker (state and results).
+
+The job is the trainer's config (`TrainConfig`) with EGPO's defaults, plus an optional BFCL
+evaluation of the trained policy at the end, logged in the same MLflow run. GRPO vs EGPO is the
+``advantages`` list with or without the ``entropy_clipped`` step (see experiments/egpo/ablation.yaml).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from palaestra.egpo.tasks import FCTask, load_bfcl, load_jsonl
+from palaestra.shared.jobs import job
+from palaestra.shared.rl.advantages import AdvantageStep
+from palaestra.shared.rl.loss import LossConfig
+from palaestra.shared.rl.trainer import EnvSpec, TrainConfig
+from palaestra.shared.rollout.env import ENVS
+from palaestra.shared.rollout.tasks import TASKS
+from palaestra.shared.toolcall import ToolCall, format_calls
+from palaestra.shared.tracking import Tracker
+
+
+@TASKS.register("fc_tasks")
+def fc_tasks(
+    path: str | None = None,
+    bfcl_category: str | None = None,
+    synthetic: int = 0,
+    limit: int | None = None,
+    with_answers: bool = False,
+    seed: int = 0,
+    compact_tools: bool = False,
+) -> list[dict]:
+    """Function-calling samples (``messages``, ``tools``, ``ground_truth``) for the ``task`` env and SFT.
+
+    ``compact_tools``: list the tools as one short line each in the system prompt instead of the chat
+    template's JSON block (about 400 tokens less per prompt; for tiny CPU runs). The reward then reads
+    the schemas from ``tool_docs``."""
+    from palaestra.egpo.synthetic import synthetic_tasks
+
+    tasks: list[FCTask] = []
+    if path:
+        tasks += load_jsonl(path, limit)
+    if bfcl_category:
+        tasks += load_bfcl(bfcl_category, limit)
+    if synthetic:
+        tasks += synthetic_tasks(synthetic, seed=seed)
+    if not tasks:
+        raise ValueError("fc_tasks: no tasks; set path (JSONL), bfcl_category or synthetic (a count)")
+    return [task_sample(t, with_answers, compact_tools) for t in tasks]
+
+
+def compact_signature(tool: dict) -> str:
+    """``name(param: type, ...)`` of a tool."""
+    doc = tool.get("function", tool)
+    props = (doc.get("parameters") or {}).get("properties") or {}
+    params = ", ".join(f"{name}: {spec.get('type', 'any')}" for name, spec in props.items())
+    return f"{doc['name']}({params})"
+
+
+def task_sample(task: FCTask, with_answer: bool = False, compact_tools: bool = False) -> dict[str, Any]:
+    from palaestra.egpo.synthetic import reference_thinking
+    from palaestra.egpo.tasks import canonical_calls
+
+    messages = task.prompt_messages()
+    if with_answer:
+        calls = [ToolCall(c["name"], c["arguments"]) for c in canonical_calls(task.ground_truth, task.tools)]
+        content = "I cannot help with that using these tools." if not calls else ""
+        text = format_calls(calls, thinking=reference_thinking(task), content=content)
+        messages = [*messages, {"role": "assistant", "content": text}]
+    sample = {
+        "id": task.id,
+        "messages": messages,
+        "tools": task.chat_tools(),
+        "ground_truth": task.ground_truth,
+        "category": task.category,
+    }
+    if compact_tools:
+        listing = "Tools: " + "; ".join(compact_signature(t) for t in task.tools)
+        system = {"role": "system", "content": f"{messages[0]['content']}\n{listing}"}
+        sample.update(messages=[system, *messages[1:]], tools=None, tool_docs=sample["tools"])
+    return sample
+
+
+@ENVS.register("bfcl_multi_turn")
+def bfcl_multi_turn(category: str = "multi_turn_base", limit: int | None = None):
+    """BFCL multi-turn entries of `category`; ``reset(seed)`` plays entry ``seed % count``."""
+    from palaestra.egpo.bfcl import load_category
+    from palaestra.egpo.multiturn import BFCLMultiTurnEnv
+
+    pairs = load_category(category, limit)
+
+    class _Env(BFCLMultiTurnEnv):
+        env_type = f"bfcl_{category}"
+
+        def reset(self, seed: int | None = None) -> dict[str, Any]:
+            self.entry, self.ground_truth = pairs[(seed or 0) % len(pairs)]
+            return super().reset(seed)
+
+    return _Env(*pairs[0])
+
+
+def _egpo_advantages() -> list[AdvantageStep]:
+    return [AdvantageStep("grpo"), AdvantageStep("entropy_clipped", {"lam": 0.4, "alpha": 2.0})]
+
+
+@dataclass
+class EvalAfterConfig:
+    """A BFCL evaluation of the trained policy at the end of training (same MLflow run)."""
+
+    categories: list[str] = field(default_factory=list)
+    """BFCL categories (empty: no evaluation)."""
+    limit: int | None = 5
+    """Entries per category."""
+    max_tokens_per_turn: int = 256
+    max_model_calls: int = 8
+
+
+@dataclass
+class EGPOTrainConfig(TrainConfig):
+    """EGPO: GRPO + the clipped chain-of-thought entropy term, binary function-calling reward."""
+
+    envs: list[EnvSpec] = field(
+        default_factory=lambda: [
+            EnvSpec("task", {"source": "fc_tasks", "reward": "fc_binary", "source_kwargs": {"synthetic": 64}})
+        ]
+    )
+    advantages: list[AdvantageStep] = field(default_factory=_egpo_advantages)
+    loss: LossConfig = field(default_factory=lambda: LossConfig(kl_coef=0.001))
+    eval: EvalAfterConfig = field(default_factory=EvalAfterConfig)
+
+
+@job("egpo.train", EGPOTrainConfig)
+def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
+    """EGPO (or GRPO, by the advantage list) on function-calling tasks through the shared trainer."""
+    from palaestra.shared.rl.trainer import Trainer
+
+    trainer = Trainer(cfg, tracker)
+    out = trainer.train()
+    if cfg.eval.categories:
+        from palaestra.egpo.eval import EvalConfig, evaluate_with_client
+
+        eval_cfg = EvalConfig(
+            llm=cfg.llm,
+            categories=list(cfg.eval.categories),
+            limit=cfg.eval.limit,
+            max_tokens_per_turn=cfg.eval.max_tokens_per_turn,
+            max_model_calls=cfg.eval.max_model_calls,
+            seed=cfg.seed,
+        )
+        out.update(evaluate_with_client(eval_cfg, trainer.client, tracker))
+    return out
