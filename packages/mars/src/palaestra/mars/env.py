@@ -29,6 +29,8 @@ from palaestra.shared.rollout.env import Step, TextEnv
 ANSWER_RE = re.compile(r"^\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
 ANSWER_ONLY_RE = re.compile(r"^\s*(?:<think>(.*?)</think>)?\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
 END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
+PROMPTS = ("full", "compact")
+"""full: MARS's prompts; compact: no rules, instructions or notes (short contexts for tiny CPU models)."""
 
 
 @dataclass
@@ -68,9 +70,12 @@ def render_response(action: str, thought: str = "") -> str:
 class GameEnv(TextEnv):
     """One MARS game between two agents, in the `TextEnv` protocol."""
 
-    def __init__(self, game: str | Game, shaping: Shaping | None = None):
+    def __init__(self, game: str | Game, shaping: Shaping | None = None, prompt: str = "full"):
+        if prompt not in PROMPTS:
+            raise ValueError(f"unknown prompt style {prompt!r}; known: {', '.join(PROMPTS)}")
         self.game = make_game(game) if isinstance(game, str) else game
         self.shaping = shaping or Shaping()
+        self.prompt = prompt
         self.agents = [agent_name(p) for p in range(self.game.num_players)]
         self.env_type = self.game.name
         self.state = None
@@ -103,13 +108,20 @@ class GameEnv(TextEnv):
             parts.append("\n".join(self._unseen[agent]))
         self._unseen[agent] = []
         legal = self.game.legal_action_strings(self.state)
-        note = self.game.action_note()
-        parts.append(f"GAME STATE:\n{self.game.render_state(self.state, player)}")
+        compact = self.prompt == "compact"
+        note = "" if compact else self.game.action_note()
+        state = self.game.render_state(self.state, player)
+        if compact and self.game.kind == KIND_BOARD:
+            state = state.split("\nThis is the current snapshot")[0]
+        parts.append(f"GAME STATE:\n{state}")
         parts.append(f"LEGAL ACTIONS:\n{', '.join(legal)}." + (f" {note}" if note else ""))
         turn = "\n\n".join(parts)
         if self._greeted[agent]:
             return [{"role": "user", "content": turn}]
         self._greeted[agent] = True
+        if compact:
+            first = f"PLAYER INFORMATION:\n{self.game.player_information(player)}\n\n{turn}"
+            return [{"role": "system", "content": self.game.system_prompt()}, {"role": "user", "content": first}]
         first = (
             f"GAME RULES:\n{self.game.rules()}\n\n"
             f"PLAYER INFORMATION:\n{self.game.player_information(player)}\n\n"

@@ -69,6 +69,8 @@ class EvalConfig(JobConfig):
     cache_dir: str = "outputs/mars/cache"
     """Where solved equilibria are cached."""
     shaping: Shaping = field(default_factory=Shaping)
+    prompt: str = "full"
+    """Prompt style: full (MARS) | compact (no rules or notes; for tiny CPU models trained on it)."""
     max_turns: int = 200
     """A game longer than this stops (truncated)."""
 
@@ -126,7 +128,7 @@ def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None =
         policy = make_player(cfg.policy, cfg, game, clients=clients)
         seeds = [cfg.seed * 100_003 + k for k in range(cfg.episodes)]
         if game.cooperative:
-            results = play_episodes(name, [policy, policy], seeds, cfg.shaping, cfg.max_turns)
+            results = play_episodes(name, [policy, policy], seeds, cfg.shaping, cfg.max_turns, prompt=cfg.prompt)
             summary = summarize(results, seat=0)
             summary["format_loss_rate"] = sum(r.format_loser is not None for r in results) / len(results)
             _record(metrics, records, name, "selfplay", "self", summary)
@@ -143,7 +145,7 @@ def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None =
             for seat_name in cfg.seats:
                 seat = SEATS.index(seat_name)
                 players = [policy, opponent] if seat == 0 else [opponent, policy]
-                results = play_episodes(name, players, seeds, cfg.shaping, cfg.max_turns)
+                results = play_episodes(name, players, seeds, cfg.shaping, cfg.max_turns, prompt=cfg.prompt)
                 _record(metrics, records, name, seat_name, opponent_kind, summarize(results, seat))
     if tracker is not None:
         tracker.log_metrics(metrics, step=step)
@@ -186,8 +188,9 @@ def plot_results(records: list[dict], path: Path) -> Path | None:
     labels = [f"{r['game']}\n{r['seat']} vs {r['opponent']}" for r in records]
     coop = [r["opponent"] == "self" for r in records]
     values = [r["mean_return"] if c else r["win_rate"] for r, c in zip(records, coop)]
-    lows = [v - (r["mean_return_lo"] if c else r["win_rate_lo"]) for v, r, c in zip(values, records, coop)]
-    highs = [(r["mean_return_hi"] if c else r["win_rate_hi"]) - v for v, r, c in zip(values, records, coop)]
+    # max(0, .): rounding can put a bound a hair inside the value; matplotlib refuses negative error bars
+    lows = [max(0.0, v - (r["mean_return_lo"] if c else r["win_rate_lo"])) for v, r, c in zip(values, records, coop)]
+    highs = [max(0.0, (r["mean_return_hi"] if c else r["win_rate_hi"]) - v) for v, r, c in zip(values, records, coop)]
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(records)), 4))
     colors = ["tab:green" if c else "tab:blue" for c in coop]
     ax.bar(range(len(records)), values, yerr=[lows, highs], color=colors, capsize=4)

@@ -3,4 +3,5 @@
 from palaestra.mars import (
     evaluate,  # noqa: F401  (registers mars.eval)
     mas,  # noqa: F401  (registers mars.mas)
+    train,  # noqa: F401  (registers mars.train)
 )

@@ -38,9 +38,10 @@ def play_episodes(
     shaping: Shaping | None = None,
     max_turns: int = 200,
     keep_transcripts: bool = False,
+    prompt: str = "full",
 ) -> list[EpisodeResult]:
     """Play one episode per seed with `players[seat]` in each seat (the same object may fill several seats)."""
-    envs = [GameEnv(game, shaping) for _ in seeds]
+    envs = [GameEnv(game, shaping, prompt) for _ in seeds]
     conversations: list[dict[str, list[dict]]] = []
     shaped = [dict.fromkeys(env.agents, 0.0) for env in envs]
     turns = [0] * len(envs)

@@ -18,10 +18,15 @@ from palaestra.mars.players import MCTSPlayer, RandomPlayer
 
 
 def legal_move_conversations(
-    game: str, episodes: int, seed: int = 0, mover: str = "random", shaping: Shaping | None = None
+    game: str,
+    episodes: int,
+    seed: int = 0,
+    mover: str = "random",
+    shaping: Shaping | None = None,
+    prompt: str = "full",
 ) -> list[dict[str, Any]]:
     """One row per seat per episode: ``{"messages": [...], "game": ..., "agent": ...}``."""
-    env = GameEnv(game, shaping)
+    env = GameEnv(game, shaping, prompt)
     if mover == "random":
         player = RandomPlayer(seed)
     elif mover == "mcts":

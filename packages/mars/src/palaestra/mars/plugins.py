@@ -1,0 +1,71 @@
+"""What palaestra-mars adds to the shared registries (loaded through entry points, also in Ray workers).
+
+- envs (`ENVS`): ``mars_game`` (self-play: every seat is an agent of the one
+  policy) and ``mars_versus`` (the learner's seat against a fixed opponent:
+  random, mcts or equilibrium);
+- task sources (`TASKS`): ``mars_legal_moves``, the SFT warm-start
+  conversations of legal moves generated from OpenSpiel.
+
+Their kwargs are plain values, so env specs pickle to rollout workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from palaestra.mars.env import GameEnv, Shaping
+from palaestra.shared.rollout.env import ENVS
+from palaestra.shared.rollout.tasks import TASKS
+
+
+def _shaping(shaping: dict[str, Any] | None) -> Shaping:
+    return Shaping(**(shaping or {}))
+
+
+@ENVS.register("mars_game")
+def mars_game(game: str = "tic_tac_toe", shaping: dict[str, Any] | None = None, prompt: str = "full") -> GameEnv:
+    """A MARS game for self-play."""
+    return GameEnv(game, _shaping(shaping), prompt)
+
+
+@ENVS.register("mars_versus")
+def mars_versus(
+    game: str = "tic_tac_toe",
+    opponent: str = "random",
+    seat: str = "alternate",
+    shaping: dict[str, Any] | None = None,
+    mcts_simulations: int = 100,
+    mcts_uct_c: float = 2.0,
+    equilibrium_cache: str = "outputs/mars/cache",
+    seed: int = 0,
+    prompt: str = "full",
+):
+    """A MARS game with the learner in one seat and a fixed opponent in the other."""
+    from palaestra.mars.players import MCTSPlayer, RandomPlayer, TabularPolicyPlayer
+    from palaestra.mars.versus import VersusEnv
+
+    env = GameEnv(game, _shaping(shaping), prompt)
+    if opponent == "random":
+        player = RandomPlayer(seed)
+    elif opponent == "mcts":
+        player = MCTSPlayer(env.game, mcts_uct_c, mcts_simulations, seed=seed)
+    elif opponent == "equilibrium":
+        from palaestra.mars.solvers import equilibrium_policy
+
+        player = TabularPolicyPlayer(equilibrium_policy(game, cache_dir=equilibrium_cache).table, seed=seed)
+    else:
+        raise ValueError(f"unknown opponent {opponent!r}; known: random, mcts, equilibrium")
+    return VersusEnv(env, player, seat)
+
+
+@TASKS.register("mars_legal_moves")
+def mars_legal_moves(
+    games: list[str] | None = None, episodes: int = 64, seed: int = 0, mover: str = "random", prompt: str = "full"
+) -> list[dict]:
+    """SFT conversations of legal moves (`sft_data.legal_move_conversations`) for each game."""
+    from palaestra.mars.sft_data import legal_move_conversations
+
+    rows: list[dict] = []
+    for i, game in enumerate(games or ["tic_tac_toe"]):
+        rows += legal_move_conversations(game, episodes, seed=seed * 31 + i, mover=mover, prompt=prompt)
+    return rows

@@ -1,0 +1,167 @@
+"""The ``mars.train`` job: MARS self-play RL through the shared trainer, with evaluation before and after.
+
+MARS is a configuration of the shared trainer (`palaestra.shared.rl.trainer`),
+not a trainer of its own: this job turns a game mixture into env specs and
+runs `Trainer`. Defaults follow MARS:
+
+- self-play (``mode: selfplay``): one shared policy plays every seat; each
+  episode yields one trajectory per seat; the games of a batch are drawn from
+  the ``games`` mixture by weight;
+- or against a fixed opponent (``mode: versus``, ``opponent``: random | mcts |
+  equilibrium), the learner's seat alternating;
+- advantages ``turn_level`` (γ 1) then ``agent_norm`` (per seat and game);
+  PPO clip 0.2 with dual clip 3, k3 KL to the reference;
+- an SFT warm start on legal-move conversations generated from OpenSpiel
+  (``sft_warmup.source: mars_legal_moves``) when ``sft_warmup.steps`` > 0.
+
+Every piece is a config key, so ablations change one key (``advantages``,
+``loss.dual_clip``, ``games``...). ``eval`` runs `mars.eval` on the policy
+being trained after the warm start (step 0), every ``eval_every`` steps and at
+the end, logged under ``eval/...`` at that step; the summary reports the first
+and last win rates vs random with their 95% intervals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from palaestra.mars.env import Shaping
+from palaestra.mars.evaluate import EvalConfig, evaluate
+from palaestra.mars.games import GAME_FACTORIES
+from palaestra.shared.config import ConfigError
+from palaestra.shared.jobs import job
+from palaestra.shared.rl.advantages import AdvantageStep
+from palaestra.shared.rl.loss import LossConfig
+from palaestra.shared.rl.trainer import EnvSpec, TrainConfig, Trainer
+from palaestra.shared.tracking import Tracker
+
+MODES = ("selfplay", "versus")
+
+
+@dataclass
+class GameWeight:
+    """One game of the training mixture."""
+
+    game: str = "tic_tac_toe"
+    weight: float = 1.0
+
+
+@dataclass
+class MarsEval:
+    """Evaluation of the policy during training (a subset of `mars.eval`'s settings)."""
+
+    games: list[str] = field(default_factory=lambda: ["tic_tac_toe"])
+    opponents: list[str] = field(default_factory=lambda: ["random"])
+    seats: list[str] = field(default_factory=lambda: ["first", "second"])
+    episodes: int = 100
+    temperature: float = 0.6
+    max_tokens: int = 64
+    mcts_simulations: int = 100
+
+
+@dataclass
+class MarsTrainConfig(TrainConfig):
+    """MARS: self-play RL of one shared policy on OpenSpiel games (every piece switchable)."""
+
+    job: str = "mars.train"
+    games: list[GameWeight] = field(
+        default_factory=lambda: [GameWeight("tic_tac_toe"), GameWeight("kuhn_poker"), GameWeight("mini_hanabi")]
+    )
+    """The training mixture (MARS: tic_tac_toe, kuhn_poker, mini_hanabi)."""
+    mode: str = "selfplay"
+    """selfplay (one policy in every seat) | versus (the learner against ``opponent``)."""
+    opponent: str = "random"
+    """Fixed opponent in versus mode: random | mcts | equilibrium (poker)."""
+    seat: str = "alternate"
+    """The learner's seat in versus mode: first | second | alternate."""
+    shaping: Shaping = field(default_factory=Shaping)
+    prompt: str = "full"
+    """Prompt style of the games: full (MARS) | compact (short contexts for tiny CPU models)."""
+    envs: list[EnvSpec] = field(default_factory=list)
+    """Leave empty: built from ``games``/``mode`` (set it only to train on other registered envs)."""
+    advantages: list[AdvantageStep] = field(
+        default_factory=lambda: [AdvantageStep("turn_level", {"gamma": 1.0}), AdvantageStep("agent_norm")]
+    )
+    loss: LossConfig = field(default_factory=lambda: LossConfig(epsilon=0.2, dual_clip=3.0, kl_coef=0.2))
+    eval: MarsEval = field(default_factory=MarsEval)
+    eval_every: int = 0
+    """Evaluate every N steps (0: only after the warm start and at the end)."""
+    eval_before: bool = True
+    """Evaluate after the warm start, before RL (the starting point)."""
+
+
+def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
+    if cfg.mode not in MODES:
+        raise ConfigError(f"mode: unknown mode {cfg.mode!r}; known: {', '.join(MODES)}")
+    if not cfg.games:
+        raise ConfigError("games: the training mixture is empty")
+    shaping = {k: getattr(cfg.shaping, k) for k in Shaping.__dataclass_fields__}
+    specs = []
+    for g in cfg.games:
+        if g.game not in GAME_FACTORIES:
+            raise ConfigError(f"games: unknown game {g.game!r}; known games: {', '.join(GAME_FACTORIES)}")
+        if cfg.mode == "selfplay":
+            specs.append(EnvSpec("mars_game", {"game": g.game, "shaping": shaping, "prompt": cfg.prompt}, g.weight))
+        else:
+            kwargs: dict[str, Any] = {
+                "game": g.game,
+                "opponent": cfg.opponent,
+                "seat": cfg.seat,
+                "shaping": shaping,
+                "prompt": cfg.prompt,
+            }
+            specs.append(EnvSpec("mars_versus", kwargs, g.weight))
+    return specs
+
+
+def _eval_config(cfg: MarsTrainConfig) -> EvalConfig:
+    e = cfg.eval
+    return EvalConfig(
+        games=list(e.games),
+        policy="llm",
+        llm=cfg.llm,
+        temperature=e.temperature,
+        max_tokens=e.max_tokens,
+        opponents=list(e.opponents),
+        seats=list(e.seats),
+        episodes=e.episodes,
+        mcts_simulations=e.mcts_simulations,
+        shaping=cfg.shaping,
+        prompt=cfg.prompt,
+        seed=cfg.seed + 1,
+        cache_dir=f"{cfg.output_dir}/cache",
+    )
+
+
+@job("mars.train", MarsTrainConfig)
+def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
+    """MARS self-play RL (turn-level advantages, agent normalization) through the shared trainer; eval before/after."""
+    if not cfg.envs:
+        cfg.envs = game_env_specs(cfg)
+    if cfg.sft_warmup.steps > 0 and not (cfg.sft_warmup.source or cfg.sft_warmup.data_path):
+        cfg.sft_warmup.source = "mars_legal_moves"
+        defaults = {"games": [g.game for g in cfg.games], "prompt": cfg.prompt}
+        cfg.sft_warmup.source_kwargs = {**defaults, **cfg.sft_warmup.source_kwargs}
+    trainer = Trainer(cfg, tracker)
+    eval_cfg = _eval_config(cfg)
+    clients = {repr(eval_cfg.llm): trainer.client}  # evaluate the very model being trained
+    summary: dict[str, float] = {}
+    first = evaluate(eval_cfg, tracker, step=trainer.step, clients=clients)[0] if cfg.eval_before else {}
+    if cfg.eval_every:
+        end = cfg.steps
+        while trainer.step < end:
+            cfg.steps = min(end, trainer.step + cfg.eval_every)
+            out = trainer.train()
+            if trainer.step < end:
+                evaluate(eval_cfg, tracker, step=trainer.step, clients=clients)
+        cfg.steps = end
+    else:
+        out = trainer.train()
+    last = evaluate(eval_cfg, tracker, step=trainer.step, clients=clients)[0]
+    summary.update({k: v for k, v in out.items() if isinstance(v, int | float)})
+    for name, metrics in (("start", first), ("end", last)):
+        for key, value in metrics.items():
+            if key.endswith(("/win_rate", "/win_rate_lo", "/win_rate_hi", "/format_loss_rate", "/mean_return")):
+                summary[f"{name}/{key}"] = value
+    return summary
