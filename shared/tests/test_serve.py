@@ -135,3 +135,47 @@ def test_serve_cli_with_missing_model_exits_with_one_line(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         f"palaestra: error: model path '{missing}' does not exist (embedded models: tiny, smollm2-135m)"
     )
+
+
+def test_micro_batcher_merges_concurrent_requests_and_routes_results():
+    import threading
+    import time
+
+    from palaestra.shared.llm.base import Completion
+    from palaestra.shared.llm.serve import MicroBatcher
+
+    class EchoClient:
+        """Answers each prompt with itself; slow enough that concurrent requests queue up."""
+
+        calls: list[int] = []
+
+        def generate(self, prompts, params):
+            self.calls.append(len(prompts))
+            time.sleep(0.2)
+            return [Completion(p, [], [], [], "stop") for p in prompts for _ in range(params.n)]
+
+    client = EchoClient()
+    batcher = MicroBatcher(client)
+    results = {}
+    params = SamplingParams(n=2)
+
+    def ask(i):
+        results[i] = batcher.generate([f"p{i}a", f"p{i}b"], params)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {i: [c.text for c in r] for i, r in results.items()} == {
+        i: [f"p{i}a", f"p{i}a", f"p{i}b", f"p{i}b"] for i in range(6)
+    }
+    assert sum(client.calls) == 12 and len(client.calls) < 6  # merged into fewer generate calls
+    # seeded requests are never merged (their samples must not depend on other requests)
+    client.calls.clear()
+    seeded = [threading.Thread(target=lambda: batcher.generate(["x"], SamplingParams(seed=1))) for _ in range(3)]
+    for t in seeded:
+        t.start()
+    for t in seeded:
+        t.join()
+    assert client.calls == [1, 1, 1]
