@@ -27,9 +27,7 @@ def test_reward_rises_on_the_toy_task(tmp_path):
         [
             f"output_dir={tmp_path}",
             "workers.num_workers=0",  # in-process rollouts: the Ray path is tested in test_rollout_workers
-            "sft_warmup.steps=40",
-            "steps=25",
-            "optim.lr=0.002",
+            "steps=30",
             "eval_tasks=8",
             "checkpoint_every=0",
         ],

@@ -107,8 +107,14 @@ def run_sft(model, tokenizer, opts: SFTOptions, progress: bool = False, on_step=
     rng = random.Random(opts.seed)
     model.train()
     losses = []
+    order: list[int] = []
     for step in tqdm(range(opts.steps), desc="sft steps", disable=not progress):
-        batch = [samples[rng.randrange(len(samples))] for _ in range(opts.batch_size)]
+        while len(order) < opts.batch_size:  # epochs of shuffled samples: each seen once per epoch
+            epoch = list(range(len(samples)))
+            rng.shuffle(epoch)
+            order += epoch
+        batch = [samples[i] for i in order[: opts.batch_size]]
+        del order[: opts.batch_size]
         loss = sft_loss(model, batch, tokenizer.pad_token_id)
         if not torch.isfinite(loss):
             raise RuntimeError(f"sft: non-finite loss ({loss.item()}) at step {step}")

@@ -98,17 +98,14 @@ def exact_answer(sample: dict, completion: str, **info) -> float:
 
 
 @TASKS.register("next_number_format")
-def next_number_format(num_samples: int = 64, seed: int = 0, **kwargs) -> list[dict]:
-    """SFT data that teaches only the answer's form: `next_number` prompts answered by a random one of its answers.
+def next_number_format(seed: int = 0, **kwargs) -> list[dict]:
+    """SFT data that teaches only the answer's form: every `next_number` prompt with every one of its answers.
 
-    A random-init model learns to reply with one of the task's digits and stop,
-    whatever the prompt; which digit is right for which prompt is left for RL
-    (at the start the reward is about 1 / number of distinct answers).
+    Balanced (each prompt paired once with each answer), so a model trained on
+    it replies with one of the task's digits and stops, about uniformly, whatever
+    the prompt; which digit is right for which prompt is left for RL (at the
+    start the reward is about 1 / number of distinct answers).
     """
-    rng = random.Random(seed + 1)
     base = next_number(seed=seed, **kwargs)
     answers = sorted({s["answer"] for s in base})
-    return [
-        {"messages": base[i % len(base)]["messages"] + [{"role": "assistant", "content": rng.choice(answers)}]}
-        for i in range(num_samples)
-    ]
+    return [{"messages": s["messages"] + [{"role": "assistant", "content": a}]} for s in base for a in answers]
