@@ -1,0 +1,59 @@
+"""egpo.train through the shared trainer, and the experiment configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from palaestra.shared.config import read_yaml
+from palaestra.shared.jobs import _stage_config, load_config, run_job
+
+EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments" / "egpo"
+
+
+def test_configs_resolve():
+    tiny = load_config(EXPERIMENTS / "tiny_cpu.yaml")
+    assert [a.name for a in tiny.advantages] == ["grpo", "entropy_clipped"]
+    paper = load_config(EXPERIMENTS / "qwen3_4b_bfcl.yaml")
+    assert paper.llm.model == "Qwen/Qwen3-4B-Instruct-2507" and paper.workers.llm.backend == "vllm"
+    assert paper.optim.lr == 1e-6 and paper.rollout.temperature == 0.7 and paper.loss.kl_coef == 0.001
+    assert paper.rollout.max_tokens_per_turn == 8192
+    assert paper.advantages[1].options == {"lam": 0.4, "alpha": 2.0}
+
+
+def test_ablation_stages_differ_in_the_advantage_key_only():
+    pipeline = load_config(EXPERIMENTS / "ablation.yaml")
+    grpo, egpo = (_stage_config(pipeline, name, pipeline.stages[name]) for name in ("grpo", "egpo"))
+    assert [a.name for a in grpo.advantages] == ["grpo"]
+    assert [a.name for a in egpo.advantages] == ["grpo", "entropy_clipped"]
+    same = {k for k in vars(grpo) if getattr(grpo, k) == getattr(egpo, k)}
+    assert set(vars(grpo)) - same == {"advantages", "output_dir", "tracking"}
+    assert read_yaml(EXPERIMENTS / "ablation.yaml")["job"] == "pipeline"
+
+
+@pytest.mark.slow
+def test_egpo_train_runs_and_logs(tmp_path, tracking):
+    cfg = load_config(
+        EXPERIMENTS / "tiny_cpu.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "sft_warmup.steps=2",
+            "sft_warmup.batch_size=2",
+            "steps=2",
+            "tasks_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_tokens_per_turn=12",
+            "eval.categories=[simple_python,multi_turn_base]",
+            "eval.limit=1",
+            "eval.max_tokens_per_turn=8",
+            "eval.max_model_calls=2",
+        ],
+    )
+    cfg.tracking = tracking
+    out = run_job(cfg)
+    assert out["steps"] == 2
+    metrics = mlflow.MlflowClient(tracking.uri).get_run(out["run_id"]).data.metrics
+    assert "train/reward_mean" in metrics and "bfcl/simple_python/accuracy" in metrics
+    assert "bfcl/multi_turn_base/accuracy" in metrics
