@@ -171,7 +171,6 @@ class TransformersClient(LLMClient):
             top_k=0 if sample else None,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.tokenizer.pad_token_id,
-            return_dict_in_generate=True,
         )
 
     def batch_inputs(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,7 +191,7 @@ class TransformersClient(LLMClient):
         recorder = _LogprobRecorder()
         criteria = StoppingCriteriaList([_StopOnStrings(self.tokenizer, params.stop, width)] if params.stop else [])
         t0 = time.perf_counter()
-        out = self.model.generate(
+        sequences = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             generation_config=self.generation_config(params, max_new),
@@ -200,8 +199,8 @@ class TransformersClient(LLMClient):
             stopping_criteria=criteria,
         )
         elapsed = time.perf_counter() - t0
-        generated = out.sequences[:, width:]
-        logprobs = recorder.finish(out.sequences).cpu().tolist() if params.logprobs else None
+        generated = sequences[:, width:]
+        logprobs = recorder.finish(sequences).cpu().tolist() if params.logprobs else None
         rows = generated.cpu().tolist()
         completions = []
         for row, (prompt, tokens) in enumerate(zip(batch, rows)):
