@@ -5,13 +5,13 @@ For each game, measured in the same run:
 - text env: the same playouts through `GameEnv` with a scripted uniform-random
   player whose response text is rendered and parsed, every observation
   rendered for the acting agent, and the lockstep bookkeeping of `play_episodes`;
-- engine (optional, ``--engine``): the shared `RolloutEngine` with a scripted
-  client that answers the random legal action as tokens (adds tokenization
-  through the chat template);
-and prints episodes/s and the overhead ratio (raw / text). Then MCTS
+- engine: the shared `RolloutEngine` (the training rollout path) with
+  `ScriptedLegalClient`, which answers a random legal action as tokens (adds
+  chat-template rendering, token deltas and trajectory bookkeeping);
+and prints episodes/s and the overhead ratios (raw / text, raw / engine). Then MCTS
 evaluation throughput (MCTS vs random, first seat) in games/s and moves/s.
 
-    .venv/bin/python tools/bench_mars.py [--episodes 500] [--mcts-games 20] [--simulations 100]
+    .venv/bin/python tools/bench_mars.py [--episodes 500] [--engine-episodes 64] [--mcts-games 20] [--simulations 100]
 """
 
 from __future__ import annotations
@@ -49,6 +49,18 @@ def text_playouts(name: str, episodes: int, batch: int = 64) -> float:
     return episodes / (time.perf_counter() - start)
 
 
+def engine_playouts(name: str, episodes: int, client) -> float:
+    from palaestra.mars.env import GameEnv
+    from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
+
+    engine = RolloutEngine(client, RolloutConfig(max_turns=200, max_tokens_per_turn=64, max_context_tokens=1 << 20))
+    specs = [EpisodeSpec(lambda: GameEnv(name), seed, str(seed)) for seed in range(episodes)]
+    start = time.perf_counter()
+    result = engine.run(specs)
+    assert result.stats["failed"] == 0, result.stats
+    return episodes / (time.perf_counter() - start)
+
+
 def mcts_throughput(name: str, games: int, simulations: int) -> tuple[float, float]:
     game = make_game(name)
     mcts = MCTSPlayer(game, uct_c=2.0, max_simulations=simulations)
@@ -62,17 +74,22 @@ def mcts_throughput(name: str, games: int, simulations: int) -> tuple[float, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=500)
+    parser.add_argument("--engine-episodes", type=int, default=64)
     parser.add_argument("--mcts-games", type=int, default=20)
     parser.add_argument("--simulations", type=int, default=100)
     parser.add_argument("--games", nargs="*", default=list(GAME_FACTORIES))
     args = parser.parse_args()
 
-    print(f"self-play, uniform random policy, {args.episodes} episodes per game")
-    print(f"{'game':>14} {'raw ep/s':>10} {'text ep/s':>10} {'overhead':>9}")
+    from palaestra.mars.scripted_llm import ScriptedLegalClient
+
+    client = ScriptedLegalClient(seed=0)
+    print(f"self-play, uniform random legal moves ({args.episodes} episodes; engine: {args.engine_episodes})")
+    print(f"{'game':>14} {'raw ep/s':>10} {'text ep/s':>10} {'engine ep/s':>12} {'raw/text':>9} {'raw/engine':>11}")
     for name in args.games:
         raw = raw_playouts(name, args.episodes)
         text = text_playouts(name, args.episodes)
-        print(f"{name:>14} {raw:>10.0f} {text:>10.0f} {raw / text:>8.1f}x", flush=True)
+        eng = engine_playouts(name, args.engine_episodes, client)
+        print(f"{name:>14} {raw:>10.0f} {text:>10.0f} {eng:>12.1f} {raw / text:>8.1f}x {raw / eng:>10.0f}x", flush=True)
 
     print(f"\nMCTS evaluation (uct_c 2, {args.simulations} simulations, random rollouts) vs random, first seat")
     print(f"{'game':>14} {'games/s':>9} {'MCTS moves/s':>13}")

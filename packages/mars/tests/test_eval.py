@@ -83,3 +83,41 @@ def test_eval_config_errors_name_the_key():
         evaluate(EvalConfig(games=["chess"], policy="random"))
     with pytest.raises(ConfigError, match="opponents: unknown opponent 'alphazero'"):
         evaluate(EvalConfig(opponents=["alphazero"], policy="random"))
+
+
+def test_engine_path_with_a_legal_scripted_llm():
+    """Through the shared rollout engine: a player that always answers a legal move never format-loses,
+    and its results match what OpenSpiel says of the recorded games."""
+    from palaestra.mars.engine_eval import engine_episodes
+    from palaestra.mars.scripted_llm import ScriptedLegalClient
+    from palaestra.shared.rollout.engine import RolloutConfig
+
+    client = ScriptedLegalClient(seed=0)
+    rollout = RolloutConfig(max_turns=50, max_tokens_per_turn=32, max_context_tokens=4096)
+    for game, seat in (("tic_tac_toe", 1), ("kuhn_poker", 0), ("mini_hanabi", None)):
+        results, stats = engine_episodes(
+            client,
+            rollout,
+            game,
+            list(range(12)),
+            seat,
+            RandomPlayer(3),
+            prompt="compact" if game == "tic_tac_toe" else "full",
+        )
+        assert len(results) == 12 and stats["failed"] == 0
+        assert all(r.format_loser is None for r in results)
+        for r in results:
+            if seat is not None:
+                assert r.returns[0] == -r.returns[1]  # zero-sum payoffs from OpenSpiel
+                assert r.winner == (-1 if r.returns[0] == 0 else int(r.returns[1] > 0))
+
+
+def test_eval_llm_policy_through_the_engine(tiny_llm):
+    cfg = EvalConfig(
+        games=["tic_tac_toe"], policy="llm", opponents=["random"], episodes=4, max_tokens=8, prompt="compact"
+    )
+    metrics, records = evaluate(cfg, clients={repr(cfg.llm): tiny_llm})
+    assert len(records) == 2
+    # an untrained random-weight model does not write the answer format: it loses every game by format
+    assert metrics["eval/tic_tac_toe/first/random/format_loss_rate"] == 1.0
+    assert metrics["eval/tic_tac_toe/second/random/loss_rate"] == 1.0

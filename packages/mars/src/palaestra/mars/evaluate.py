@@ -73,6 +73,8 @@ class EvalConfig(JobConfig):
     """Prompt style: full (MARS) | compact (no rules or notes; for tiny CPU models trained on it)."""
     max_turns: int = 200
     """A game longer than this stops (truncated)."""
+    max_context_tokens: int = 4096
+    """Context limit per conversation of an LLM player (the rollout engine's); beyond it the game is lost."""
 
 
 def make_player(kind: str, cfg: EvalConfig, game, llm_config: LLMConfig | None = None, clients: dict | None = None):
@@ -128,7 +130,7 @@ def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None =
         policy = make_player(cfg.policy, cfg, game, clients=clients)
         seeds = [cfg.seed * 100_003 + k for k in range(cfg.episodes)]
         if game.cooperative:
-            results = play_episodes(name, [policy, policy], seeds, cfg.shaping, cfg.max_turns, prompt=cfg.prompt)
+            results = _play(cfg, name, policy, None, None, seeds)
             summary = summarize(results, seat=0)
             summary["format_loss_rate"] = sum(r.format_loser is not None for r in results) / len(results)
             _record(metrics, records, name, "selfplay", "self", summary)
@@ -144,8 +146,7 @@ def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None =
                 metrics[f"eval/{name}/equilibrium_exploitability"] = eq.exploitability
             for seat_name in cfg.seats:
                 seat = SEATS.index(seat_name)
-                players = [policy, opponent] if seat == 0 else [opponent, policy]
-                results = play_episodes(name, players, seeds, cfg.shaping, cfg.max_turns, prompt=cfg.prompt)
+                results = _play(cfg, name, policy, opponent, seat, seeds)
                 _record(metrics, records, name, seat_name, opponent_kind, summarize(results, seat))
     if tracker is not None:
         tracker.log_metrics(metrics, step=step)
@@ -156,6 +157,26 @@ def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None =
         if plot:
             tracker.log_artifact(plot)
     return metrics, records
+
+
+def _play(cfg: EvalConfig, game: str, policy, opponent, seat: int | None, seeds: list[int]):
+    """Episodes of `policy` in `seat` (None: every seat); LLM policies go through the shared rollout engine."""
+    if getattr(policy, "batched", False):
+        from palaestra.mars.engine_eval import engine_episodes
+        from palaestra.shared.rollout.engine import RolloutConfig
+
+        rollout = RolloutConfig(
+            max_turns=cfg.max_turns,
+            max_tokens_per_turn=cfg.max_tokens,
+            max_context_tokens=cfg.max_context_tokens,
+            temperature=cfg.temperature,
+        )
+        results, _ = engine_episodes(
+            policy.client, rollout, game, seeds, seat, opponent, cfg.shaping, cfg.prompt, run_seed=cfg.seed
+        )
+        return results
+    players = [policy, policy] if seat is None else ([policy, opponent] if seat == 0 else [opponent, policy])
+    return play_episodes(game, players, seeds, cfg.shaping, cfg.max_turns, prompt=cfg.prompt)
 
 
 def _record(metrics, records, game, seat, opponent, summary) -> None:
