@@ -102,3 +102,58 @@ def test_fc_tasks_samples_with_answers_score_one():
             answer = sample["messages"][-1]["content"]
             prompt_only = {**sample, "messages": sample["messages"][:-1]}
             assert fc_binary(prompt_only, answer)[0] == 1.0, (sample["id"], answer)
+
+
+def test_datagen_rows(tmp_path):
+    """A row in the schema of palaestra.datagen.dataset (tools as a JSON string, BFCL multi-turn truth)."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "edit_ticket",
+            "description": "Edit.",
+            "parameters": {
+                "type": "object",
+                "properties": {"ticket_id": {"type": "integer"}, "updates": {"type": "object"}},
+                "required": ["ticket_id", "updates"],
+            },
+        },
+    }
+    call = {
+        "id": "c0",
+        "type": "function",
+        "function": {"name": "edit_ticket", "arguments": json.dumps({"ticket_id": 1, "updates": {"priority": 3}})},
+    }
+    row = {
+        "id": "dg-s0-r0-0",
+        "tools": json.dumps([tool]),
+        "ground_truth": [["edit_ticket(ticket_id=1, updates={'priority': 3})"]],
+        "messages": [
+            {
+                "role": "user",
+                "content": "Raise ticket 1 to priority 3.",
+                "tool_calls": None,
+                "tool_call_id": None,
+                "name": None,
+            },
+            {
+                "role": "assistant",
+                "content": "<think>edit</think>",
+                "tool_calls": [call],
+                "tool_call_id": None,
+                "name": None,
+            },
+            {"role": "tool", "content": "{}", "tool_calls": None, "tool_call_id": "c0", "name": "edit_ticket"},
+            {
+                "role": "assistant",
+                "content": "<think>ok</think>Done.",
+                "tool_calls": None,
+                "tool_call_id": None,
+                "name": None,
+            },
+        ],
+    }
+    (task,) = load_jsonl(write(tmp_path / "samples.jsonl", [row]))
+    answer = format_calls([ToolCall("edit_ticket", {"ticket_id": 1, "updates": {"priority": 3}})], thinking="t")
+    assert fc_binary(task, answer)[0] == 1.0
+    wrong = format_calls([ToolCall("edit_ticket", {"ticket_id": 1, "updates": {"priority": 2}})], thinking="t")
+    assert fc_binary(task, wrong)[0] == 0.0

@@ -113,7 +113,7 @@ def exact_ground_truth(calls: list[dict], tools: list[dict] | None = None) -> li
         name, args = call["name"], call.get("arguments", {})
         if isinstance(args, str):
             args = json.loads(args)
-        answer = {k: [v] for k, v in args.items()}
+        answer = {k: [_accepted_form(v)] for k, v in args.items()}
         params = (docs.get(name) or {}).get("parameters") or {}
         required = set(params.get("required") or [])
         for pname, spec in (params.get("properties") or {}).items():
@@ -121,6 +121,15 @@ def exact_ground_truth(calls: list[dict], tools: list[dict] | None = None) -> li
                 answer[pname] = ["", spec["default"]]
         out.append({name: answer})
     return out
+
+
+def _accepted_form(value: Any) -> Any:
+    # BFCL compares dict arguments key by key against lists of accepted values (one level deep)
+    if isinstance(value, dict):
+        return {k: [v] for k, v in value.items()}
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return [{k: [x] for k, x in v.items()} for v in value]
+    return value
 
 
 def canonical_calls(ground_truth: list[dict[str, dict[str, list]]], tools: list[dict] | None = None) -> list[dict]:
@@ -198,7 +207,11 @@ def tasks_from_record(record: dict, index: int, source: str = "jsonl") -> list[F
         raise ValueError(f"record {index} is not a JSON object")
     tools = [tool_doc(t) for t in _parse_json(record.get("tools", []), f"record {index} 'tools'") or []]
     rid = str(record.get("id", index))
-    if "ground_truth" in record or "answers" in record:
+    # datagen's rows carry BFCL multi-turn ground truth (lists of call strings per turn): read their chat
+    multi_turn_truth = isinstance(record.get("ground_truth"), list) and all(
+        isinstance(t, list) and all(isinstance(c, str) for c in t) for t in record["ground_truth"]
+    )
+    if ("ground_truth" in record and not multi_turn_truth) or "answers" in record:
         truth = _parse_json(record.get("ground_truth", record.get("answers")), f"record {index} ground truth") or []
         truth = truth if _is_possible_answer(truth) else exact_ground_truth(truth, tools)
         if "messages" in record:
