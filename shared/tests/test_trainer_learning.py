@@ -1,4 +1,4 @@
-"""End to end: the tiny model learns the toy task through the trainer (a shorter experiments/shared/toy_rl.yaml)."""
+"""End to end: the tiny model learns the toy task through the trainer (experiments/shared/toy_rl.yaml, in-process)."""
 
 from pathlib import Path
 
@@ -27,8 +27,6 @@ def test_reward_rises_on_the_toy_task(tmp_path):
         [
             f"output_dir={tmp_path}",
             "workers.num_workers=0",  # in-process rollouts: the Ray path is tested in test_rollout_workers
-            "steps=30",
-            "eval_tasks=8",
             "checkpoint_every=0",
         ],
     )

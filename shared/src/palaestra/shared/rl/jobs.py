@@ -8,8 +8,8 @@ from pathlib import Path
 from palaestra.shared.config import JobConfig
 from palaestra.shared.jobs import job
 from palaestra.shared.llm.base import LLMConfig
+from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.sft import SFTOptions
-from palaestra.shared.rl.trainer import TrainConfig
 from palaestra.shared.tracking import Tracker
 
 

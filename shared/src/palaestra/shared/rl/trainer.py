@@ -52,7 +52,17 @@ reference log-probs (when ``loss.kl_coef`` > 0) -> advantage pipeline ->
 ``ppo_epochs`` x minibatches of PPO-clip updates -> weight sync to workers ->
 MLflow metrics -> checkpoint. A non-finite loss stops the run with a clear
 message; the last good checkpoint stays. ``resume: true`` continues from the
-newest checkpoint in ``output_dir`` exactly where it stopped.
+newest checkpoint in ``output_dir`` exactly where it stopped. ``eval_tasks``
+plays fixed tasks before and after training (``eval/reward_mean`` with a 95% CI).
+
+Metrics (MLflow, per step): train/reward_mean, train/advantage_mean,
+train/advantage_std, train/entropy, train/kl, train/clip_fraction, train/loss,
+train/grad_norm, perf/tokens_per_s (generated tokens per rollout second),
+perf/step_s, perf/rollout_s, rollout/failed, rollout/truncated,
+rollout/trajectories, rollout/response_tokens_mean.
+
+Small models on CPU: the RL learning rate wants to be far below the SFT one
+(Adam moves every weight by about lr per step); see experiments/shared/toy_rl.yaml.
 """
 
 from __future__ import annotations
@@ -62,7 +72,6 @@ import functools
 import math
 import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,96 +79,38 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from palaestra.shared.config import JobConfig
-from palaestra.shared.llm.base import LLMConfig, make_client
+from palaestra.shared.llm.base import make_client
 from palaestra.shared.rl import checkpoint
-from palaestra.shared.rl.advantages import AdvantageInput, AdvantageStep, check_pipeline, compute_advantages
+from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages
 from palaestra.shared.rl.batch import build_batch, score_batch, think_entropy, token_advantages
-from palaestra.shared.rl.loss import LossConfig, policy_loss
-from palaestra.shared.rl.sft import SFTOptions, run_sft
-from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig
+from palaestra.shared.rl.config import (  # re-exported: packages import the configs from here
+    EnvSpec,
+    LoraConfig,
+    OptimConfig,
+    TrainConfig,
+    WorkersConfig,
+)
+from palaestra.shared.rl.loss import policy_loss, token_logprobs_and_entropy
+from palaestra.shared.rl.sft import run_sft
+from palaestra.shared.rollout.engine import EpisodeSpec
 from palaestra.shared.rollout.env import ENVS, TextEnv
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
 from palaestra.shared.tracking import Tracker
 
+__all__ = [
+    "EnvSpec",
+    "LoraConfig",
+    "OptimConfig",
+    "TrainConfig",
+    "Trainer",
+    "TrainingError",
+    "WorkersConfig",
+    "make_env",
+]
+
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. a non-finite loss); the message says where the last good checkpoint is."""
-
-
-@dataclass
-class EnvSpec:
-    """One environment of the task mixture."""
-
-    name: str = "task"
-    """Registered env (`ENVS`)."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """Constructor arguments of the env."""
-    weight: float = 1.0
-    """Share of the tasks drawn from this env."""
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    """Gradient clipping (0: off)."""
-
-
-@dataclass
-class LoraConfig:
-    enabled: bool = False
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-
-
-@dataclass
-class WorkersConfig:
-    num_workers: int = 0
-    """Ray rollout workers, each with a model replica (0: rollouts in the learner's process)."""
-    num_cpus: float = 1
-    num_gpus: float = 0
-    llm: LLMConfig | None = None
-    """The workers' backend (e.g. vllm on GPU nodes); None: the learner's `llm`."""
-
-
-@dataclass
-class TrainConfig(JobConfig):
-    """RL fine-tuning of an LLM policy on text environments (GRPO, EGPO, MARS and mixtures)."""
-
-    llm: LLMConfig = field(default_factory=LLMConfig)
-    """The policy (and the learner's model: its backend must be transformers)."""
-    envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec()])
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    advantages: list[AdvantageStep] = field(default_factory=lambda: [AdvantageStep("grpo")])
-    loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    workers: WorkersConfig = field(default_factory=WorkersConfig)
-    sft_warmup: SFTOptions = field(default_factory=SFTOptions)
-    """An SFT stage on the same model before RL (``sft_warmup.steps`` 0: none)."""
-    steps: int = 10
-    """RL steps (one rollout + its updates each)."""
-    tasks_per_step: int = 8
-    """Tasks per step; each is played ``rollout.group_size`` times."""
-    task_seeds: int = 0
-    """Draw reset seeds from range(task_seeds) (0: any 31-bit seed)."""
-    ppo_epochs: int = 1
-    minibatch_size: int = 0
-    """Trajectories per optimizer step (0: the whole batch in one step)."""
-    checkpoint_every: int = 0
-    """Save every N steps (0: only at the end)."""
-    keep_checkpoints: int = 2
-    resume: bool = False
-    """Continue from the newest checkpoint in ``output_dir/checkpoints``."""
-    log_samples: int = 4
-    """Decoded responses logged as text per step."""
-    eval_tasks: int = 0
-    """Tasks (reset seeds 0..eval_tasks-1, envs in turn) played ``rollout.group_size`` times before and after
-    training: ``eval/reward_mean`` with a 95% confidence interval (0: no evaluation)."""
 
 
 def make_env(name: str, kwargs: dict[str, Any]) -> TextEnv:
@@ -382,8 +333,6 @@ class Trainer:
 
 
 def _forward(model, rows, device, temperature):
-    from palaestra.shared.rl.loss import token_logprobs_and_entropy
-
     return token_logprobs_and_entropy(
         model, rows.input_ids.to(device), rows.attention_mask.to(device), temperature, with_entropy=False
     )

@@ -1,0 +1,88 @@
+"""Configs of the RL trainer (`TrainConfig` and its sections); the loop is in rl/trainer.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from palaestra.shared.config import JobConfig
+from palaestra.shared.llm.base import LLMConfig
+from palaestra.shared.rl.advantages import AdvantageStep
+from palaestra.shared.rl.loss import LossConfig
+from palaestra.shared.rl.sft import SFTOptions
+from palaestra.shared.rollout.engine import RolloutConfig
+
+
+@dataclass
+class EnvSpec:
+    """One environment of the task mixture."""
+
+    name: str = "task"
+    """Registered env (`ENVS`)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Constructor arguments of the env."""
+    weight: float = 1.0
+    """Share of the tasks drawn from this env."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    """Gradient clipping (0: off)."""
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class WorkersConfig:
+    num_workers: int = 0
+    """Ray rollout workers, each with a model replica (0: rollouts in the learner's process)."""
+    num_cpus: float = 1
+    num_gpus: float = 0
+    llm: LLMConfig | None = None
+    """The workers' backend (e.g. vllm on GPU nodes); None: the learner's `llm`."""
+
+
+@dataclass
+class TrainConfig(JobConfig):
+    """RL fine-tuning of an LLM policy on text environments (GRPO, EGPO, MARS and mixtures)."""
+
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    """The policy (and the learner's model: its backend must be transformers)."""
+    envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec()])
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    advantages: list[AdvantageStep] = field(default_factory=lambda: [AdvantageStep("grpo")])
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    sft_warmup: SFTOptions = field(default_factory=SFTOptions)
+    """An SFT stage on the same model before RL (``sft_warmup.steps`` 0: none)."""
+    steps: int = 10
+    """RL steps (one rollout + its updates each)."""
+    tasks_per_step: int = 8
+    """Tasks per step; each is played ``rollout.group_size`` times."""
+    task_seeds: int = 0
+    """Draw reset seeds from range(task_seeds) (0: any 31-bit seed)."""
+    ppo_epochs: int = 1
+    minibatch_size: int = 0
+    """Trajectories per optimizer step (0: the whole batch in one step)."""
+    checkpoint_every: int = 0
+    """Save every N steps (0: only at the end)."""
+    keep_checkpoints: int = 2
+    resume: bool = False
+    """Continue from the newest checkpoint in ``output_dir/checkpoints``."""
+    log_samples: int = 4
+    """Decoded responses logged as text per step."""
+    eval_tasks: int = 0
+    """Tasks (reset seeds 0..eval_tasks-1, envs in turn) played ``rollout.group_size`` times before and after
+    training: ``eval/reward_mean`` with a 95% confidence interval (0: no evaluation)."""
