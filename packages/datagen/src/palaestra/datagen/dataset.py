@@ -3,7 +3,7 @@
 One JSON object per line (``datasets.load_dataset("json", data_files=...)``
 reads it directly). Fields of a row:
 
-- ``id`` (str): ``<run>-r<round>-<item index>``.
+- ``id`` (str): ``<name>-s<seed>-r<round>-<item index>`` (a rerun with another seed appends new items).
 - ``messages`` (list): OpenAI-style chat, every message with the same keys
   ``role`` (user | assistant | tool | system), ``content`` (str; assistant
   turns start with ``<think>...</think>``), ``tool_calls`` (null, or a list of

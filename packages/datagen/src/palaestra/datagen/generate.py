@@ -84,7 +84,7 @@ def plan_items(cfg: GenerateConfig, graph: ApiGraph) -> list[dict]:
         spec = get_env(env)
         items.append(
             {
-                "id": f"{cfg.name}-r{cfg.round}-{i}",
+                "id": f"{cfg.name}-s{cfg.seed}-r{cfg.round}-{i}",
                 "env": env,
                 "target": target,
                 "seed": seed,
