@@ -57,3 +57,23 @@ def test_egpo_train_runs_and_logs(tmp_path, tracking):
     metrics = mlflow.MlflowClient(tracking.uri).get_run(out["run_id"]).data.metrics
     assert "train/reward_mean" in metrics and "bfcl/simple_python/accuracy" in metrics
     assert "bfcl/multi_turn_base/accuracy" in metrics
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("bfcl_eval"), reason="bfcl-eval not installed")
+def test_bfcl_multi_turn_env_for_training_plays_entry_by_seed():
+    from palaestra.egpo.eval import oracle_answer
+    from palaestra.egpo.multiturn import ground_truth_turn_calls
+    from palaestra.shared.rollout.env import ENVS
+
+    env = ENVS.get("bfcl_multi_turn")(category="multi_turn_miss_param", limit=5)
+    for seed, expected_id in ((3, "multi_turn_miss_param_3"), (7, "multi_turn_miss_param_2")):
+        assert env.reset(seed)["id"] == expected_id
+        env.oracle_calls = ground_truth_turn_calls(env.entry, env.ground_truth)
+        first = env.observe("agent")
+        assert first[0]["role"] == "system" and env.tools("agent")
+        for _ in range(50):
+            step = env.step(oracle_answer(env, wrong=False))
+            if step.done:
+                break
+            assert all(m["role"] in ("tool", "user") for m in env.observe("agent"))
+        assert step.rewards == {"agent": 1.0} and step.info["multi_turn_valid"]
