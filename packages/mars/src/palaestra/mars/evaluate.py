@@ -51,6 +51,8 @@ class EvalConfig(JobConfig):
     """Sampling temperature of LLM players (MARS: 0.6)."""
     max_tokens: int = 256
     """Longest response per turn."""
+    stop: list[str] = field(default_factory=lambda: ["</answer>"])
+    """Stop strings of LLM players (a response ends with its answer; nothing after it can spoil the format)."""
     opponents: list[str] = field(default_factory=lambda: ["random", "mcts", "equilibrium"])
     """random | mcts | equilibrium (poker only) | checkpoint (``opponent_llm``)."""
     opponent_llm: LLMConfig = field(default_factory=LLMConfig)
@@ -96,7 +98,7 @@ def make_player(kind: str, cfg: EvalConfig, game, llm_config: LLMConfig | None =
         if clients is not None and key not in clients:
             clients[key] = make_client(llm_config)
         client = clients[key] if clients is not None else make_client(llm_config)
-        return LLMPlayer(client, cfg.temperature, cfg.max_tokens, name=kind, seed=cfg.seed)
+        return LLMPlayer(client, cfg.temperature, cfg.max_tokens, name=kind, seed=cfg.seed, stop=list(cfg.stop))
     raise ConfigError(f"unknown player {kind!r}; known: {', '.join(POLICIES + OPPONENTS)}")
 
 
@@ -170,6 +172,7 @@ def _play(cfg: EvalConfig, game: str, policy, opponent, seat: int | None, seeds:
             max_tokens_per_turn=cfg.max_tokens,
             max_context_tokens=cfg.max_context_tokens,
             temperature=cfg.temperature,
+            stop=list(cfg.stop),
         )
         results, _ = engine_episodes(
             policy.client, rollout, game, seeds, seat, opponent, cfg.shaping, cfg.prompt, run_seed=cfg.seed

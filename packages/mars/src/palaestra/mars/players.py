@@ -105,6 +105,7 @@ class LLMPlayer:
     max_tokens: int = 256
     name: str = "llm"
     seed: int = 0
+    stop: list[str] = field(default_factory=lambda: ["</answer>"])
     batched: bool = field(default=True, init=False)
     calls: int = field(default=0, init=False)
 
@@ -115,7 +116,11 @@ class LLMPlayer:
         from palaestra.shared.llm import SamplingParams
 
         params = SamplingParams(
-            temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed + self.calls, logprobs=False
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            stop=list(self.stop),
+            seed=self.seed + self.calls,
+            logprobs=False,
         )
         self.calls += 1
         return [c.text for c in self.client.chat(conversations, params)]

@@ -57,6 +57,7 @@ class MarsEval:
     episodes: int = 100
     temperature: float = 0.6
     max_tokens: int = 64
+    stop: list[str] = field(default_factory=lambda: ["</answer>"])
     mcts_simulations: int = 100
 
 
@@ -123,6 +124,7 @@ def _eval_config(cfg: MarsTrainConfig) -> EvalConfig:
         llm=cfg.llm,
         temperature=e.temperature,
         max_tokens=e.max_tokens,
+        stop=list(e.stop),
         opponents=list(e.opponents),
         seats=list(e.seats),
         episodes=e.episodes,
