@@ -131,3 +131,20 @@ def test_smollm2_answers_paris():
     question = [{"role": "user", "content": "What is the capital of France?"}]
     out = client.chat([question], SamplingParams(temperature=0, max_tokens=24))[0]
     assert "Paris" in out.text, out.text
+
+
+@pytest.mark.parametrize("budget_bytes", [1 << 30, 3 * 50 * 4 * 2, 1])
+def test_logprob_recorder_flushes_under_a_memory_budget(budget_bytes):
+    from palaestra.shared.llm.hf_backend import _LogprobRecorder
+
+    gen = torch.Generator().manual_seed(0)
+    batch, vocab, steps = 3, 50, 9
+    logits = [torch.randn(batch, vocab, generator=gen) for _ in range(steps)]
+    tokens = torch.randint(0, vocab, (batch, steps), generator=gen)
+    prompt = torch.zeros(batch, 4, dtype=torch.long)
+    recorder = _LogprobRecorder(budget_bytes=budget_bytes)
+    for t in range(steps):  # what generate does: the processor sees the ids chosen so far
+        recorder(torch.cat([prompt, tokens[:, :t]], 1), logits[t])
+    got = recorder.finish(torch.cat([prompt, tokens], 1))
+    expected = torch.stack([torch.log_softmax(x, -1)[torch.arange(batch), tokens[:, t]] for t, x in enumerate(logits)], 1)
+    assert torch.allclose(got, expected, atol=1e-6)

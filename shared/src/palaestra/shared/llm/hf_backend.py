@@ -63,31 +63,37 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 class _LogprobRecorder(LogitsProcessor):
     """Records log p(token) of each sampled token from the raw logits (placed first in the processor list).
 
-    It keeps a reference to the current step's logits (generate hands each step a fresh float32 copy, and the
-    warpers after us return new tensors) and scores them once the chosen token is known, at the next step:
-    gather - logsumexp writes only [batch] values, cheaper than a full log_softmax.
+    Each step's logits are only kept (generate hands every step a fresh float32 copy, and the warpers after us
+    return new tensors); they are scored in one vectorized pass (gather - logsumexp) once the chosen tokens are
+    known: at the end, or earlier when the kept logits exceed `budget_bytes`. Per step this costs a list append,
+    and memory stays bounded, unlike HF's ``output_logits`` (batch x steps x vocab).
     """
 
-    def __init__(self) -> None:
-        self.steps: list[torch.Tensor] = []
-        self.last: torch.Tensor | None = None
-
-    def _score(self, chosen: torch.Tensor) -> None:
-        logits = self.last
-        self.steps.append(logits.gather(1, chosen).squeeze(1) - torch.logsumexp(logits, dim=-1))
+    def __init__(self, budget_bytes: int = 256 << 20) -> None:
+        self.budget_elements = budget_bytes // 4
+        self.pending: list[torch.Tensor] = []
+        self.scored: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.last is not None:  # the token chosen from the previous distribution is now input_ids[:, -1]
-            self._score(input_ids[:, -1:])
-        self.last = scores
+        self.pending.append(scores)
+        if len(self.pending) > 1 and len(self.pending) * scores.numel() > self.budget_elements:
+            done = len(self.pending) - 1  # the tokens chosen from these are the last `done` inputs
+            self._score(input_ids[:, -done:], done)
         return scores
+
+    def _score(self, chosen: torch.Tensor, count: int) -> None:
+        logits = torch.stack(self.pending[:count], dim=1).float()  # [batch, count, vocab]
+        picked = logits.gather(2, chosen[:, :, None]).squeeze(2)
+        self.scored.append(picked - torch.logsumexp(logits, dim=-1))
+        del self.pending[:count]
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
         """[batch, generated] logprobs, given the final sequences."""
-        if self.last is not None:
-            self._score(sequences[:, -1:])
-            self.last = None
-        return torch.stack(self.steps, dim=1) if self.steps else sequences.new_zeros((sequences.shape[0], 0)).float()
+        if self.pending:
+            self._score(sequences[:, -len(self.pending) :], len(self.pending))
+        if not self.scored:
+            return sequences.new_zeros((sequences.shape[0], 0)).float()
+        return torch.cat(self.scored, dim=1)
 
 
 class _StopOnStrings(StoppingCriteria):
