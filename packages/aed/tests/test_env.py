@@ -58,20 +58,37 @@ def test_other_scenarios_step(scenario):
     assert "attack" in info
 
 
-def test_a_victim_collision_is_recorded_once_with_geometry():
-    env = AdversaryEnv("highway", "rear_end", overrides={"vehicles_count": 8}, max_steps=30)
+def drive_into_victim(env):
+    """Scripted adversary: change lanes toward the victim, match its longitudinal position; until an accident."""
     for seed in range(40):
         env.reset(seed=seed)
         done = False
-        while not done:  # drive toward the victim: change lanes toward it, match its longitudinal position
+        while not done:
             rel = env.state(0, env._event([], []))["rel"]
             action = (0 if rel["lat"] > 0 else 2) if abs(rel["lat"]) > 2 else (3 if rel["long"] < 0 else 4)
-            _, _, term, trunc, info = env.step(action)
+            _, reward, term, trunc, info = env.step(action)
             done = term or trunc
         if info["attack"]["victim_collision"]:
-            break
+            return reward, term, info
+    raise AssertionError("no accident in 40 episodes")
+
+
+def test_a_victim_collision_is_recorded_once_with_geometry():
+    env = AdversaryEnv("highway", "rear_end", overrides={"vehicles_count": 8}, max_steps=30)
+    _, term, info = drive_into_victim(env)
     acc = info["attack"]["accident"]
     assert term and acc["a_role"] == "victim"
     assert acc["accident_type"] in ("rear_end", "cut_in", "side_swipe")
     assert isinstance(acc["victim_responsible"], bool) and len(acc["features"]) == 16
     assert sum(1 for r in env.records if r.a_role == "victim") >= 1
+
+
+@pytest.mark.parametrize("effective", [True, False])
+def test_preference_filter_pays_only_effective_accidents(effective):
+    env = AdversaryEnv("highway", "rear_end", overrides={"vehicles_count": 8}, accident_filter=lambda acc: effective,
+                       effective_bonus=100.0)  # fmt: skip
+    reward, _, info = drive_into_victim(env)
+    if effective:
+        assert reward > 100.0 and "filtered" not in info["accident"]
+    else:
+        assert reward <= 0.0 and info["accident"]["filtered"]

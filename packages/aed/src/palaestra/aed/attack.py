@@ -173,11 +173,8 @@ def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[st
         return {**base, "skipped": 1}
     pm = PreferenceModel(len(accidents[0]["features"]), seed=cfg.seed)
     fit = pm.fit([a["features"] for a in accidents], labels, epochs=cfg.preference.epochs, seed=cfg.seed)
-    tuned = replace(spec, preference_model=pm.to_dict())
+    tuned = replace(spec, preference_model=pm.to_dict(), effective_bonus=cfg.preference.effective_bonus)
     model.set_env(_vec_env(tuned, cfg.train.n_envs, cfg.seed + 1))
-    if hasattr(model, "replay_buffer"):  # DQN: old transitions still pay for ineffective accidents; start afresh
-        model.replay_buffer.reset()
-        model.learning_starts = model.num_timesteps + cfg.train.learning_starts
     train_adversary(model, cfg.preference.finetune_timesteps)
     model.get_env().close()
     after = evaluate(model, tuned, cfg.eval_episodes, seed=cfg.seed + 50_000)

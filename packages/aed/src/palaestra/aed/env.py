@@ -60,6 +60,7 @@ class AdversaryEnv(gym.Env):
         reward_fn: Callable[[dict], float] | None = None,
         judge: Callable | None = None,
         accident_filter: Callable[[dict], bool] | None = None,
+        effective_bonus: float = 0.0,
         overrides: dict[str, Any] | None = None,
         max_steps: int | None = None,
         render_mode: str | None = None,
@@ -83,6 +84,7 @@ class AdversaryEnv(gym.Env):
         self.reward_error: str | None = None
         self.judge = judge or RuleJudge()
         self.accident_filter = accident_filter
+        self.effective_bonus = effective_bonus
         self.max_steps = max_steps or self.spec_.max_steps
         width = OWN_F + VICTIM_F + OTHER_F * NEIGHBOURS
         self.observation_space = gym.spaces.Box(-5.0, 5.0, (num_adversaries * width,), np.float32)
@@ -144,9 +146,12 @@ class AdversaryEnv(gym.Env):
         if victim_recs and self.accident is None:
             rec = victim_recs[0]
             self.accident = {**rec.to_dict(), "features": accident_features(rec, self.recent)}
-            if self.accident_filter is not None and not self.accident_filter(self.accident):
-                reward = min(reward, 0.0)  # judged ineffective by the preference model: earns nothing
-                self.accident["filtered"] = True
+            if self.accident_filter is not None:
+                if self.accident_filter(self.accident):
+                    reward += self.effective_bonus
+                else:
+                    reward = min(reward, 0.0)  # judged ineffective by the preference model: earns nothing
+                    self.accident["filtered"] = True
             info["accident"] = self.accident
         if self.reward_error:
             info["reward_error"] = self.reward_error

@@ -42,6 +42,8 @@ class PreferenceConfig:
     judge: str = "rules"
     """rules | llm (through ``llm``): who labels the pairs."""
     finetune_timesteps: int = 1000
+    effective_bonus: float = 5.0
+    """Extra reward during fine-tuning for an accident the model scores effective (ineffective ones earn nothing)."""
     epochs: int = 200
     """Bradley-Terry fitting epochs."""
     min_accidents: int = 6

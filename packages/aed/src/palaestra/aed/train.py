@@ -37,6 +37,8 @@ class EnvSpec:
     """LLM-written reward code (run sandboxed); None: the expert reward of the type."""
     preference_model: dict | None = None
     """A serialized `PreferenceModel` whose verdict filters accidents (ineffective ones earn nothing)."""
+    effective_bonus: float = 0.0
+    """Extra reward for an accident the preference model scores effective."""
 
 
 def make_env(spec: EnvSpec, render: bool = False):
@@ -60,6 +62,7 @@ def make_env(spec: EnvSpec, render: bool = False):
         num_adversaries=spec.num_adversaries,
         reward_fn=reward_fn,
         accident_filter=accident_filter,
+        effective_bonus=spec.effective_bonus,
         overrides=spec.overrides,
         max_steps=spec.max_steps,
         render_mode="rgb_array" if render else None,
@@ -178,7 +181,6 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500) -> di
 def evaluate(policy, spec: EnvSpec, episodes: int, seed: int) -> dict[str, Any]:
     """Run `episodes` attacks (policy None: uniformly random adversary actions)."""
     env = make_env(spec)
-    rng = np.random.default_rng(seed)
     env.action_space.seed(seed)
     accidents: list[dict] = []
     returns = []
@@ -198,7 +200,6 @@ def evaluate(policy, spec: EnvSpec, episodes: int, seed: int) -> dict[str, Any]:
         if summary["victim_collision"]:
             accidents.append(summary["accident"])
     env.close()
-    del rng
     return summarize(accidents, episodes, returns)
 
 
