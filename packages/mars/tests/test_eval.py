@@ -104,7 +104,7 @@ def test_engine_path_with_a_legal_scripted_llm():
             RandomPlayer(3),
             prompt="compact" if game == "tic_tac_toe" else "full",
         )
-        assert len(results) == 12 and stats["failed"] == 0
+        assert len(results) == 6 and stats["failed"] == 0
         assert all(r.format_loser is None for r in results)
         for r in results:
             if seat is not None:

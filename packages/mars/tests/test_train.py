@@ -14,7 +14,7 @@ from palaestra.shared.rollout.env import ENVS
 EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments" / "mars"
 
 
-@pytest.mark.parametrize("name", ["tiny_cpu.yaml", "qwen3_4b.yaml", "ablation.yaml"])
+@pytest.mark.parametrize("name", ["tiny_cpu.yaml", "qwen3_4b.yaml", "ablation.yaml", "quickstart.yaml"])
 def test_experiment_configs_resolve(name):
     cfg = load_config(EXPERIMENTS / name)
     if name == "qwen3_4b.yaml":  # the paper's settings
@@ -24,6 +24,11 @@ def test_experiment_configs_resolve(name):
         assert cfg.optim.lr == 1e-6 and cfg.steps == 200
         assert cfg.tasks_per_step * cfg.rollout.group_size * 2 == 384  # two seats per self-play episode
         assert [a.name for a in cfg.advantages] == ["turn_level", "agent_norm"]
+    if name == "quickstart.yaml":
+        from palaestra.shared.jobs import _stage_config
+
+        stages = {k: _stage_config(cfg, k, v) for k, v in cfg.stages.items()}
+        assert stages["mars_selfplay"].job == "mars.train" and stages["mars_eval"].opponents == ["random", "mcts"]
     if name == "ablation.yaml":
         from palaestra.shared.jobs import _stage_config
 
