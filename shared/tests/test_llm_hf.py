@@ -146,5 +146,6 @@ def test_logprob_recorder_flushes_under_a_memory_budget(budget_bytes):
     for t in range(steps):  # what generate does: the processor sees the ids chosen so far
         recorder(torch.cat([prompt, tokens[:, :t]], 1), logits[t])
     got = recorder.finish(torch.cat([prompt, tokens], 1))
-    expected = torch.stack([torch.log_softmax(x, -1)[torch.arange(batch), tokens[:, t]] for t, x in enumerate(logits)], 1)
+    rows = torch.arange(batch)
+    expected = torch.stack([torch.log_softmax(x, -1)[rows, tokens[:, t]] for t, x in enumerate(logits)], 1)
     assert torch.allclose(got, expected, atol=1e-6)
