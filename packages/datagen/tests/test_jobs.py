@@ -60,6 +60,7 @@ def test_mine_steers_sampling_toward_student_failures(tracking, tmp_path):
             "student": "scripted",
             "weak_tools": weak,
             "envs": ["MathAPI"],
+            "name": "mine",
             "output_dir": str(tmp_path),
         }
     )
@@ -72,6 +73,14 @@ def test_mine_steers_sampling_toward_student_failures(tracking, tmp_path):
     assert rate[0].value > 0
     # round 0 samples targets uniformly (3 of 17 tools); round 1 is steered toward the failing tools
     assert share[1].value > share[0].value + 0.2
+    # independently of the job's own metric: targets of the weak tools in each round's dataset
+    from palaestra.datagen.dataset import read_rows
+
+    shares = []
+    for k in range(2):
+        rows = read_rows(tmp_path / "datagen" / "mine" / f"round_{k}" / "samples.jsonl")
+        shares.append(sum(r["provenance"]["target"] in weak for r in rows) / len(rows))
+    assert shares[1] > 2 * shares[0]
     weight_add = client.get_metric_history(result["run_id"], "weight/MathAPI.add")
     weight_other = client.get_metric_history(result["run_id"], "weight/MathAPI.logarithm")
     assert weight_add[0].value > weight_other[0].value

@@ -26,6 +26,8 @@ from palaestra.datagen.roles import Roles
 from palaestra.datagen.sampler import Trace
 from palaestra.shared.toolcall import ToolCall, parse_response
 
+MAX_CALLS_PER_TURN = 16
+
 
 @dataclass
 class TurnTask:
@@ -76,6 +78,7 @@ def run_try(
     for _ in range(max_steps):
         text = roles.reasoner.act(messages + new, turn.tools, turn, try_index, rng) or ""
         parsed = parse_response(text)
+        parsed.calls = parsed.calls[:MAX_CALLS_PER_TURN]  # a runaway model cannot flood the environment
         if not parsed.calls:
             new.append({"role": "assistant", "content": text.strip(), "tool_calls": None})
             break

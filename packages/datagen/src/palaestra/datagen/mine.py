@@ -3,9 +3,10 @@
 Each round: generate samples toward the graph's current weights
 (`generate.run_generation`), run a *student* on every turn of them (one try,
 no hint; any LLM backend, or a scripted student for offline runs), record
-per tool whether the student got its step (its ground-truth result missing,
-or the turn's state wrong, counts as a failure on that tool and on the edge
-from the previous step), turn those failure rates into weights
+per tool whether the student got its step (the first step whose
+ground-truth result is missing, or the last step when only the state is
+wrong, counts as a failure on that tool and on the edge from the previous
+step; steps after it are not scored), turn those failure rates into weights
 (``1 + boost * rate``), and sample the next round toward them. Logged per
 round: ``mine/student_failure_rate``, ``mine/weak_target_share`` (targets on
 tools whose weight is above 1), every tool's weight (``weight/<env>.<tool>``)
@@ -109,11 +110,11 @@ def evaluate_student(rows: list[dict], student, graph) -> tuple[int, int]:
                 if not result.passed and not missing:
                     missing = [trace.steps[-1].name]
                 prev = None
-                for s in trace.steps:
+                for s in trace.steps:  # the first missing step is the student's failure; later ones follow from it
                     failed = s.name in missing
-                    if failed:
-                        missing.remove(s.name)
                     graph.record_student(spec.name, s.name, failed, prev)
+                    if failed:
+                        break
                     prev = s.name
             history = history + result.messages
             env = result.truth

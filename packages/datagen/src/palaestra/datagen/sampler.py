@@ -130,11 +130,12 @@ def sample_trace(
         blocked.clear()
         step = Step(pick, ex.arguments, ex.output)
         for param, value in ex.arguments.items():
-            src = _producer(value, outputs, origin)
-            if src is not None:
+            found = _producer(value, outputs)
+            if found is not None:
+                src = origin[found]
                 step.feeds[param] = src
                 if stats is not None:
-                    stats.flows.append((name, steps[src].name, "", pick, param))
+                    stats.flows.append((name, steps[src].name, outputs[found][0], pick, param))
         env = new_env
         steps.append(step)
         called.add(pick)
@@ -147,8 +148,8 @@ def sample_trace(
     return Trace(name, target if target_hit else (steps[-1].name if steps else ""), steps, target_hit), env
 
 
-def _producer(value: Any, outputs: list, origin: list[int]) -> int | None:
-    """The latest step whose response holds `value` (only distinctive values: ids, tokens, names)."""
+def _producer(value: Any, outputs: list) -> int | None:
+    """Index of the latest response entry holding `value` (only distinctive values: ids, tokens, names)."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int | float) and abs(value) < 100:
@@ -157,5 +158,5 @@ def _producer(value: Any, outputs: list, origin: list[int]) -> int | None:
         return None
     for i in range(len(outputs) - 1, -1, -1):
         if outputs[i][1] == value:
-            return origin[i]
+            return i
     return None
