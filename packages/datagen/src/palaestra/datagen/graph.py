@@ -169,7 +169,12 @@ class ApiGraph:
 
         envs = sorted({d["env"] for _, d in self.g.nodes(data=True)})
         colors = {e: plt.cm.tab10(i % 10) for i, e in enumerate(envs)}
-        pos = nx.spring_layout(self.g, seed=0, k=0.6)
+        pos = {}  # one cluster per environment on a grid, so edges stay readable
+        cols = max(1, int(len(envs) ** 0.5 + 0.999))
+        for i, e in enumerate(envs):
+            sub = self.g.subgraph([n for n, d in self.g.nodes(data=True) if d["env"] == e])
+            for n, (x, y) in nx.spring_layout(sub, seed=0, k=1.2).items():
+                pos[n] = (x + 3.0 * (i % cols), y - 3.0 * (i // cols))
         fig, ax = plt.subplots(figsize=(16, 12))
         nx.draw_networkx_nodes(
             self.g,
