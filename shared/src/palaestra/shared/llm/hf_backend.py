@@ -29,7 +29,6 @@ from contextlib import nullcontext
 import torch
 from transformers import (
     AutoModelForCausalLM,
-    AutoTokenizer,
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
@@ -39,7 +38,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams
-from palaestra.shared.llm.models import resolve_model_path
+from palaestra.shared.llm.models import load_tokenizer, resolve_model_path
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -121,7 +120,7 @@ class TransformersClient(LLMClient):
         path = resolve_model_path(config.model, seed=config.seed)
         hf_logging.disable_progress_bar()  # a bar per load is noise in logs of many workers
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.tokenizer = load_tokenizer(config.model, path)
             self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
         except (OSError, ValueError) as err:
             raise LLMError(f"could not load model '{config.model}' from {path}: {str(err).splitlines()[0]}") from None

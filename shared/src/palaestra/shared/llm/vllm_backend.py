@@ -46,14 +46,12 @@ class VLLMClient(LLMClient):
             import vllm
         except ImportError:
             raise LLMError("the vllm backend needs vLLM on a GPU node: pip install 'palaestra-shared[vllm]'") from None
-        from transformers import AutoTokenizer
-
-        from palaestra.shared.llm.models import resolve_model_path
+        from palaestra.shared.llm.models import load_tokenizer, resolve_model_path
 
         self.config = config
         self._vllm = vllm
         path = resolve_model_path(config.model, seed=config.seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = load_tokenizer(config.model, path)
         self.llm = vllm.LLM(
             model=path,
             tokenizer=path,
