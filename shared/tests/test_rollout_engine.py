@@ -137,6 +137,11 @@ def test_context_limit_cuts_and_truncates(tiny_llm):
         assert t.turns, "the turns before the limit are kept"
 
 
+def test_context_limit_never_exceeds_the_model(tiny_llm):
+    engine = RolloutEngine(tiny_llm, RolloutConfig(max_context_tokens=10**9))
+    assert engine.max_context == tiny_llm.context_length
+
+
 def test_max_tokens_marks_truncated_but_env_still_scores(tiny_llm):
     engine = RolloutEngine(tiny_llm, RolloutConfig(max_tokens_per_turn=1, temperature=1.0))
     trajs = engine.run(specs(lambda: TaskEnv(), 4), seed=0).trajectories

@@ -126,6 +126,9 @@ class RolloutEngine:
         self.client = client
         self.cfg = cfg
         self.chat = ChatTokens(client)
+        # never ask the backend for more than the model holds: it would refuse the prompt and stop the run
+        model_context = getattr(client, "context_length", None)
+        self.max_context = min(cfg.max_context_tokens, model_context) if model_context else cfg.max_context_tokens
 
     def run(self, specs: Sequence[EpisodeSpec], seed: int = 0) -> RolloutResult:
         start = time.perf_counter()
@@ -177,7 +180,7 @@ class RolloutEngine:
         except Exception as err:  # the env broke: this episode is lost, the rollout goes on
             ep.fail(err)
             return None
-        if len(prompt) >= self.cfg.max_context_tokens:
+        if len(prompt) >= self.max_context:
             ep.truncate("context")
             return None
         ep.prompts[agent] = prompt
@@ -186,7 +189,7 @@ class RolloutEngine:
     def _act(self, ep: _Episode, agent: str, prompt: list[int], completion: Completion) -> None:
         ids, logprobs, finish = list(completion.token_ids), completion.logprobs, completion.finish_reason
         text = completion.text
-        room = self.cfg.max_context_tokens - len(prompt)
+        room = self.max_context - len(prompt)
         cut = len(ids) > room
         if cut:  # a prefix of a sample is a sample: keep the tokens that fit
             ids, logprobs, finish = ids[:room], (logprobs[:room] if logprobs else logprobs), "context"
