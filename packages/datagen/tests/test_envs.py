@@ -112,3 +112,70 @@ def test_documented_tool_without_method_is_refused():
 def test_bfcl_types_become_json_schema():
     tool = to_openai_tool(get_env("TicketAPI").doc("edit_ticket"))
     assert tool["function"]["parameters"]["properties"]["updates"]["type"] == "object"
+
+
+class Library:
+    """The README's example environment, plus a lookup that feeds the borrow call."""
+
+    def _load_scenario(self, config):
+        self.books = dict(config.get("books", {}))
+        self.loans = []
+
+    def find_book(self, keyword: str):
+        hits = [t for t in self.books if keyword.lower() in t.lower()]
+        return {"title": hits[0]} if hits else {"error": f"no book matches {keyword}"}
+
+    def borrow(self, title: str):
+        if self.books.get(title, 0) < 1:
+            return {"error": f"{title} is not available"}
+        self.books[title] -= 1
+        self.loans.append(title)
+        return {"remaining": self.books[title]}
+
+
+LIBRARY_DOCS = [
+    {
+        "name": "find_book",
+        "description": "Find a book by keyword.",
+        "parameters": {"type": "object", "properties": {"keyword": {"type": "string"}}, "required": ["keyword"]},
+        "response": {"type": "object", "properties": {"title": {"type": "string"}}},
+    },
+    {
+        "name": "borrow",
+        "description": "Borrow a book.",
+        "parameters": {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]},
+        "response": {"type": "object", "properties": {"remaining": {"type": "integer"}}},
+    },
+]
+
+
+def test_user_environment_runs_through_the_pipeline():
+    import json
+
+    from palaestra.datagen.graph import ApiGraph
+    from palaestra.datagen.pipeline import ItemConfig, RolesConfig, generate_item, make_roles
+
+    spec = register_env(
+        EnvSpec(
+            "LibraryTest",
+            Library,
+            LIBRARY_DOCS,
+            [{"books": {"Dune": 2, "Emma": 1}}],
+            arg_hints={"keyword": lambda inst, rng, chosen: ["dune", "emm"]},
+        )
+    )
+    graph = ApiGraph()
+    graph.add_env(spec)
+    assert ["title", "title"] in graph.g.get_edge_data("LibraryTest.find_book", "LibraryTest.borrow")["mappings"]
+    roles, _ = make_roles(RolesConfig())
+    kept = 0
+    for i in range(6):
+        item = {"id": f"lib{i}", "env": "LibraryTest", "target": "borrow", "seed": i, "scenario": 0, "round": 0}
+        out = generate_item(item, graph, roles, ItemConfig(max_turns=1, p_miss_func=0, p_miss_param=0))
+        if out["sample"] is None:
+            continue
+        kept += 1
+        env = ToolEnv(spec)
+        for step in json.loads(out["sample"]["provenance"]["trace"])[0]["steps"]:
+            assert env.execute(step["name"], step["arguments"]).output == step["output"]
+    assert kept >= 4
