@@ -10,8 +10,8 @@
 - token ids: requested with ``return_token_ids`` (vLLM's flag; ``palaestra
   serve`` always sends them) and read from each choice's ``token_ids`` /
   ``prompt_token_ids``; servers that do not send them leave ``token_ids`` empty
-  and ``extra["token_ids_missing"]`` set. Logprobs come from the standard
-  ``logprobs`` fields.
+  and ``extra["token_ids_missing"]`` set (a server that rejects the flag is
+  asked again without it). Logprobs come from the standard ``logprobs`` fields.
 - chat text: the raw generated text when the server sends it (``text`` in a
   ``palaestra serve`` choice), else rebuilt from the message in the project's
   format (`toolcall.format_calls`: thinking, tool calls, content).
@@ -51,6 +51,7 @@ class OpenAIClient(LLMClient):
             timeout=config.timeout_s,
         )
         self._tokenizer = None
+        self._ask_token_ids = True
 
     @property
     def tokenizer(self):  # type: ignore[override]
@@ -73,7 +74,15 @@ class OpenAIClient(LLMClient):
     def _call(self, fn, **kwargs) -> Any:
         """One API call; the package retries with backoff, what still fails is a one-line LLMError."""
         try:
-            return fn(**kwargs)
+            try:
+                return fn(**kwargs)
+            except self._openai.BadRequestError as err:
+                # hosted APIs refuse vLLM's extra flag: drop it for this client and ask again
+                if "return_token_ids" not in str(err) or not self._ask_token_ids:
+                    raise
+                self._ask_token_ids = False
+                kwargs.pop("extra_body", None)
+                return fn(**kwargs)
         except self._openai.APITimeoutError:
             raise LLMError(f"{self.base_url} did not answer within {self.config.timeout_s:.0f} s") from None
         except self._openai.APIConnectionError as err:
@@ -90,8 +99,9 @@ class OpenAIClient(LLMClient):
             "top_p": params.top_p,
             "max_tokens": params.max_tokens,
             "n": params.n,
-            "extra_body": {"return_token_ids": True},
         }
+        if self._ask_token_ids:
+            kwargs["extra_body"] = {"return_token_ids": True}
         if params.stop:
             kwargs["stop"] = list(params.stop)
         if params.seed is not None:
