@@ -174,3 +174,25 @@ def test_self_play_pipelines_run(tmp_path, pipeline):
 def test_bad_config_fails_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="unknown option"):
         Trainer(small_config(tmp_path, advantages=[AdvantageStep("grpo", {"scale": "group", "bogus": 1})]))
+
+
+def test_merged_lora_state_equals_peft_merge_and_unload():
+    import copy
+
+    from palaestra.shared.llm import LLMConfig, make_client
+    from palaestra.shared.rl.trainer import _with_lora
+
+    plain = make_client(LLMConfig(model="tiny", device="cpu")).model
+    original = {k: v.clone() for k, v in plain.state_dict().items()}
+    model = _with_lora(plain, LoraConfig(enabled=True, r=4))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)  # peft starts B at 0: make the delta non-trivial
+    ours = checkpoint.merged_lora_state(model)
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert set(ours) == set(reference)
+    assert all(torch.allclose(ours[k], reference[k], atol=1e-6) for k in ours)
+    changed = [k for k in ours if not torch.equal(ours[k], original[k])]
+    targets = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
+    assert changed and all(k.endswith(targets) for k in changed)
