@@ -47,6 +47,8 @@ def rec(**kw) -> CollisionRecord:
         (rec(lat=2.5, long=1.0, b_lane_changing=True, striker="adv0"), False),  # adversary swerves into victim
         (rec(heading_diff=math.pi / 2, striker="victim"), True),  # crossing: victim's front into the other
         (rec(heading_diff=math.pi / 2, striker="adv0"), False),
+        (rec(heading_diff=0.8, lat=1.0, striker="victim", b_lane_changing=True), False),  # the other swerved into it
+        (rec(heading_diff=0.8, lat=1.0, striker="adv0", a_lane_changing=True), True),  # the victim swerved
         (rec(a_speed=0.2), False),  # standing still
         (rec(a_role="adv0", b_role="npc"), False),  # victim not involved
     ],

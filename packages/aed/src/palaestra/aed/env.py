@@ -40,7 +40,7 @@ from palaestra.aed.judge import RuleJudge
 from palaestra.aed.scenarios import ACTIONS, get_scenario, make_base_env
 
 NEIGHBOURS = 4
-OWN_F, VICTIM_F, OTHER_F = 4, 7, 5
+OWN_F, VICTIM_F, OTHER_F = 4, 8, 5
 
 
 class RewardError(RuntimeError):
@@ -235,7 +235,8 @@ class AdversaryEnv(gym.Env):
             dv = self.victim.velocity - adv.velocity
             hd = self.victim.heading - adv.heading
             same = float(self.victim.lane_index == adv.lane_index)
-            vic = [long / 50, lat / 10, dv[0] / 20, dv[1] / 20, math.cos(hd), math.sin(hd), same]
+            victim_changing = float(getattr(self.victim, "target_lane_index", None) != self.victim.lane_index)
+            vic = [long / 50, lat / 10, dv[0] / 20, dv[1] / 20, math.cos(hd), math.sin(hd), same, victim_changing]
             others = sorted(
                 (v for v in self.base.road.vehicles if v is not adv and v is not self.victim),
                 key=lambda v: np.linalg.norm(v.position - adv.position),

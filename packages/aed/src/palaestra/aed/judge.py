@@ -4,9 +4,11 @@ The victim (the AV under test) is vehicle ``a`` of a `CollisionRecord`. The
 rule-based judge applies these rules in order; the first that matches decides:
 
 1. Standing still: a victim slower than ``STANDSTILL_MPS`` (1 m/s) is not responsible.
-2. Crossing conflict (heading difference above about 29 degrees; intersections,
-   roundabout entries): the victim is responsible iff it is the striker (its
-   front goes into the other road user).
+2. Crossing conflict (heading difference above about 29 degrees) where neither
+   or both vehicles were changing lanes (intersections, roundabout entries):
+   the victim is responsible iff it is the striker (its front goes into the
+   other road user). A large heading difference while exactly one of them
+   changes lanes is a swerve: rule 5 decides.
 3. Victim rear-ends a vehicle ahead (longitudinal contact, the other ahead):
    responsible iff the other had been in the victim's lane for at least
    ``REACTION_S`` (1.0 s) before contact and did not brake harder than
@@ -55,10 +57,11 @@ class RuleJudge:
             return True, "6: victim hit a road object"
         if rec.a_speed < STANDSTILL_MPS:
             return False, "1: victim standing still"
-        if abs(rec.heading_diff) > CROSSING_RAD:
+        swerve = rec.a_lane_changing != rec.b_lane_changing
+        if abs(rec.heading_diff) > CROSSING_RAD and not swerve:
             victim_struck = rec.striker == "victim"
             return victim_struck, f"2: crossing conflict, victim {'is' if victim_struck else 'is not'} the striker"
-        if abs(rec.lat) < LONGITUDINAL_LAT_M:
+        if abs(rec.lat) < LONGITUDINAL_LAT_M and abs(rec.heading_diff) <= CROSSING_RAD:
             if rec.long > 0:
                 settled = rec.b_in_a_lane_s >= REACTION_S
                 braked = rec.b_min_accel < HARD_BRAKE_MPS2
