@@ -10,6 +10,8 @@ from palaestra.shared.rl.trainer import make_env
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
 
+pytestmark = pytest.mark.slow  # starts Ray actors with model replicas
+
 LLM = LLMConfig(model="tiny", device="cpu")
 CFG = RolloutConfig(group_size=2, max_tokens_per_turn=6)
 
