@@ -115,6 +115,8 @@ def test_bad_input_errors_are_one_line(tiny_llm, tmp_path):
     assert "\n" not in str(err.value)
     with pytest.raises(LLMError, match="no config.json"):
         make_client(LLMConfig(model=str(tmp_path)))
+    with pytest.raises(LLMError, match="prompt 1 is empty"):
+        tiny_llm.generate(["x", ""], SamplingParams(max_tokens=2))
     with pytest.raises(LLMError, match="top_p"):
         tiny_llm.generate(["x"], SamplingParams(top_p=0))
 

@@ -140,6 +140,8 @@ class TransformersClient(LLMClient):
         _check_params(params)
         prompt_ids = [self._prompt_ids(p) for p in prompts]
         for i, ids in enumerate(prompt_ids):
+            if not ids:
+                raise LLMError(f"prompt {i} is empty (no tokens)")
             if len(ids) >= self.context_length:
                 raise LLMError(
                     f"prompt {i} has {len(ids)} tokens; the model's context is {self.context_length} tokens "
