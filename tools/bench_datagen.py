@@ -1,5 +1,7 @@
 """Benchmark datagen: verified samples/minute of the deterministic pipeline on 1 vs 2 Ray workers
-(printing the scaling ratio), and LLM calls per kept sample of the LLM pipeline (tiny model by default).
+(printing the scaling ratio), and LLM calls per kept sample of the LLM pipeline: every role on the tiny
+model (random weights: all drops, a check of the accounting), the reasoner and critic only, and a real
+pretrained model (smollm2-135m) as query writer with deterministic other roles.
 
     .venv/bin/python tools/bench_datagen.py [--samples 160] [--llm-samples 6] [--llm-model tiny]
 
@@ -76,7 +78,29 @@ def main() -> None:
     _, hstats = measure(
         graph, 0, args.llm_samples, roles=hybrid, envs=["MathAPI"], item=ItemConfig(k_max=2, max_steps=3, max_turns=1)
     )
-    print(f"LLM reasoner+critic only: {hstats.llm_calls} LLM calls, {hstats.kept} kept, drops {hstats.drops}")
+    print(
+        f"LLM reasoner+critic only ({args.llm_model}): {hstats.llm_calls} LLM calls, {hstats.kept} kept, "
+        f"drops {hstats.drops}"
+    )
+    if args.writer_model:
+        writer = RolesConfig(
+            query_writer="llm",
+            llm=LLMConfig(model=args.writer_model, device="cpu"),
+            sampling=SamplingParams(temperature=0.7, max_tokens=80, seed=0),
+        )
+        _, wstats = measure(
+            graph,
+            0,
+            args.llm_samples,
+            roles=writer,
+            envs=["MathAPI", "VehicleControlAPI"],
+            item=ItemConfig(max_turns=1),
+        )
+        per = wstats.llm_calls / wstats.kept if wstats.kept else float("nan")
+        print(
+            f"LLM query writer ({args.writer_model}) + deterministic roles: {wstats.llm_calls} LLM calls, "
+            f"{wstats.kept} kept -> {per:.2f} LLM calls per kept sample, drops {wstats.drops}"
+        )
 
 
 if __name__ == "__main__":
