@@ -21,8 +21,9 @@ TOOLS = [
 
 def test_tiny_is_a_small_qwen3_and_deterministic_per_seed():
     model_a, tok_a = build_tiny(seed=0)
-    model_b, tok_b = build_tiny(seed=0)
-    model_c, _ = build_tiny(seed=1)
+    tok_b = build_tokenizer()
+    model_b, _ = build_tiny(seed=0, tokenizer=tok_b)
+    model_c, _ = build_tiny(seed=1, tokenizer=tok_b)
     assert type(model_a).__name__ == "Qwen3ForCausalLM"
     n_params = sum(p.numel() for p in model_a.parameters())
     assert 1_000_000 < n_params < 3_000_000

@@ -119,6 +119,7 @@ def test_unreachable_server_is_one_line_error():
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_serve_cli_with_missing_model_exits_with_one_line(tmp_path):
     import subprocess
     import sys

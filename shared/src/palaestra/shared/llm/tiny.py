@@ -142,12 +142,12 @@ def chat_template() -> str:
     return (Path(__file__).parent / "chat_template.jinja").read_text()
 
 
-def build_tiny(seed: int = 0):
-    """(model, tokenizer): a random-initialized Qwen3 of about 2M parameters."""
+def build_tiny(seed: int = 0, tokenizer=None):
+    """(model, tokenizer): a random-initialized Qwen3 of about 2M parameters (tokenizer built unless given)."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    tokenizer = build_tokenizer()
+    tokenizer = tokenizer or build_tokenizer()
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=128,
