@@ -186,6 +186,14 @@ def _record(metrics, records, game, seat, opponent, summary) -> None:
     prefix = f"eval/{game}/{seat}/{opponent}"
     metrics.update({f"{prefix}/{k}": v for k, v in summary.items()})
     records.append({"game": game, "seat": seat, "opponent": opponent, **summary})
+    if opponent == "self":
+        print(
+            f"{game:>14} self-play score {summary['mean_return']:.2f} "
+            f"[{summary['mean_return_lo']:.2f},{summary['mean_return_hi']:.2f}] "
+            f"format-loss {summary['format_loss_rate']:.2f}",
+            flush=True,
+        )
+        return
     print(
         f"{game:>14} {seat:>8} vs {opponent:<11} win {summary['win_rate']:.2f} "
         f"[{summary['win_rate_lo']:.2f},{summary['win_rate_hi']:.2f}] draw {summary['draw_rate']:.2f} "
