@@ -99,7 +99,7 @@ def test_engine_path_with_a_legal_scripted_llm():
             client,
             rollout,
             game,
-            list(range(12)),
+            list(range(6)),
             seat,
             RandomPlayer(3),
             prompt="compact" if game == "tic_tac_toe" else "full",
