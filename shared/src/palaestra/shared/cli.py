@@ -22,11 +22,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from palaestra.shared.config import to_yaml
-    from palaestra.shared.jobs import load_config, run_job
+    from palaestra.shared.jobs import PipelineConfig, load_config, run_job, stage_configs
 
     cfg = load_config(args.config, args.overrides)
     if args.dry_run:
         print(to_yaml(cfg), end="")
+        if isinstance(cfg, PipelineConfig):  # show (and so validate) every stage too
+            for name, stage in stage_configs(cfg).items():
+                print(f"# --- stage {name} ---\n{to_yaml(stage)}", end="")
         return 0
     result = run_job(cfg)
     print("done:", {k: v for k, v in result.items() if not isinstance(v, list | dict)})

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.shared.config import ConfigError, JobConfig, read_yaml, resolve
-from palaestra.shared.registry import Registry
+from palaestra.shared.registry import Registry, UnknownNameError
 from palaestra.shared.tracking import Tracker
 
 
@@ -109,18 +109,23 @@ class PipelineConfig(JobConfig):
 @job("pipeline", PipelineConfig)
 def pipeline(cfg: PipelineConfig, tracker: Tracker) -> dict:
     """Run a sequence of job configs as nested runs (e.g. the quickstart)."""
-    unknown = [name for name in cfg.only if name not in cfg.stages]
-    if unknown:
-        raise ConfigError(f"unknown stage(s) {unknown} in 'only'; stages: {list(cfg.stages)}")
+    stages = stage_configs(cfg)  # every stage resolves before the first one runs
     results = {}
-    for name, stage in cfg.stages.items():
-        if cfg.only and name not in cfg.only:
-            continue
-        stage_cfg = _stage_config(cfg, name, stage)
+    for name, stage_cfg in stages.items():
         print(f"== stage {name}: {stage_cfg.job}", flush=True)
         out = run_job(stage_cfg, run_name=name)
         results.update({f"{name}/{k}": v for k, v in out.items() if k != "run_id"})
     return results
+
+
+def stage_configs(cfg: PipelineConfig) -> dict[str, JobConfig]:
+    """The resolved config of each stage to run, in order."""
+    unknown = [name for name in cfg.only if name not in cfg.stages]
+    if unknown:
+        raise ConfigError(f"unknown stage(s) {unknown} in 'only'; stages: {list(cfg.stages)}")
+    return {
+        name: _stage_config(cfg, name, stage) for name, stage in cfg.stages.items() if not cfg.only or name in cfg.only
+    }
 
 
 def _stage_config(cfg: PipelineConfig, name: str, stage: dict[str, Any]) -> JobConfig:
@@ -130,18 +135,14 @@ def _stage_config(cfg: PipelineConfig, name: str, stage: dict[str, Any]) -> JobC
     if "config" in stage:
         source = read_yaml(Path(cfg.config_dir) / stage.pop("config"))
         source = {**source, **stage}
-    # stages inherit the pipeline's seed, tracking and cluster unless they set their own
-    inherited = {
-        "seed": cfg.seed,
-        "output_dir": cfg.output_dir,
-        "cluster": _plain(cfg.cluster),
-        "tracking": {**_plain(cfg.tracking), "run_name": name},
-    }
-    for key, value in inherited.items():
+    # stages inherit the pipeline's seed, output_dir and cluster unless they set their own;
+    # tracking is always the pipeline's, so that every stage is a nested run in its experiment
+    for key, value in {"seed": cfg.seed, "output_dir": cfg.output_dir, "cluster": _plain(cfg.cluster)}.items():
         source.setdefault(key, value)
+    source["tracking"] = {**_plain(cfg.tracking), "run_name": name}
     try:
         return load_config(source, overrides)
-    except ConfigError as err:
+    except (ConfigError, UnknownNameError) as err:
         raise ConfigError(f"stage '{name}': {err}") from None
 
 
