@@ -32,7 +32,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"# --- stage {name} ---\n{to_yaml(stage)}", end="")
         return 0
     result = run_job(cfg)
-    print("done:", {k: v for k, v in result.items() if not isinstance(v, list | dict)})
+    scalars = {k: v for k, v in result.items() if isinstance(v, int | float | str) and k != "run_id"}
+    shown = dict(list(scalars.items())[:12])
+    more = f" (+{len(scalars) - len(shown)} more in MLflow)" if len(scalars) > len(shown) else ""
+    print(f"done: run {result.get('run_id')}: {shown}{more}")
     return 0
 
 
