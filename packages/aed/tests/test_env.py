@@ -26,7 +26,7 @@ def test_check_env_accepts_it(n_adv):
 
     env = AdversaryEnv("highway", "rear_end", num_adversaries=n_adv, overrides={"vehicles_count": 8}, max_steps=5)
     check_env(env, warn=False)
-    assert env.observation_space.shape == (n_adv * 32,)
+    assert env.observation_space.shape == (n_adv * 34,)  # own 6 (incl. time in victim lane, braking), victim 8, 4 x 5
 
 
 def test_takeover_is_redone_after_every_reset():

@@ -148,7 +148,7 @@ def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:
 def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[str, Any]:
     """Fit the Bradley-Terry model on judge-labelled accidents, fine-tune with it, evaluate again."""
     from palaestra.aed.preference import PreferenceModel, label_accidents
-    from palaestra.aed.train import _vec_env, evaluate, train_adversary
+    from palaestra.aed.train import _vec_env, evaluate, restart_exploration, train_adversary
 
     accidents = stats["accident_log"] + ev_before["accidents"]
     judge = None
@@ -173,20 +173,32 @@ def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[st
         return {**base, "skipped": 1}
     pm = PreferenceModel(len(accidents[0]["features"]), seed=cfg.seed)
     fit = pm.fit([a["features"] for a in accidents], labels, epochs=cfg.preference.epochs, seed=cfg.seed)
-    tuned = replace(spec, preference_model=pm.to_dict(), effective_bonus=cfg.preference.effective_bonus)
+    tuned = replace(
+        spec,
+        preference_model=pm.to_dict(),
+        effective_bonus=cfg.preference.effective_bonus,
+        ineffective_penalty=cfg.preference.ineffective_penalty,
+        responsibility_shaping=cfg.preference.responsibility_shaping,
+    )
     model.set_env(_vec_env(tuned, cfg.train.n_envs, cfg.seed + 1))
-    train_adversary(model, cfg.preference.finetune_timesteps)
+    restart = cfg.preference.restart_exploration > 0
+    if restart:
+        restart_exploration(model, cfg.preference.restart_exploration)
+    tuned_stats = train_adversary(model, cfg.preference.finetune_timesteps, restart=restart)
     model.get_env().close()
     after = evaluate(model, tuned, cfg.eval_episodes, seed=cfg.seed + 50_000)
     tracker.log_dict(pm.to_dict(), f"preference/{spec.accident_type}_bt_model.json")
-    return {
+    out = {
         **base,
         **fit,
-        "responsible_rate_after": after["responsible_rate"],
-        "asr_after": after["asr"],
-        "effective_asr_before": ev_before["effective_asr"],
-        "effective_asr_after": after["effective_asr"],
+        "finetune_accidents": tuned_stats["accidents"],
+        "finetune_responsible": tuned_stats["responsible"],
     }
+    for name, ev in (("before", ev_before), ("after", after)):
+        for key in ("responsible_rate", "asr", "effective_asr"):
+            out[f"{key}_{name}"] = ev[key]
+            out[f"{key}_{name}_lo"], out[f"{key}_{name}_hi"] = ev[f"{key}_ci"]
+    return out
 
 
 def _test_faults(cfg, task: dict) -> None:

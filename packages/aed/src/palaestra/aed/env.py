@@ -20,6 +20,13 @@ Rewards come from a function of the documented state (see
 killed), the env says so in ``info["reward_error"]`` and switches to the
 expert reward for the rest of its life: training goes on.
 
+With a preference model (fine-tuning), accidents it scores effective earn
+``effective_bonus``, ineffective ones nothing minus ``ineffective_penalty``,
+and every step near the victim earns ``responsibility_shaping`` times its
+verdict on the contact that would happen now (see `palaestra.aed.preference`).
+Each adversary observes what rule 3 of the judge looks at: how long it has been
+in the victim's lane and its hardest braking over the last second.
+
 Episodes end when the victim crashes (the accident is counted once, on that
 step; gymnasium 1.x vector envs autoreset on the *next* step, so counting on
 the terminal step never double counts), when every adversary has crashed, or
@@ -35,12 +42,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from palaestra.aed.attribution import History, classify, lane_str, relative, step_road
+from palaestra.aed.attribution import History, classify, lane_str, make_record, relative, step_road
 from palaestra.aed.judge import RuleJudge
 from palaestra.aed.scenarios import ACTIONS, get_scenario, make_base_env
 
 NEIGHBOURS = 4
-OWN_F, VICTIM_F, OTHER_F = 4, 8, 5
+OWN_F, VICTIM_F, OTHER_F = 6, 8, 5
 
 
 class RewardError(RuntimeError):
@@ -61,6 +68,9 @@ class AdversaryEnv(gym.Env):
         judge: Callable | None = None,
         accident_filter: Callable[[dict], bool] | None = None,
         effective_bonus: float = 0.0,
+        ineffective_penalty: float = 0.0,
+        responsibility_score: Callable[[list[float]], float] | None = None,
+        responsibility_shaping: float = 0.0,
         overrides: dict[str, Any] | None = None,
         max_steps: int | None = None,
         render_mode: str | None = None,
@@ -85,6 +95,9 @@ class AdversaryEnv(gym.Env):
         self.judge = judge or RuleJudge()
         self.accident_filter = accident_filter
         self.effective_bonus = effective_bonus
+        self.ineffective_penalty = ineffective_penalty
+        self.responsibility_score = responsibility_score
+        self.responsibility_shaping = responsibility_shaping
         self.max_steps = max_steps or self.spec_.max_steps
         width = OWN_F + VICTIM_F + OTHER_F * NEIGHBOURS
         self.observation_space = gym.spaces.Box(-5.0, 5.0, (num_adversaries * width,), np.float32)
@@ -142,6 +155,8 @@ class AdversaryEnv(gym.Env):
         states = [self.state(i, event) for i in range(self.n_adv)]
         self.recent = (self.recent + [states[0]])[-5:]
         reward = sum(self._reward(s) for s in states)
+        if self.responsibility_score is not None and self.responsibility_shaping and not victim_recs:
+            reward += self._responsibility_shaping(states)
         info: dict[str, Any] = {"collisions": [r.to_dict() for r in new]}
         if victim_recs and self.accident is None:
             rec = victim_recs[0]
@@ -150,7 +165,9 @@ class AdversaryEnv(gym.Env):
                 if self.accident_filter(self.accident):
                     reward += self.effective_bonus
                 else:
-                    reward = min(reward, 0.0)  # judged ineffective by the preference model: earns nothing
+                    # judged ineffective by the preference model: earns nothing, or a penalty so that the
+                    # adversary unlearns ramming the victim instead of merely not being paid for it
+                    reward = min(reward, 0.0) - self.ineffective_penalty
                     self.accident["filtered"] = True
             info["accident"] = self.accident
         if self.reward_error:
@@ -178,6 +195,22 @@ class AdversaryEnv(gym.Env):
             "adv_crashes_other": sum(1 for r in self.records if r.a_role.startswith("adv") and r.b_role != "victim"),
             "accident": acc,
         }
+
+    def _responsibility_shaping(self, states: list[dict]) -> float:
+        """Dense preference reward: the reward model's verdict on the contact that would happen now.
+
+        For each adversary near the victim, the victim-adversary pair is recorded as if it touched this frame
+        (same geometry, lanes, braking history as a real `CollisionRecord`) and scored by the Bradley-Terry
+        model; tanh(score - threshold) > 0 means the judge would hold the victim responsible. Weighted by
+        proximity, so only imminent contacts count."""
+        total = 0.0
+        for i, (adv, state) in enumerate(zip(self.advs, states)):
+            near = max(0.0, 1.0 - state["rel"]["dist"] / 30.0)
+            if adv.crashed or near <= 0.0:
+                continue
+            rec = make_record(self.victim, adv, "victim", f"adv{i}", self.t, self.steps, self.history)
+            total += near * math.tanh(self.responsibility_score(accident_features(rec, self.recent)))
+        return self.responsibility_shaping * total
 
     def _reward(self, state: dict) -> float:
         try:
@@ -230,7 +263,11 @@ class AdversaryEnv(gym.Env):
         parts = []
         for adv in self.advs:
             lane_changing = float(adv.target_lane_index != adv.lane_index)
-            own = [adv.speed / 30, math.cos(adv.heading), math.sin(adv.heading), lane_changing]
+            # what the judge will look at (rule 3): how long the adversary has been in the victim's lane,
+            # and its hardest braking over the last second (below -5 m/s^2 counts as a brake check)
+            settled = self.history.time_in_lane(adv, self.victim.lane_index) / 4
+            braking = max(self.history.min_accel(adv), -20.0) / 10
+            own = [adv.speed / 30, math.cos(adv.heading), math.sin(adv.heading), lane_changing, settled, braking]
             long, lat = relative(adv, self.victim)
             dv = self.victim.velocity - adv.velocity
             hd = self.victim.heading - adv.heading

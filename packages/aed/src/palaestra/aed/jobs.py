@@ -42,8 +42,16 @@ class PreferenceConfig:
     judge: str = "rules"
     """rules | llm (through ``llm``): who labels the pairs."""
     finetune_timesteps: int = 1000
-    effective_bonus: float = 5.0
-    """Extra reward during fine-tuning for an accident the model scores effective (ineffective ones earn nothing)."""
+    effective_bonus: float = 10.0
+    """Extra reward during fine-tuning for an accident the model scores effective."""
+    ineffective_penalty: float = 1.0
+    """Penalty during fine-tuning for an accident the model scores ineffective (0: it only earns nothing)."""
+    responsibility_shaping: float = 0.5
+    """Weight of the dense preference reward during fine-tuning: at every step near the victim, the model's
+    verdict (tanh of score minus threshold) on the contact that would happen now; 0: accidents only."""
+    restart_exploration: float = 0.0
+    """> 0: DQN fine-tuning starts from this epsilon with an empty replay buffer; 0: continue the pre-training
+    schedule and buffer. (Measured on tiny_cpu: a restart at 0.3 collapses the attack to ~0.04 ASR.)"""
     epochs: int = 200
     """Bradley-Terry fitting epochs."""
     min_accidents: int = 6
@@ -173,12 +181,10 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
                 types[t] = types.get(t, 0) + n
             if "preference" in r and "responsible_rate_after" in r["preference"]:
                 p = r["preference"]
-                metrics.update(
-                    {
-                        f"{pre}/responsible_rate_before_pref": p["responsible_rate_before"],
-                        f"{pre}/responsible_rate_after_pref": p["responsible_rate_after"],
-                    }
-                )
+                for key in ("responsible_rate", "effective_asr", "asr"):
+                    for when in ("before", "after"):
+                        for end in ("", "_lo", "_hi"):
+                            metrics[f"{pre}/{key}_{when}_pref{end}"] = p[f"{key}_{when}{end}"]
         firsts = [r["steps_to_first_success"] for r in attacks if r["steps_to_first_success"] is not None]
         metrics[f"aed/{scenario}/distinct_types"] = len([t for t, n in types.items() if n])
         metrics[f"aed/{scenario}/type_entropy"] = type_entropy(types)

@@ -7,8 +7,17 @@ is fitted with the Bradley-Terry likelihood ``P(a > b) = sigmoid(r(a) - r(b))``.
 BT scores are shift-invariant, so the effectiveness threshold is the score
 that best separates the judge's labels on the training accidents.
 
-`PreferenceModel.is_effective(accident)` is the filter the adversary env
-applies during fine-tuning: accidents scored ineffective earn nothing.
+Fine-tuning uses the model in two ways (`AdversaryEnv`):
+
+- `PreferenceModel.is_effective(accident)` filters accidents: an effective one
+  earns ``effective_bonus``; an ineffective one earns nothing, minus
+  ``ineffective_penalty``.
+- `PreferenceModel.margin(features)` is a dense reward: at every step near the
+  victim, the adversary-victim pair is recorded as if it touched now and the
+  model scores that would-be accident, so the adversary is paid for setting up
+  contacts the judge would blame on the victim (settled ahead in its lane, no
+  brake check) long before one happens. Responsible accidents are rare (about
+  one in ten with the IDM victim), too rare for the sparse filter alone.
 """
 
 from __future__ import annotations
@@ -33,6 +42,10 @@ class PreferenceModel:
 
         with torch.no_grad():
             return self.net(torch.as_tensor(np.asarray(features, np.float32))).squeeze(-1).numpy()
+
+    def margin(self, features) -> float:
+        """Score of one accident's features minus the effectiveness threshold (> 0: effective)."""
+        return float(self.scores([features])[0] - self.threshold)
 
     def is_effective(self, accident: dict) -> bool:
         return bool(self.scores([accident["features"]])[0] >= self.threshold)

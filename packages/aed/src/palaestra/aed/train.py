@@ -16,6 +16,7 @@ preference filter are built inside the process that steps the env.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +40,10 @@ class EnvSpec:
     """A serialized `PreferenceModel` whose verdict filters accidents (ineffective ones earn nothing)."""
     effective_bonus: float = 0.0
     """Extra reward for an accident the preference model scores effective."""
+    ineffective_penalty: float = 0.0
+    """Penalty for an accident the preference model scores ineffective (0: it just earns nothing)."""
+    responsibility_shaping: float = 0.0
+    """Weight of the dense preference reward (the model's verdict on the contact that would happen now)."""
 
 
 def make_env(spec: EnvSpec, render: bool = False):
@@ -49,11 +54,12 @@ def make_env(spec: EnvSpec, render: bool = False):
         from palaestra.aed.sandbox import SandboxedReward
 
         reward_fn = SandboxedReward(spec.reward_code)
-    accident_filter = None
+    accident_filter = score = None
     if spec.preference_model:
         from palaestra.aed.preference import PreferenceModel
 
-        accident_filter = PreferenceModel.from_dict(spec.preference_model).is_effective
+        preference = PreferenceModel.from_dict(spec.preference_model)
+        accident_filter, score = preference.is_effective, preference.margin
     return AdversaryEnv(
         spec.scenario,
         spec.accident_type,
@@ -63,6 +69,9 @@ def make_env(spec: EnvSpec, render: bool = False):
         reward_fn=reward_fn,
         accident_filter=accident_filter,
         effective_bonus=spec.effective_bonus,
+        ineffective_penalty=spec.ineffective_penalty,
+        responsibility_score=score,
+        responsibility_shaping=spec.responsibility_shaping,
         overrides=spec.overrides,
         max_steps=spec.max_steps,
         render_mode="rgb_array" if render else None,
@@ -127,8 +136,22 @@ def build_model(spec: EnvSpec, settings: TrainSettings, seed: int):
     )
 
 
-def train_adversary(model, timesteps: int, log=None, log_every: int = 500) -> dict[str, Any]:
-    """Continue training `model` for `timesteps`; return training statistics."""
+def restart_exploration(model, initial_eps: float, fraction: float = 0.4) -> None:
+    """Fine-tuning under a new reward: a fresh DQN exploration schedule and an empty replay buffer.
+
+    The buffer's transitions carry the old reward (e.g. +10 for ramming the victim), which would keep teaching
+    the old behaviour; SB3 otherwise resumes the schedule where it ended (at its final epsilon)."""
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.utils import LinearSchedule
+
+    if isinstance(model, DQN):
+        model.replay_buffer.reset()
+        model.exploration_initial_eps = initial_eps
+        model.exploration_schedule = LinearSchedule(initial_eps, model.exploration_final_eps, fraction)
+
+
+def train_adversary(model, timesteps: int, log=None, log_every: int = 500, restart: bool = False) -> dict[str, Any]:
+    """Continue training `model` for `timesteps` (``restart``: schedules start over); return training statistics."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class AttackStats(BaseCallback):
@@ -166,7 +189,7 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500) -> di
             return True
 
     stats = AttackStats()
-    model.learn(total_timesteps=timesteps, callback=stats, reset_num_timesteps=False)
+    model.learn(total_timesteps=timesteps, callback=stats, reset_num_timesteps=restart)
     return {
         "episodes": stats.episodes,
         "accidents": stats.accidents,
@@ -203,14 +226,29 @@ def evaluate(policy, spec: EnvSpec, episodes: int, seed: int) -> dict[str, Any]:
     return summarize(accidents, episodes, returns)
 
 
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval (95% by default) of a binomial proportion; (0, 1) when n is 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def summarize(accidents: list[dict], episodes: int, returns: list[float] | None = None) -> dict[str, Any]:
+    """ASR (accidents per episode), responsible_rate (share of accidents the victim is responsible for), and
+    effective_asr (responsible accidents per episode), each with its 95% Wilson interval."""
     types = Counter(a["accident_type"] for a in accidents)
     responsible = sum(bool(a["victim_responsible"]) for a in accidents)
     return {
         "episodes": episodes,
         "asr": len(accidents) / max(1, episodes),
+        "asr_ci": wilson(len(accidents), episodes),
         "responsible_rate": responsible / len(accidents) if accidents else 0.0,
+        "responsible_rate_ci": wilson(responsible, len(accidents)),
         "effective_asr": responsible / max(1, episodes),
+        "effective_asr_ci": wilson(responsible, episodes),
         "types": dict(types),
         "mean_return": float(np.mean(returns)) if returns else 0.0,
         "accidents": accidents,
