@@ -39,8 +39,22 @@ def test_depends_on_shared_and_no_sibling(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(DISTS))
 def test_wheel_builds_with_only_its_own_package(name, tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(DISTS[name])], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(DISTS[name]),
+        ],
+        check=True,
+        timeout=300,
+    )
     (wheel,) = tmp_path.glob("*.whl")
     files = zipfile.ZipFile(wheel).namelist()
     code = [f for f in files if f.startswith("palaestra/")]

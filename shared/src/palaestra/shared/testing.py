@@ -54,8 +54,9 @@ def ray_local():
 
 @pytest.fixture
 def tracking(tmp_path) -> TrackingConfig:
-    return TrackingConfig(experiment="test", uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
-                          artifact_root=str(tmp_path / "artifacts"))
+    return TrackingConfig(
+        experiment="test", uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "artifacts")
+    )
 
 
 @pytest.fixture(scope="session")
