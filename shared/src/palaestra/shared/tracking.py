@@ -59,6 +59,7 @@ class Tracker:
         self.cfg = cfg
         self.run_id = run_id
         self.uri = cfg.uri or default_uri()
+        self._mlflow_client = None
 
     # -- lifecycle -------------------------------------------------------
     @classmethod
@@ -148,9 +149,11 @@ class Tracker:
 
     # -- internals -------------------------------------------------------
     def _client(self):
-        from mlflow.tracking import MlflowClient
+        if self._mlflow_client is None:  # one client per tracker, not one per logging call
+            from mlflow.tracking import MlflowClient
 
-        return MlflowClient(self.uri)
+            self._mlflow_client = MlflowClient(self.uri)
+        return self._mlflow_client
 
     def _experiment_id(self, name: str) -> str:
         client = self._client()

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from palaestra.shared.jsonl import read_jsonl
+
 SYSTEM_PROMPT = (
     "You are an expert in composing function calls. Think step by step inside <think>...</think>, then call the "
     "functions you need, each as a <tool_call> block with a JSON object with keys 'name' and 'arguments' "
@@ -239,18 +241,11 @@ def load_jsonl(path: str | Path, limit: int | None = None, source: str | None = 
     if not path.is_file():
         raise FileNotFoundError(f"task file not found: {path}")
     tasks: list[FCTask] = []
-    with path.open() as fh:
-        for i, line in enumerate(fh):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{i + 1}: not valid JSON ({err.msg})") from None
-            try:
-                tasks.extend(tasks_from_record(record, i, source or path.stem))
-            except (KeyError, TypeError, ValueError) as err:
-                raise ValueError(f"{path}:{i + 1}: {err}") from None
-            if limit and len(tasks) >= limit:
-                return tasks[:limit]
+    for number, record in read_jsonl(path):
+        try:
+            tasks.extend(tasks_from_record(record, number - 1, source or path.stem))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}:{number}: {err}") from None
+        if limit and len(tasks) >= limit:
+            return tasks[:limit]
     return tasks

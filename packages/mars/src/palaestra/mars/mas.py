@@ -29,6 +29,7 @@ from typing import Any
 from palaestra.mars.stats import wilson_interval
 from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
+from palaestra.shared.jsonl import read_jsonl
 from palaestra.shared.llm import LLMConfig
 from palaestra.shared.tracking import Tracker, scratch_dir
 
@@ -90,13 +91,7 @@ def load_questions(path: str | Path, limit: int | None = None) -> list[dict[str,
     if not path.is_file():
         raise ConfigError(f"questions_file not found: {path}")
     out = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+    for lineno, row in read_jsonl(path):
         if not isinstance(row, dict) or "question" not in row or "answer" not in row:
             raise ConfigError(f"{path}:{lineno}: each line needs 'question' and 'answer'")
         out.append(row)

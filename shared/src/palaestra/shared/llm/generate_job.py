@@ -22,6 +22,7 @@ from pathlib import Path
 
 from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
+from palaestra.shared.jsonl import read_jsonl
 from palaestra.shared.llm.base import LLMConfig, SamplingParams
 from palaestra.shared.tracking import Tracker
 
@@ -61,20 +62,13 @@ def load_prompts(cfg: GenerateConfig) -> list[dict]:
         path = Path(cfg.prompts_file)
         if not path.exists():
             raise ConfigError(f"prompts_file '{path}' does not exist")
-        lines = path.read_text().splitlines()
         if path.suffix == ".jsonl":
-            for n, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ConfigError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+            for n, obj in read_jsonl(path):
                 if not isinstance(obj, dict) or not ({"prompt", "messages"} & obj.keys()):
                     raise ConfigError(f"{path}:{n}: expected an object with 'prompt' or 'messages'")
                 items.append(obj)
         else:
-            items += [{"prompt": line} for line in lines if line.strip()]
+            items += [{"prompt": line} for line in path.read_text().splitlines() if line.strip()]
     if not items:
         raise ConfigError("no prompts: set 'prompts' or 'prompts_file'")
     return items
