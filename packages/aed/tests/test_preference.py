@@ -73,3 +73,28 @@ def test_wilson_interval_matches_textbook_values():
     s = summarize(acc, episodes=10)
     assert s["responsible_rate"] == 0.25 and s["effective_asr"] == 0.1 and s["asr"] == 0.4
     assert s["responsible_rate_ci"] == wilson(1, 4) and s["effective_asr_ci"] == wilson(1, 10)
+
+
+def test_relabel_replay_rewrites_only_recorded_accident_slots():
+    import gymnasium as gym
+    import numpy as np
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    from palaestra.aed.preference import relabel_replay
+
+    space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    buffer = ReplayBuffer(8, space, gym.spaces.Discrete(2), device="cpu")
+    for r in (0.2, 10.0, 0.1, 3.0, 10.0):
+        buffer.add(np.zeros(2), np.zeros(2), np.array([0]), np.array([r]), np.array([False]), [{}])
+
+    class Model:
+        replay_buffer = buffer
+
+    accidents = [{"ok": True}, {"ok": False}, {"ok": False}, {"ok": True}]
+    slots = [(1, 0), (3, 0), None, (6, 0)]  # slot 6 is past the buffer's position: not written yet, left alone
+    done = relabel_replay(Model(), accidents, slots, lambda a: a["ok"], bonus=5.0, penalty=2.0)
+    assert done == {"relabelled": 2, "relabelled_effective": 1}
+    # effective: old reward + bonus; ineffective: nothing (min(r, 0)) minus the penalty; others untouched
+    assert np.allclose(buffer.rewards[:5, 0], [0.2, 15.0, 0.1, -2.0, 10.0])
+    buffer.full = True  # wrapped around: the slots may hold newer transitions
+    assert relabel_replay(Model(), accidents, slots, lambda a: True, 5.0, 2.0)["relabelled"] == 0

@@ -147,7 +147,8 @@ def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:
 
 def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[str, Any]:
     """Fit the Bradley-Terry model on judge-labelled accidents, fine-tune with it, evaluate again."""
-    from palaestra.aed.preference import PreferenceModel, label_accidents
+    from palaestra.aed.judge import rule_breakdown
+    from palaestra.aed.preference import PreferenceModel, label_accidents, relabel_replay
     from palaestra.aed.train import _vec_env, evaluate, restart_exploration, train_adversary
 
     accidents = stats["accident_log"] + ev_before["accidents"]
@@ -184,13 +185,28 @@ def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[st
     restart = cfg.preference.restart_exploration > 0
     if restart:
         restart_exploration(model, cfg.preference.restart_exploration)
+    relabelled = {}
+    if cfg.preference.relabel_buffer:
+        relabelled = relabel_replay(
+            model,
+            stats["accident_log"],
+            stats["accident_slots"],
+            pm.is_effective,
+            cfg.preference.effective_bonus,
+            cfg.preference.ineffective_penalty,
+        )
     tuned_stats = train_adversary(model, cfg.preference.finetune_timesteps, restart=restart)
     model.get_env().close()
     after = evaluate(model, tuned, cfg.eval_episodes, seed=cfg.seed + 50_000)
     tracker.log_dict(pm.to_dict(), f"preference/{spec.accident_type}_bt_model.json")
+    # which judge rule decided each evaluation accident, before and after: what the fine-tuning changed
+    rules = {"before": rule_breakdown(ev_before["accidents"]), "after": rule_breakdown(after["accidents"])}
+    tracker.log_dict(rules, f"preference/{spec.accident_type}_rules.json")
     out = {
         **base,
         **fit,
+        **relabelled,
+        "rules": rules,
         "finetune_accidents": tuned_stats["accidents"],
         "finetune_responsible": tuned_stats["responsible"],
     }

@@ -52,6 +52,10 @@ class PreferenceConfig:
     restart_exploration: float = 0.0
     """> 0: DQN fine-tuning starts from this epsilon with an empty replay buffer; 0: continue the pre-training
     schedule and buffer. (Measured on tiny_cpu: a restart at 0.3 collapses the attack to ~0.04 ASR.)"""
+    relabel_buffer: bool = False
+    """DQN: rewrite the reward of the pre-training accidents still in the replay buffer under the preference
+    filter (bonus / penalty) before fine-tuning, so that old transitions stop paying for ineffective accidents
+    (see `palaestra.aed.preference.relabel_replay`; measured effect in the package README)."""
     epochs: int = 200
     """Bradley-Terry fitting epochs."""
     min_accidents: int = 6

@@ -127,6 +127,18 @@ class LLMJudge:
         return LLM_JUDGE_PROMPT.format(record=json.dumps(fields))
 
 
+def rule_breakdown(accidents: list[dict]) -> dict[str, int]:
+    """How many accidents (dicts of `CollisionRecord` fields) each rule of `RuleJudge` decided, most frequent first:
+    says *which* accidents a change of the adversary produces more or fewer of."""
+    from collections import Counter
+
+    fields = CollisionRecord.__dataclass_fields__
+    judge = RuleJudge()
+    records = [CollisionRecord(**{k: v for k, v in a.items() if k in fields}) for a in accidents]
+    counts = Counter(judge.explain(r)[1] for r in records)
+    return dict(counts.most_common())
+
+
 def parse_verdict(text: str) -> bool | None:
     found = re.findall(r"<answer>\s*(NOT_RESPONSIBLE|RESPONSIBLE)\s*</answer>", text or "", flags=re.I)
     return None if not found else found[-1].upper() == "RESPONSIBLE"

@@ -123,3 +123,28 @@ def label_accidents(accidents: list[dict], judge=None) -> list[bool]:
     if hasattr(judge, "judge_many"):
         return judge.judge_many(records)
     return [bool(judge(r)) for r in records]
+
+
+def relabel_replay(model, accidents: list[dict], slots: list, is_effective, bonus: float, penalty: float) -> dict:
+    """Rewrite the reward of past accident transitions in a DQN replay buffer under the preference filter.
+
+    Fine-tuning otherwise keeps replaying the pre-training transitions with their old reward (e.g. +10 for
+    ramming the victim), which teaches the old behaviour as fast as the new transitions teach the new one.
+    Each accident's reward ``r`` becomes what `AdversaryEnv` pays during fine-tuning: ``r + bonus`` if the model
+    scores it effective, else ``min(r, 0) - penalty``. ``slots`` are the (buffer position, env index) recorded
+    by `train.train_adversary` (None where the model has no replay buffer); nothing is rewritten once the buffer
+    has wrapped around (the slots may hold newer transitions)."""
+    buffer = getattr(model, "replay_buffer", None)
+    done = {"relabelled": 0, "relabelled_effective": 0}
+    if buffer is None or buffer.full:
+        return done
+    for accident, slot in zip(accidents, slots):
+        if slot is None or slot[0] >= buffer.pos:
+            continue
+        pos, env_idx = slot
+        old = float(buffer.rewards[pos, env_idx])
+        effective = bool(is_effective(accident))
+        buffer.rewards[pos, env_idx] = old + bonus if effective else min(old, 0.0) - penalty
+        done["relabelled"] += 1
+        done["relabelled_effective"] += effective
+    return done

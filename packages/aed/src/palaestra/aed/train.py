@@ -162,15 +162,20 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500, resta
             self.reward_errors: set[str] = set()
             self.types: Counter = Counter()
             self.accident_log: list[dict] = []
+            self.accident_slots: list[tuple[int, int] | None] = []
 
         def _on_step(self) -> bool:
-            for info in self.locals["infos"]:
+            # off-policy (DQN): the transition of this step is stored at the buffer's current position right after
+            # this callback, so each accident's slot is known (for relabelling its reward under a new reward model)
+            buffer = getattr(self.model, "replay_buffer", None)
+            for env_idx, info in enumerate(self.locals["infos"]):
                 if "reward_error" in info:
                     self.reward_errors.add(info["reward_error"])
                 if "accident" in info:
                     self.accidents += 1
                     if len(self.accident_log) < 2000:
                         self.accident_log.append(info["accident"])
+                        self.accident_slots.append((buffer.pos, env_idx) if buffer is not None else None)
                     self.types[info["accident"]["accident_type"]] += 1
                     self.responsible += bool(info["accident"]["victim_responsible"])
                     if self.first_success is None:
@@ -198,6 +203,7 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500, resta
         "reward_errors": sorted(stats.reward_errors),
         "types": dict(stats.types),
         "accident_log": stats.accident_log,
+        "accident_slots": stats.accident_slots,
     }
 
 
