@@ -17,6 +17,18 @@ def test_experiment_configs_resolve(name):
     assert cfg.job == ("aed.victim" if name == "victim_dqn" else "aed.attack")
 
 
+def test_preference_demo_attacks_the_victim_its_first_stage_caches():
+    from palaestra.shared.jobs import stage_configs
+
+    stages = stage_configs(load_config(ROOT / "experiments" / "aed" / "preference_cpu.yaml"))
+    victim, attack = stages["victim"], stages["attack"]
+    assert list(stages) == ["victim", "attack"] and attack.victim == "rl" and attack.preference.enabled
+    # the aed.victim job's default checkpoint path (see jobs.victim)
+    assert (
+        Path(attack.victim_checkpoint) == Path(victim.output_dir) / "victims" / f"{victim.scenario}_{victim.algo}.zip"
+    )
+
+
 def test_bad_config_values_are_one_line_errors(tracking):
     from palaestra.shared.config import ConfigError
 

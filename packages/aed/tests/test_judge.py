@@ -73,11 +73,13 @@ def test_llm_judge_parses_and_falls_back(tiny_llm):
 def test_rule_breakdown_counts_the_deciding_rule():
     from palaestra.aed.judge import rule_breakdown
 
-    accidents = [r.to_dict() for r in (rec(), rec(), rec(b_min_accel=-8.0), rec(lat=2.5, a_lane_changing=True))]
+    accidents = [
+        r.to_dict() for r in (rec(), rec(), rec(b_min_accel=-8.0), rec(lat=2.5, a_lane_changing=True, b_role="npc"))
+    ]
     counts = rule_breakdown(accidents)
     assert counts == {
-        "3: victim rear-ended a vehicle ahead (lead settled and braked gently)": 2,
-        "3: victim rear-ended a vehicle ahead (lead brake-checked)": 1,
-        "5: side contact while the victim changed lanes": 1,
+        "3: victim rear-ended a vehicle ahead (lead settled and braked gently) [adversary]": 2,
+        "3: victim rear-ended a vehicle ahead (lead brake-checked) [adversary]": 1,
+        "5: side contact while the victim changed lanes [npc]": 1,
     }
     assert list(counts)[0].startswith("3: victim rear-ended") and rule_breakdown([]) == {}

@@ -239,6 +239,9 @@ def victim(cfg: VictimConfig, tracker: Tracker) -> dict:
     if path.exists() and not cfg.retrain:
         print(f"[aed] victim checkpoint cached: {path}")
         return {"checkpoint": str(path), "cached": 1}
+    import torch
+
+    torch.set_num_threads(1)  # as in the attack tasks: two threads on a shared core run several times slower
     env = Monitor(make_base_env(cfg.scenario, cfg.env_overrides))
     if cfg.algo == "dqn":
         model = DQN(

@@ -128,14 +128,17 @@ class LLMJudge:
 
 
 def rule_breakdown(accidents: list[dict]) -> dict[str, int]:
-    """How many accidents (dicts of `CollisionRecord` fields) each rule of `RuleJudge` decided, most frequent first:
-    says *which* accidents a change of the adversary produces more or fewer of."""
+    """How many accidents (dicts of `CollisionRecord` fields) each rule of `RuleJudge` decided, and with whom
+    (``[adversary]``, ``[npc]``, ``[object]``), most frequent first: says *which* accidents a change of the
+    adversary produces more or fewer of, and whether the victim crashed on its own."""
     from collections import Counter
 
     fields = CollisionRecord.__dataclass_fields__
     judge = RuleJudge()
     records = [CollisionRecord(**{k: v for k, v in a.items() if k in fields}) for a in accidents]
-    counts = Counter(judge.explain(r)[1] for r in records)
+    counts = Counter(
+        f"{judge.explain(r)[1]} [{'adversary' if r.b_role.startswith('adv') else r.b_role}]" for r in records
+    )
     return dict(counts.most_common())
 
 
