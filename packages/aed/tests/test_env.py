@@ -92,3 +92,19 @@ def test_preference_filter_pays_only_effective_accidents(effective):
         assert reward > 100.0 and "filtered" not in info["accident"]
     else:
         assert reward <= 0.0 and info["accident"]["filtered"]
+
+
+def test_passive_adversaries_keep_their_lane_and_target_speed():
+    from palaestra.aed.train import IdlePolicy
+
+    env = AdversaryEnv("highway", "rear_end", num_adversaries=2, overrides={"vehicles_count": 8}, max_steps=4)
+    obs, _ = env.reset(seed=3)
+    lanes = [a.target_lane_index for a in env.advs]
+    speeds = [a.target_speed for a in env.advs]
+    policy = IdlePolicy(2)
+    for _ in range(4):
+        action, _ = policy.predict(obs)
+        obs, _, term, trunc, _ = env.step(action)
+        if term or trunc:
+            break
+    assert [a.target_lane_index for a in env.advs] == lanes and [a.target_speed for a in env.advs] == speeds

@@ -57,6 +57,7 @@ def test_attack_job_end_to_end(ray_local, tracking, tmp_path):
             "eval_episodes": 2,
             "video_episodes": 1,
             "preference": {"enabled": True, "finetune_timesteps": 20},
+            "passive_baseline": True,
             "fail_types": ["cut_in"],
             "crash_once_dir": str(tmp_path / "markers"),
             "tracking": vars(tracking),
@@ -80,7 +81,8 @@ def test_attack_job_end_to_end(ray_local, tracking, tmp_path):
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result['run_id']}'"
     )
     by_name = {c.info.run_name: c for c in children}
-    assert set(by_name) == {"highway/rear_end", "highway/cut_in", "highway/random"}
+    assert set(by_name) == {"highway/rear_end", "highway/cut_in", "highway/random", "highway/passive"}
+    assert 0.0 <= result["aed/highway/passive/asr"] <= 1.0 and "aed/highway/passive/effective_asr_hi" in result
     rear = by_name["highway/rear_end"]
     assert rear.info.status == "FINISHED" and "aed/highway/rear_end/asr" in rear.data.metrics
     files = {f.path for f in client.list_artifacts(rear.info.run_id, "videos")}

@@ -3,7 +3,8 @@
 `attack_task` runs inside a Ray worker and logs into its own MLflow child run
 (created by the driver with ``Tracker.child_run_id``, joined here with
 ``Tracker.attach``). It returns a JSON-able summary; the driver aggregates.
-The random-adversary baseline is the same task with ``kind="random"``.
+The random-adversary baseline is the same task with ``kind="random"``, the
+passive one (adversaries always IDLE: the victim's own accidents) ``kind="passive"``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def attack_task(task: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     with Tracker.attach(cfg.tracking, task.get("run_id")) as tracker:
-        if kind == "random":
-            return _random_baseline(cfg, scenario, tracker)
+        if kind in ("random", "passive"):
+            return _baseline(cfg, scenario, kind, tracker)
         return _attack_type(cfg, scenario, task["accident_type"], tracker)
 
 
@@ -46,15 +47,14 @@ def _spec(cfg, scenario: str, accident_type: str):
     )
 
 
-def _random_baseline(cfg, scenario: str, tracker: Tracker) -> dict[str, Any]:
-    from palaestra.aed.train import evaluate
+def _baseline(cfg, scenario: str, kind: str, tracker: Tracker) -> dict[str, Any]:
+    from palaestra.aed.train import IdlePolicy, evaluate
 
     spec = _spec(cfg, scenario, (cfg.accident_types or ["rear_end"])[0])
-    ev = evaluate(None, spec, cfg.eval_episodes, seed=cfg.seed + 50_000)
-    tracker.log_metrics(
-        {f"aed/{scenario}/random/asr": ev["asr"], f"aed/{scenario}/random/responsible_rate": ev["responsible_rate"]}
-    )
-    return {"kind": "random", "scenario": scenario, **{k: v for k, v in ev.items() if k != "accidents"}}
+    policy = IdlePolicy(cfg.num_adversaries) if kind == "passive" else None
+    ev = evaluate(policy, spec, cfg.eval_episodes, seed=cfg.seed + 50_000)
+    tracker.log_metrics({f"aed/{scenario}/{kind}/{k}": ev[k] for k in ("asr", "responsible_rate", "effective_asr")})
+    return {"kind": kind, "scenario": scenario, **{k: v for k, v in ev.items() if k != "accidents"}}
 
 
 def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker) -> dict[str, Any]:

@@ -89,6 +89,9 @@ class AttackConfig(JobConfig):
     """Evaluation episodes per policy (and for the random baseline)."""
     random_baseline: bool = True
     """Also measure a uniformly random adversary in the same run."""
+    passive_baseline: bool = False
+    """Also measure passive adversaries (always IDLE: keep lane and speed): the accidents the victim has on its
+    own in this traffic, the control for an attack's responsible accidents."""
     video: bool = True
     """Log a GIF of a sample accident per type."""
     video_episodes: int = 4
@@ -129,6 +132,8 @@ def _tasks(cfg: AttackConfig) -> list[dict[str, Any]]:
             tasks.append({"kind": "attack", "scenario": scenario, "accident_type": t, "name": f"{scenario}/{t}"})
         if cfg.random_baseline:
             tasks.append({"kind": "random", "scenario": scenario, "name": f"{scenario}/random"})
+        if cfg.passive_baseline:
+            tasks.append({"kind": "passive", "scenario": scenario, "name": f"{scenario}/passive"})
     return tasks
 
 
@@ -195,6 +200,13 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
         metrics[f"aed/{scenario}/steps_to_first_success"] = min(firsts) if firsts else -1
         if attacks:
             metrics[f"aed/{scenario}/mean_asr"] = sum(r["asr"] for r in attacks) / len(attacks)
+        passive = next((r for r in items if r["kind"] == "passive"), None)
+        if passive is not None:
+            for key in ("asr", "responsible_rate", "effective_asr"):
+                metrics[f"aed/{scenario}/passive/{key}"] = passive[key]
+                metrics[f"aed/{scenario}/passive/{key}_lo"], metrics[f"aed/{scenario}/passive/{key}_hi"] = passive[
+                    f"{key}_ci"
+                ]
         rand = next((r for r in items if r["kind"] == "random"), None)
         if rand is not None:
             metrics[f"aed/{scenario}/random/asr"] = rand["asr"]

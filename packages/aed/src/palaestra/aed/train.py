@@ -207,6 +207,19 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500, resta
     }
 
 
+class IdlePolicy:
+    """Passive adversaries: every one keeps its lane and speed (IDLE), for the victim's own accident rate."""
+
+    def __init__(self, num_adversaries: int = 1):
+        from palaestra.aed.scenarios import ACTIONS
+
+        idle = ACTIONS.index("IDLE")
+        self.action = idle if num_adversaries == 1 else np.full(num_adversaries, idle)
+
+    def predict(self, obs, deterministic: bool = True):
+        return self.action, None
+
+
 def evaluate(policy, spec: EnvSpec, episodes: int, seed: int) -> dict[str, Any]:
     """Run `episodes` attacks (policy None: uniformly random adversary actions)."""
     env = make_env(spec)
