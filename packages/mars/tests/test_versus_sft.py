@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -58,5 +59,41 @@ def test_sft_rows_are_legal_games():
                 # the move is among the legal actions listed in the observation just before it
                 prev = msgs[msgs.index(m) - 1]["content"]
                 assert action in prev.split("LEGAL ACTIONS:\n")[1]
-    with pytest.raises(ValueError, match="random or mcts"):
+    with pytest.raises(ValueError, match="mover must be one of"):
         legal_move_conversations("kuhn_poker", 1, mover="alphazero")
+    with pytest.raises(ValueError, match="opponent must be one of"):
+        legal_move_conversations("kuhn_poker", 1, opponent="mcts")
+
+
+def test_first_mover_against_random_records_one_varied_seat():
+    rows = legal_move_conversations("tic_tac_toe", episodes=20, seed=3, mover="first", opponent="random")
+    assert len(rows) == 20
+    assert {r["agent"] for r in rows} == {"player_0", "player_1"}  # the recorded seat alternates
+    boards = set()
+    for row in rows:
+        msgs = row["messages"]
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                listed = msgs[i - 1]["content"].split("LEGAL ACTIONS:\n")[1]
+                first = re.match(r"<[^>]*>", listed).group(0)
+                assert parse_answer(m["content"])[0] == first
+                boards.add(msgs[i - 1]["content"].split("LEGAL ACTIONS:")[0])
+    assert len(boards) > 20  # the random opponent makes the boards differ from game to game
+
+
+def test_random_fraction_mixes_in_other_legal_moves():
+    def firsts(fraction):
+        rows = legal_move_conversations("tic_tac_toe", 30, seed=4, mover="first", random_fraction=fraction)
+        hits = []
+        for row in rows:
+            msgs = row["messages"]
+            for i, m in enumerate(msgs):
+                if m["role"] == "assistant":
+                    listed = msgs[i - 1]["content"].split("LEGAL ACTIONS:")[1]
+                    hits.append(parse_answer(m["content"])[0] == re.search(r"<[^>]*>", listed).group(0))
+        return sum(hits) / len(hits)
+
+    assert firsts(0.0) == 1.0
+    assert 0.3 < firsts(0.5) < 0.9  # about half random (a random pick can also be the first item)
+    with pytest.raises(ValueError, match="random_fraction"):
+        legal_move_conversations("tic_tac_toe", 1, mover="first", random_fraction=1.5)

@@ -60,12 +60,13 @@ def mars_versus(
 
 @TASKS.register("mars_legal_moves")
 def mars_legal_moves(
-    games: list[str] | None = None, episodes: int = 64, seed: int = 0, mover: str = "random", prompt: str = "full"
+    games: list[str] | None = None, episodes: int = 64, seed: int = 0, prompt: str = "full", **options
 ) -> list[dict]:
-    """SFT conversations of legal moves (`sft_data.legal_move_conversations`) for each game."""
+    """SFT conversations of legal moves for each game; ``options``: mover, opponent, random_fraction
+    (see `sft_data.legal_move_conversations`)."""
     from palaestra.mars.sft_data import legal_move_conversations
 
     rows: list[dict] = []
     for i, game in enumerate(games or ["tic_tac_toe"]):
-        rows += legal_move_conversations(game, episodes, seed=seed * 31 + i, mover=mover, prompt=prompt)
+        rows += legal_move_conversations(game, episodes, seed=seed * 31 + i, prompt=prompt, **options)
     return rows

@@ -1,20 +1,58 @@
 """SFT warm-start data: whole game conversations whose assistant turns are legal moves, from OpenSpiel.
 
-`legal_move_conversations` plays self-play games through `GameEnv` with a
-scripted player (uniform random legal moves by default, or MCTS) and keeps
-each seat's conversation exactly as the model would see it: the env's
+`legal_move_conversations` plays games through `GameEnv` with scripted players
+and keeps a seat's conversation exactly as the model would see it: the env's
 observations and, as assistant turns, well-formed responses
 ``<think></think><answer>MOVE</answer>``. The result is chat data
 (``{"messages": [...]}`` rows) for the shared SFT step, which trains on the
 assistant tokens only. It teaches the format and legal moves, not strategy.
+
+The mover picks the recorded moves:
+
+- ``random``: a uniformly random legal action (the default);
+- ``first``: the first item of the LEGAL ACTIONS list. A small model learns this
+  by copying from a fixed place in the prompt; picking a random item needs an
+  in-context lookup that the 2M-parameter `tiny` model does not learn in a
+  CPU budget (measured: see the mars README);
+- ``mcts``: OpenSpiel MCTS (50 simulations).
+
+``random_fraction`` mixes in uniformly random legal moves (with ``mover:
+first``: a policy that keeps some entropy for self-play to explore with, and
+histories that do not always follow the first-item pattern).
+
+``opponent: self`` plays the mover in every seat and keeps every seat's
+conversation; ``opponent: random`` plays the mover in one seat (alternating by
+episode) against uniformly random moves and keeps that seat only, so that the
+boards vary even when the mover is deterministic.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
-from palaestra.mars.env import GameEnv, Shaping
-from palaestra.mars.players import MCTSPlayer, RandomPlayer
+from palaestra.mars.env import GameEnv, Shaping, render_response
+from palaestra.mars.players import MCTSPlayer, Player, RandomPlayer
+
+MOVERS = ("random", "first", "mcts")
+OPPONENTS = ("self", "random")
+
+
+class FirstLegalPlayer(Player):
+    """The first action of the LEGAL ACTIONS list (a uniformly random one with probability `random_fraction`)."""
+
+    name = "first"
+
+    def __init__(self, random_fraction: float = 0.0, seed: int = 0):
+        self.random_fraction = random_fraction
+        self.rng = random.Random(seed)
+
+    def reset(self, seed: int) -> None:
+        self.rng.seed(seed)
+
+    def act(self, env: GameEnv) -> str:
+        legal = env.legal_actions()
+        return render_response(self.rng.choice(legal) if self.rng.random() < self.random_fraction else legal[0])
 
 
 def legal_move_conversations(
@@ -22,27 +60,38 @@ def legal_move_conversations(
     episodes: int,
     seed: int = 0,
     mover: str = "random",
+    opponent: str = "self",
+    random_fraction: float = 0.0,
     shaping: Shaping | None = None,
     prompt: str = "full",
 ) -> list[dict[str, Any]]:
-    """One row per seat per episode: ``{"messages": [...], "game": ..., "agent": ...}``."""
+    """One row per recorded seat per episode: ``{"messages": [...], "game": ..., "agent": ...}``."""
+    if mover not in MOVERS:
+        raise ValueError(f"mover must be one of {', '.join(MOVERS)}, not {mover!r}")
+    if not 0.0 <= random_fraction <= 1.0:
+        raise ValueError(f"random_fraction must be in [0, 1], not {random_fraction}")
+    if opponent not in OPPONENTS:
+        raise ValueError(f"opponent must be one of {', '.join(OPPONENTS)}, not {opponent!r}")
     env = GameEnv(game, shaping, prompt)
     if mover == "random":
-        player = RandomPlayer(seed)
-    elif mover == "mcts":
-        player = MCTSPlayer(env.game, max_simulations=50, seed=seed)
+        player: Player = RandomPlayer(seed)
+    elif mover == "first":
+        player = FirstLegalPlayer(random_fraction, seed)
     else:
-        raise ValueError(f"mover must be random or mcts, not {mover!r}")
+        player = MCTSPlayer(env.game, max_simulations=50, seed=seed)
+    other = RandomPlayer(seed + 1) if opponent == "random" else player
     rows = []
     for episode in range(episodes):
         env.reset(seed * 100_003 + episode)
         player.reset(seed * 100_003 + episode)
+        other.reset(seed * 100_003 + episode + 1)
+        recorded = env.agents if opponent == "self" else [env.agents[episode % len(env.agents)]]
         conversations: dict[str, list[dict]] = {a: [] for a in env.agents}
         while not env.done:
             agent = env.current_agent
             conversations[agent] += env.observe(agent)
-            text = player.act(env)
+            text = (player if agent in recorded else other).act(env)
             conversations[agent].append({"role": "assistant", "content": text})
             env.step(text)
-        rows += [{"messages": msgs, "game": game, "agent": a} for a, msgs in conversations.items() if msgs]
+        rows += [{"messages": conversations[a], "game": game, "agent": a} for a in recorded if conversations[a]]
     return rows
