@@ -176,3 +176,28 @@ def test_observations_hide_the_opponents_card():
     later = env.observe("player_0")
     assert len(later) == 1 and later[0]["role"] == "user"
     assert "player_1 took action <BET>." in later[0]["content"]
+
+
+def test_opening_moves_start_selfplay_from_varied_legal_positions():
+    env = GameEnv("tic_tac_toe", opening_moves=3)
+    counts, boards = set(), set()
+    for seed in range(40):
+        env.reset(seed)
+        history = env.state.history()
+        counts.add(len(history))
+        boards.add(tuple(history))
+        replay = env.game.openspiel.new_initial_state()
+        for action in history:  # OpenSpiel accepts the opening as a sequence of legal moves
+            assert action in replay.legal_actions()
+            replay.apply_action(action)
+        assert env.current_agent == f"player_{replay.current_player()}"
+    assert counts == {0, 1, 2, 3} and len(boards) > 10
+    env.reset(7)
+    first = env.state.history()
+    env.reset(7)
+    assert env.state.history() == first  # the opening is a function of the reset seed
+    plain = GameEnv("tic_tac_toe")
+    plain.reset(7)
+    assert plain.state.history() == []
+    with pytest.raises(ValueError, match="opening_moves"):
+        GameEnv("tic_tac_toe", opening_moves=-1)

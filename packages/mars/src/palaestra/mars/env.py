@@ -70,9 +70,14 @@ def render_response(action: str, thought: str = "") -> str:
 class GameEnv(TextEnv):
     """One MARS game between two agents, in the `TextEnv` protocol."""
 
-    def __init__(self, game: str | Game, shaping: Shaping | None = None, prompt: str = "full"):
+    def __init__(self, game: str | Game, shaping: Shaping | None = None, prompt: str = "full", opening_moves: int = 0):
         if prompt not in PROMPTS:
             raise ValueError(f"unknown prompt style {prompt!r}; known: {', '.join(PROMPTS)}")
+        if opening_moves < 0:
+            raise ValueError(f"opening_moves must be >= 0, not {opening_moves}")
+        # each reset first plays 0..opening_moves random legal moves (the count drawn uniformly): self-play of a
+        # near-deterministic policy then meets varied positions
+        self.opening_moves = opening_moves
         self.game = make_game(game) if isinstance(game, str) else game
         self.shaping = shaping or Shaping()
         self.prompt = prompt
@@ -86,6 +91,11 @@ class GameEnv(TextEnv):
         self._rng = random.Random(seed)
         self.state = self.game.new_initial_state()
         self._resolve_chance()
+        for _ in range(self._rng.randint(0, self.opening_moves) if self.opening_moves else 0):
+            if self.state.is_terminal():
+                break
+            self.state.apply_action(self._rng.choice(self.state.legal_actions()))
+            self._resolve_chance()
         self._greeted = {a: False for a in self.agents}
         self._unseen: dict[str, list[str]] = {a: [] for a in self.agents}  # others' moves since a last acted
         self.turns = {a: 0 for a in self.agents}

@@ -23,9 +23,11 @@ def _shaping(shaping: dict[str, Any] | None) -> Shaping:
 
 
 @ENVS.register("mars_game")
-def mars_game(game: str = "tic_tac_toe", shaping: dict[str, Any] | None = None, prompt: str = "full") -> GameEnv:
-    """A MARS game for self-play."""
-    return GameEnv(game, _shaping(shaping), prompt)
+def mars_game(
+    game: str = "tic_tac_toe", shaping: dict[str, Any] | None = None, prompt: str = "full", opening_moves: int = 0
+) -> GameEnv:
+    """A MARS game for self-play (``opening_moves``: see `GameEnv`)."""
+    return GameEnv(game, _shaping(shaping), prompt, opening_moves)
 
 
 @ENVS.register("mars_versus")

@@ -79,6 +79,8 @@ class MarsTrainConfig(TrainConfig):
     shaping: Shaping = field(default_factory=Shaping)
     prompt: str = "full"
     """Prompt style of the games: full (MARS) | compact (short contexts for tiny CPU models)."""
+    opening_moves: int = 0
+    """Self-play only: start each episode after 0..N uniformly random moves (0: from the initial state, as MARS)."""
     envs: list[EnvSpec] = field(default_factory=list)
     """Leave empty: built from ``games``/``mode`` (set it only to train on other registered envs)."""
     advantages: list[AdvantageStep] = field(
@@ -103,7 +105,8 @@ def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
         if g.game not in GAME_FACTORIES:
             raise ConfigError(f"games: unknown game {g.game!r}; known games: {', '.join(GAME_FACTORIES)}")
         if cfg.mode == "selfplay":
-            specs.append(EnvSpec("mars_game", {"game": g.game, "shaping": shaping, "prompt": cfg.prompt}, g.weight))
+            kwargs = {"game": g.game, "shaping": shaping, "prompt": cfg.prompt, "opening_moves": cfg.opening_moves}
+            specs.append(EnvSpec("mars_game", kwargs, g.weight))
         else:
             kwargs: dict[str, Any] = {
                 "game": g.game,
