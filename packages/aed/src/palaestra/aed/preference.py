@@ -48,7 +48,7 @@ class PreferenceModel:
         return float(self.scores([features])[0] - self.threshold)
 
     def is_effective(self, accident: dict) -> bool:
-        return bool(self.scores([accident["features"]])[0] >= self.threshold)
+        return self.margin(accident["features"]) >= 0.0
 
     def fit(
         self,

@@ -16,13 +16,14 @@ preference filter are built inside the process that steps the env.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from palaestra.shared.stats import wilson_interval
 
 
 @dataclass
@@ -245,16 +246,6 @@ def evaluate(policy, spec: EnvSpec, episodes: int, seed: int) -> dict[str, Any]:
     return summarize(accidents, episodes, returns)
 
 
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval (95% by default) of a binomial proportion; (0, 1) when n is 0."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def summarize(accidents: list[dict], episodes: int, returns: list[float] | None = None) -> dict[str, Any]:
     """ASR (accidents per episode), responsible_rate (share of accidents the victim is responsible for), and
     effective_asr (responsible accidents per episode), each with its 95% Wilson interval."""
@@ -263,11 +254,11 @@ def summarize(accidents: list[dict], episodes: int, returns: list[float] | None 
     return {
         "episodes": episodes,
         "asr": len(accidents) / max(1, episodes),
-        "asr_ci": wilson(len(accidents), episodes),
+        "asr_ci": wilson_interval(len(accidents), episodes),
         "responsible_rate": responsible / len(accidents) if accidents else 0.0,
-        "responsible_rate_ci": wilson(responsible, len(accidents)),
+        "responsible_rate_ci": wilson_interval(responsible, len(accidents)),
         "effective_asr": responsible / max(1, episodes),
-        "effective_asr_ci": wilson(responsible, episodes),
+        "effective_asr_ci": wilson_interval(responsible, episodes),
         "types": dict(types),
         "mean_return": float(np.mean(returns)) if returns else 0.0,
         "accidents": accidents,

@@ -1,7 +1,7 @@
 """Rates and means with confidence intervals for evaluation results.
 
-- `wilson_interval(k, n)`: the Wilson score interval of a binomial rate (good
-  at rates near 0 or 1 and small n, where the normal interval fails).
+- `wilson_interval(k, n)`: the Wilson score interval of a binomial rate
+  (`palaestra.shared.stats`, re-exported here).
 - `bootstrap_mean_interval(values)`: a percentile bootstrap interval of a mean.
 - `summarize(results, seat)`: win / draw / loss / format-loss rates and the
   mean return of one seat over `EpisodeResult`s, each with its interval.
@@ -13,24 +13,13 @@
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from typing import Any
 
-Z95 = 1.959963984540054
+from palaestra.shared.stats import Z95, wilson_interval
 
-
-def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if successes == 0 else max(0.0, centre - half)  # exact at the ends (no 1e-17 rounding)
-    hi = 1.0 if successes == n else min(1.0, centre + half)
-    return lo, hi
+__all__ = ["Z95", "bootstrap_mean_interval", "summarize", "wilson_interval"]
 
 
 def bootstrap_mean_interval(
