@@ -84,7 +84,8 @@ def legal_move_conversations(
     for episode in range(episodes):
         env.reset(seed * 100_003 + episode)
         player.reset(seed * 100_003 + episode)
-        other.reset(seed * 100_003 + episode + 1)
+        if other is not player:  # a self-play mover keeps its own seed
+            other.reset(seed * 100_003 + episode + 1)
         recorded = env.agents if opponent == "self" else [env.agents[episode % len(env.agents)]]
         conversations: dict[str, list[dict]] = {a: [] for a in env.agents}
         while not env.done:
