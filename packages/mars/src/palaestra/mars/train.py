@@ -104,18 +104,11 @@ def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
     for g in cfg.games:
         if g.game not in GAME_FACTORIES:
             raise ConfigError(f"games: unknown game {g.game!r}; known games: {', '.join(GAME_FACTORIES)}")
+        kwargs: dict[str, Any] = {"game": g.game, "shaping": shaping, "prompt": cfg.prompt}
         if cfg.mode == "selfplay":
-            kwargs = {"game": g.game, "shaping": shaping, "prompt": cfg.prompt, "opening_moves": cfg.opening_moves}
-            specs.append(EnvSpec("mars_game", kwargs, g.weight))
+            specs.append(EnvSpec("mars_game", {**kwargs, "opening_moves": cfg.opening_moves}, g.weight))
         else:
-            kwargs: dict[str, Any] = {
-                "game": g.game,
-                "opponent": cfg.opponent,
-                "seat": cfg.seat,
-                "shaping": shaping,
-                "prompt": cfg.prompt,
-            }
-            specs.append(EnvSpec("mars_versus", kwargs, g.weight))
+            specs.append(EnvSpec("mars_versus", {**kwargs, "opponent": cfg.opponent, "seat": cfg.seat}, g.weight))
     return specs
 
 
