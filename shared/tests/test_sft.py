@@ -96,7 +96,7 @@ def test_bad_data_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="no assistant message"):
         load_samples(SFTOptions(data_path=str(bad)))
     bad.write_text("{not json\n")
-    with pytest.raises(ConfigError, match="line 1: not valid JSON"):
+    with pytest.raises(ConfigError, match=":1: not valid JSON"):
         load_samples(SFTOptions(data_path=str(bad)))
     with pytest.raises(ConfigError, match="not found"):
         load_samples(SFTOptions(data_path=str(tmp_path / "missing.jsonl")))

@@ -71,6 +71,33 @@ def test_pipeline_stages_are_nested_runs(tracking):
     assert sorted(r.info.run_name for r in runs) == ["a", "b"]
 
 
+@job("test.threads", JobConfig)
+def threads_job(cfg, tracker):
+    """Reports torch's thread count as the job sees it."""
+    import torch
+
+    return {"threads": torch.get_num_threads()}
+
+
+def test_torch_threads_is_set_for_the_job_and_inherited_by_stages(tracking):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            cfg = load_config(
+                {
+                    "job": "pipeline",
+                    "torch_threads": threads,
+                    "tracking": vars(tracking),
+                    "stages": {"s": {"job": "test.threads"}},
+                }
+            )
+            assert run_job(cfg)["s/threads"] == threads
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_pipeline_stage_error_names_the_stage(tracking):
     from palaestra.shared.config import ConfigError
 

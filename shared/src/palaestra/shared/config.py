@@ -68,6 +68,8 @@ class JobConfig:
     """Seed for Python, NumPy and torch."""
     output_dir: str = "outputs"
     """Where the job writes files that outlive the run (datasets, checkpoints)."""
+    torch_threads: int = 0
+    """CPU threads of torch in the job's process (0: torch's default). On a small or busy CPU, 1 is often fastest."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 

@@ -13,7 +13,6 @@ They are tokenized by the same chat template the rollouts use; the template's
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from palaestra.shared.config import ConfigError
+from palaestra.shared.jsonl import read_jsonl
 
 
 @dataclass
@@ -48,13 +48,7 @@ def load_samples(opts: SFTOptions) -> list[dict]:
         path = Path(opts.data_path)
         if not path.is_file():
             raise ConfigError(f"sft data file not found: {path}")
-        samples = []
-        for i, line in enumerate(path.read_text().splitlines(), start=1):
-            if line.strip():
-                try:
-                    samples.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ConfigError(f"{path} line {i}: not valid JSON ({err.msg})") from None
+        samples = [value for _, value in read_jsonl(path)]
     elif opts.source:
         from palaestra.shared.rollout.tasks import TASKS
 
