@@ -71,7 +71,12 @@ def test_pipeline_stages_are_nested_runs(tracking):
     assert sorted(r.info.run_name for r in runs) == ["a", "b"]
 
 
-@job("test.threads", JobConfig)
+@dataclass
+class ThreadsConfig(JobConfig):
+    torch_threads: int = 1  # a job with its own default, as aed.victim has
+
+
+@job("test.threads", ThreadsConfig)
 def threads_job(cfg, tracker):
     """Reports torch's thread count as the job sees it."""
     import torch
@@ -82,18 +87,20 @@ def threads_job(cfg, tracker):
 def test_torch_threads_is_set_for_the_job_and_inherited_by_stages(tracking):
     import torch
 
+    from palaestra.shared.config import ConfigError
+
+    def stage_threads(**pipeline):
+        stages = {"s": {"job": "test.threads"}}
+        cfg = load_config({"job": "pipeline", "tracking": vars(tracking), "stages": stages, **pipeline})
+        return run_job(cfg)["s/threads"]
+
     before = torch.get_num_threads()
     try:
-        for threads in (1, 2):
-            cfg = load_config(
-                {
-                    "job": "pipeline",
-                    "torch_threads": threads,
-                    "tracking": vars(tracking),
-                    "stages": {"s": {"job": "test.threads"}},
-                }
-            )
-            assert run_job(cfg)["s/threads"] == threads
+        assert stage_threads(torch_threads=2) == 2  # the pipeline's value reaches the stage
+        assert stage_threads() == 1  # an unset pipeline leaves the job's own default
+        assert stage_threads(torch_threads=2) == 2
+        with pytest.raises(ConfigError, match="torch_threads must be >= 0"):
+            stage_threads(torch_threads=-1)
     finally:
         torch.set_num_threads(before)
 

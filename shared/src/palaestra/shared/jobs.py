@@ -84,6 +84,8 @@ def run_job(cfg: JobConfig, run_name: str | None = None) -> dict:
     """Seed, open an MLflow run (nested if one is open), run the job, return its summary."""
     spec = JOBS.get(cfg.job)
     seed_everything(cfg.seed)
+    if cfg.torch_threads < 0:
+        raise ConfigError(f"torch_threads must be >= 0 (0: torch's default), not {cfg.torch_threads}")
     if cfg.torch_threads > 0:
         import torch
 
@@ -139,14 +141,12 @@ def _stage_config(cfg: PipelineConfig, name: str, stage: dict[str, Any]) -> JobC
     if "config" in stage:
         source = read_yaml(Path(cfg.config_dir) / stage.pop("config"))
         source = {**source, **stage}
-    # stages inherit the pipeline's seed, output_dir, torch_threads and cluster unless they set their own;
-    # tracking is always the pipeline's, so that every stage is a nested run in its experiment
-    for key, value in {
-        "seed": cfg.seed,
-        "output_dir": cfg.output_dir,
-        "torch_threads": cfg.torch_threads,
-        "cluster": _plain(cfg.cluster),
-    }.items():
+    # stages inherit the pipeline's seed, output_dir, cluster and (when set) torch_threads unless they set their
+    # own; tracking is always the pipeline's, so that every stage is a nested run in its experiment
+    inherited = {"seed": cfg.seed, "output_dir": cfg.output_dir, "cluster": _plain(cfg.cluster)}
+    if cfg.torch_threads > 0:  # an unset pipeline value must not override a job's own default
+        inherited["torch_threads"] = cfg.torch_threads
+    for key, value in inherited.items():
         source.setdefault(key, value)
     source["tracking"] = {**_plain(cfg.tracking), "run_name": name}
     try:

@@ -231,6 +231,8 @@ class VictimConfig(JobConfig):
     """Where to cache the policy; default ``<output_dir>/victims/<scenario>_<algo>.zip``."""
     retrain: bool = False
     """Train again even if the checkpoint exists."""
+    torch_threads: int = 1
+    """As in the attack tasks: two threads on a shared core train the victim several times slower."""
 
 
 @job("aed.victim", VictimConfig)
@@ -251,9 +253,6 @@ def victim(cfg: VictimConfig, tracker: Tracker) -> dict:
     if path.exists() and not cfg.retrain:
         print(f"[aed] victim checkpoint cached: {path}")
         return {"checkpoint": str(path), "cached": 1}
-    import torch
-
-    torch.set_num_threads(1)  # as in the attack tasks: two threads on a shared core run several times slower
     env = Monitor(make_base_env(cfg.scenario, cfg.env_overrides))
     if cfg.algo == "dqn":
         model = DQN(
