@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from palaestra.shared.llm.tiny import TOOL_TOKENS, build_tiny, build_tokenizer
+from palaestra.shared.llm.tiny import GAME_TOKENS, TOOL_TOKENS, build_tiny, build_tokenizer
 from palaestra.shared.toolcall import ToolCall, format_calls, parse_response
 
 TOOLS = [
@@ -37,7 +37,7 @@ def test_tokenizer_roundtrips_text_and_keeps_tool_tokens_whole():
     tok = build_tokenizer()
     text = 'Héllo wörld 12345 {"name": "get_weather", "arguments": {"city": "Paris"}} ✓'
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
-    for token in [*TOOL_TOKENS, "<|im_start|>", "<|im_end|>", "<|endoftext|>"]:
+    for token in [*TOOL_TOKENS, *GAME_TOKENS, "<|im_start|>", "<|im_end|>", "<|endoftext|>"]:
         ids = tok.encode(token, add_special_tokens=False)
         assert len(ids) == 1 and tok.convert_ids_to_tokens(ids[0]) == token
     # decoding for users keeps <think>/<tool_call> (they are not "special") but drops <|im_end|>

@@ -70,6 +70,12 @@ def test_eval_job_logs_metrics_and_plot(tracking, tmp_path):
         for opp in ("random", "equilibrium"):
             key = f"eval/kuhn_poker/{seat}/{opp}/win_rate"
             assert key in m and m[f"{key}_lo"] <= m[key] <= m[f"{key}_hi"]
+    # both seats pooled: twice the episodes, the win rate the mean of the two seats' (equal episode counts)
+    both = "eval/kuhn_poker/both/random"
+    assert m[f"{both}/episodes"] == 60
+    seat_mean = (m["eval/kuhn_poker/first/random/win_rate"] + m["eval/kuhn_poker/second/random/win_rate"]) / 2
+    assert m[f"{both}/win_rate"] == pytest.approx(seat_mean)
+    assert m[f"{both}/win_rate_lo"] <= m[f"{both}/win_rate"] <= m[f"{both}/win_rate_hi"]
     assert m["eval/kuhn_poker/equilibrium_exploitability"] < 0.05
     assert "eval/mini_hanabi/selfplay/self/mean_return" in m
     artifacts = {a.path for a in client.list_artifacts(out["run_id"])}
@@ -117,7 +123,7 @@ def test_eval_llm_policy_through_the_engine(tiny_llm):
         games=["tic_tac_toe"], policy="llm", opponents=["random"], episodes=4, max_tokens=8, prompt="compact"
     )
     metrics, records = evaluate(cfg, clients={repr(cfg.llm): tiny_llm})
-    assert len(records) == 2
+    assert [r["seat"] for r in records] == ["first", "second", "both"]
     # an untrained random-weight model does not write the answer format: it loses every game by format
     assert metrics["eval/tic_tac_toe/first/random/format_loss_rate"] == 1.0
     assert metrics["eval/tic_tac_toe/second/random/loss_rate"] == 1.0

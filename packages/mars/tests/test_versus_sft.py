@@ -97,3 +97,37 @@ def test_random_fraction_mixes_in_other_legal_moves():
     assert 0.3 < firsts(0.5) < 0.9  # about half random (a random pick can also be the first item)
     with pytest.raises(ValueError, match="random_fraction"):
         legal_move_conversations("tic_tac_toe", 1, mover="first", random_fraction=1.5)
+
+
+def test_first_k_mover_plays_one_of_the_first_k_listed_items():
+    rows = legal_move_conversations("tic_tac_toe", 40, seed=2, mover="first", first_k=2, opponent="random")
+    positions = []
+    for row in rows:
+        msgs = row["messages"]
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                listed = re.findall(r"<[^>]*>", msgs[i - 1]["content"].split("LEGAL ACTIONS:")[1])
+                if len(listed) > 1:
+                    positions.append(listed.index(parse_answer(m["content"])[0]))
+    assert set(positions) == {0, 1}
+    assert 0.35 < positions.count(0) / len(positions) < 0.65  # each of the two about half the time
+    with pytest.raises(ValueError, match="first_k"):
+        legal_move_conversations("tic_tac_toe", 1, mover="first", first_k=0)
+
+
+@pytest.mark.parametrize("game", ["tic_tac_toe", "connect_four"])
+def test_tiny_tokenizer_has_one_token_per_board_action(game):
+    # a legal move of the tiny model is then a copy of one listed token (palaestra.shared.llm.tiny.GAME_TOKENS)
+    from palaestra.shared.llm.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    env, rng, seen = GameEnv(game), random.Random(0), set()
+    for seed in range(40):
+        env.reset(seed)
+        while not env.done:
+            seen.update(env.legal_actions())
+            env.step(render_response(rng.choice(env.legal_actions())))
+    assert len(seen) == {"tic_tac_toe": 18, "connect_four": 14}[game]  # every action string of the game was seen
+    answer = len(tok.encode("<answer></answer>", add_special_tokens=False))
+    for action in seen:
+        assert len(tok.encode(f"<answer>{action}</answer>", add_special_tokens=False)) == answer + 1, action

@@ -10,7 +10,8 @@ default) plays first and second seat against each opponent that applies:
 - ``checkpoint``: a frozen LLM checkpoint (``opponent_llm``).
 
 Cooperative games (the Hanabi variants) are scored in self-play. Metrics:
-``eval/<game>/<first|second>/<opponent>/{win_rate,draw_rate,loss_rate,format_loss_rate,mean_return}``
+``eval/<game>/<first|second|both>/<opponent>/{win_rate,draw_rate,loss_rate,format_loss_rate,mean_return}``
+(``both``: the two seats' episodes pooled)
 with ``_lo``/``_hi`` 95% bounds (Wilson for rates, bootstrap for means), and
 ``eval/<game>/selfplay/self/mean_return`` for Hanabi; plus ``eval_results.json``
 and a bar plot artifact.
@@ -146,10 +147,15 @@ def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None =
 
                 eq = equilibrium_policy(name, iterations=cfg.equilibrium_iterations or None, cache_dir=cfg.cache_dir)
                 metrics[f"eval/{name}/equilibrium_exploitability"] = eq.exploitability
+            pooled, pooled_seats = [], []
             for seat_name in cfg.seats:
                 seat = SEATS.index(seat_name)
                 results = _play(cfg, name, policy, opponent, seat, seeds)
                 _record(metrics, records, name, seat_name, opponent_kind, summarize(results, seat))
+                pooled += results
+                pooled_seats += [seat] * len(results)
+            if len(cfg.seats) > 1:  # the win rate against this opponent, whichever seat the policy had
+                _record(metrics, records, name, "both", opponent_kind, summarize(pooled, pooled_seats))
     if tracker is not None:
         tracker.log_metrics(metrics, step=step)
         out = scratch_dir()

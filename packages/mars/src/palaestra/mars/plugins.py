@@ -64,7 +64,7 @@ def mars_versus(
 def mars_legal_moves(
     games: list[str] | None = None, episodes: int = 64, seed: int = 0, prompt: str = "full", **options
 ) -> list[dict]:
-    """SFT conversations of legal moves for each game; ``options``: mover, opponent, random_fraction
+    """SFT conversations of legal moves for each game; ``options``: mover, opponent, random_fraction, first_k
     (see `sft_data.legal_move_conversations`)."""
     from palaestra.mars.sft_data import legal_move_conversations
 

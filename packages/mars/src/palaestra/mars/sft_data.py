@@ -10,10 +10,12 @@ assistant tokens only. It teaches the format and legal moves, not strategy.
 The mover picks the recorded moves:
 
 - ``random``: a uniformly random legal action (the default);
-- ``first``: the first item of the LEGAL ACTIONS list. A small model learns this
-  by copying from a fixed place in the prompt; picking a random item needs an
-  in-context lookup that the 2M-parameter `tiny` model does not learn in a
-  CPU budget (measured: see the mars README);
+- ``first``: one of the first ``first_k`` items of the LEGAL ACTIONS list,
+  uniformly (default 1: the first item). A small model learns this by copying
+  from fixed places in the prompt; picking any listed item needs an in-context
+  lookup that the 2M-parameter `tiny` model does not learn in a CPU budget
+  (measured: see the mars README). ``first_k: 2`` keeps the policy stochastic,
+  so that self-play explores and RL has a choice to learn;
 - ``mcts``: OpenSpiel MCTS (50 simulations).
 
 ``random_fraction`` mixes in uniformly random legal moves (with ``mover:
@@ -39,11 +41,13 @@ OPPONENTS = ("self", "random")
 
 
 class FirstLegalPlayer(Player):
-    """The first action of the LEGAL ACTIONS list (a uniformly random one with probability `random_fraction`)."""
+    """One of the first `k` actions of the LEGAL ACTIONS list, uniformly (any legal action with probability
+    `random_fraction`)."""
 
     name = "first"
 
-    def __init__(self, random_fraction: float = 0.0, seed: int = 0):
+    def __init__(self, random_fraction: float = 0.0, seed: int = 0, k: int = 1):
+        self.k = k
         self.random_fraction = random_fraction
         self.rng = random.Random(seed)
 
@@ -52,7 +56,9 @@ class FirstLegalPlayer(Player):
 
     def act(self, env: GameEnv) -> str:
         legal = env.legal_actions()
-        return render_response(self.rng.choice(legal) if self.rng.random() < self.random_fraction else legal[0])
+        if self.rng.random() < self.random_fraction:
+            return render_response(self.rng.choice(legal))
+        return render_response(self.rng.choice(legal[: self.k]))
 
 
 def legal_move_conversations(
@@ -62,6 +68,7 @@ def legal_move_conversations(
     mover: str = "random",
     opponent: str = "self",
     random_fraction: float = 0.0,
+    first_k: int = 1,
     shaping: Shaping | None = None,
     prompt: str = "full",
 ) -> list[dict[str, Any]]:
@@ -70,13 +77,15 @@ def legal_move_conversations(
         raise ValueError(f"mover must be one of {', '.join(MOVERS)}, not {mover!r}")
     if not 0.0 <= random_fraction <= 1.0:
         raise ValueError(f"random_fraction must be in [0, 1], not {random_fraction}")
+    if first_k < 1:
+        raise ValueError(f"first_k must be >= 1, not {first_k}")
     if opponent not in OPPONENTS:
         raise ValueError(f"opponent must be one of {', '.join(OPPONENTS)}, not {opponent!r}")
     env = GameEnv(game, shaping, prompt)
     if mover == "random":
         player: Player = RandomPlayer(seed)
     elif mover == "first":
-        player = FirstLegalPlayer(random_fraction, seed)
+        player = FirstLegalPlayer(random_fraction, seed, first_k)
     else:
         player = MCTSPlayer(env.game, max_simulations=50, seed=seed)
     other = RandomPlayer(seed + 1) if opponent == "random" else player

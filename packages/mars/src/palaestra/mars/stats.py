@@ -4,7 +4,8 @@
   (`palaestra.shared.stats`, re-exported here).
 - `bootstrap_mean_interval(values)`: a percentile bootstrap interval of a mean.
 - `summarize(results, seat)`: win / draw / loss / format-loss rates and the
-  mean return of one seat over `EpisodeResult`s, each with its interval.
+  mean return of one seat over `EpisodeResult`s, each with its interval
+  (``seat`` a list: each result's own seat, e.g. both seats pooled).
 
 >>> lo, hi = wilson_interval(5, 10)
 >>> round(lo, 3), round(hi, 3)
@@ -35,14 +36,18 @@ def bootstrap_mean_interval(
     return lo, hi
 
 
-def summarize(results: Sequence[Any], seat: int) -> dict[str, float]:
-    """Rates (with 95% intervals) and mean return for `seat` over episode results."""
+def summarize(results: Sequence[Any], seat: int | Sequence[int]) -> dict[str, float]:
+    """Rates (with 95% intervals) and mean return for `seat` (one seat, or one per result) over episode results."""
     n = len(results)
-    wins = sum(1 for r in results if r.winner == seat)
-    draws = sum(1 for r in results if r.winner == -1)
-    losses = sum(1 for r in results if r.winner is not None and r.winner not in (seat, -1))
-    format_losses = sum(1 for r in results if r.format_loser == seat)
-    returns = [r.returns[seat] if r.returns else 0.0 for r in results]
+    seats = [seat] * n if isinstance(seat, int) else list(seat)
+    if len(seats) != n:
+        raise ValueError(f"{len(seats)} seats for {n} results")
+    pairs = list(zip(results, seats))
+    wins = sum(1 for r, s in pairs if r.winner == s)
+    draws = sum(1 for r, _ in pairs if r.winner == -1)
+    losses = sum(1 for r, s in pairs if r.winner is not None and r.winner not in (s, -1))
+    format_losses = sum(1 for r, s in pairs if r.format_loser == s)
+    returns = [r.returns[s] if r.returns else 0.0 for r, s in pairs]
     out: dict[str, float] = {"episodes": float(n)}
     counts = {"win_rate": wins, "draw_rate": draws, "loss_rate": losses, "format_loss_rate": format_losses}
     for name, k in counts.items():

@@ -6,7 +6,8 @@
   ``<|im_end|>``, ``<|endoftext|>`` and the tool-use tokens ``<think>``,
   ``</think>``, ``<tool_call>``, ``</tool_call>``, ``<tool_response>``,
   ``</tool_response>`` (added tokens, not "special": decoding keeps them, as
-  Qwen's tokenizer does);
+  Qwen's tokenizer does), and one added token per tic-tac-toe and connect-four
+  action string (``<X(1,2)>``, ``<O(3)>``: see `GAME_TOKENS`);
 - model: `Qwen3ForCausalLM`, random-initialized from ``seed`` (same seed, same
   weights; the tokenizer does not depend on the seed);
 - the project's chat template (`chat_template.jinja`).
@@ -24,11 +25,19 @@ import shutil
 import tempfile
 from pathlib import Path
 
-TINY_VERSION = "2"
+TINY_VERSION = "3"
 """Bump when the corpus, tokenizer or architecture changes (invalidates the cache)."""
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+# One token per board-game action string (MARS's tic-tac-toe and connect-four actions). A multi-token action
+# such as <X(1,2)> makes a legal move an in-context lookup (the column digit must come from the listed item whose
+# row digit was just written) that a random-init 2M model does not learn in a CPU budget (packages/mars/README.md);
+# as one token, picking any listed action is a copy, so SFT gives a stochastic legal policy that self-play can
+# improve. Pretrained models (smollm2-135m, Qwen) keep their own tokenizers and do the lookup themselves.
+GAME_TOKENS = [f"<{m}({r},{c})>" for m in "XO" for r in range(3) for c in range(3)] + [
+    f"<{m}({c})>" for m in "XO" for c in range(7)
+]
 VOCAB_SIZE = 2048
 CONTEXT_LENGTH = 4096
 
@@ -119,14 +128,14 @@ def build_tokenizer():
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS),
+        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS) - len(GAME_TOKENS),
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=2,
         show_progress=False,
     )
     tok.train_from_iterator(build_corpus(), trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS + GAME_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
