@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from palaestra.aed.eureka import design_reward, extract_code
-from palaestra.aed.train import EnvSpec, TrainSettings
+from palaestra.aed.train import AdversarySpec, TrainSettings
 from palaestra.shared.llm.base import Completion, LLMClient
 
-SPEC = EnvSpec("highway", "rear_end", overrides={"vehicles_count": 6}, max_steps=4)
+SPEC = AdversarySpec("highway", "rear_end", overrides={"vehicles_count": 6}, max_steps=4)
 TINY = TrainSettings(timesteps=24, learning_starts=8)
 HOSTILE = "```python\nimport os\ndef reward(state):\n    os.system('touch /tmp/aed_eureka_pwned')\n    return 1.0\n```"
 VALID = (

@@ -34,9 +34,9 @@ def attack_task(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def _spec(cfg, scenario: str, accident_type: str):
-    from palaestra.aed.train import EnvSpec
+    from palaestra.aed.train import AdversarySpec
 
-    return EnvSpec(
+    return AdversarySpec(
         scenario=scenario,
         accident_type=accident_type,
         victim=cfg.victim,

@@ -22,7 +22,7 @@ from typing import Any
 
 from palaestra.aed.rewards import STATE_API, TAXONOMY
 from palaestra.aed.sandbox import check_reward
-from palaestra.aed.train import EnvSpec, TrainSettings, build_model, evaluate, make_env, train_adversary
+from palaestra.aed.train import AdversarySpec, TrainSettings, build_model, evaluate, make_env, train_adversary
 
 SYSTEM = (
     "You are a reward engineer for reinforcement learning. You write Python reward functions that train an "
@@ -56,7 +56,7 @@ def extract_code(text: str) -> str:
     return text[start:] if start >= 0 else (text or "")
 
 
-def probe_states(spec: EnvSpec, steps: int = 6, seed: int = 0) -> list[dict]:
+def probe_states(spec: AdversarySpec, steps: int = 6, seed: int = 0) -> list[dict]:
     """Real reward states from a few random steps, plus one with a victim collision event."""
     env = make_env(replace(spec, reward_code=None, preference_model=None))
     env.reset(seed=seed)
@@ -72,7 +72,7 @@ def probe_states(spec: EnvSpec, steps: int = 6, seed: int = 0) -> list[dict]:
 
 def design_reward(
     client,
-    spec: EnvSpec,
+    spec: AdversarySpec,
     settings: TrainSettings,
     rounds: int = 3,
     samples: int = 2,

@@ -1,6 +1,6 @@
 """Training and evaluating one adversarial policy (stable-baselines3) against one victim.
 
-`EnvSpec` is everything needed to build an `AdversaryEnv` in any process
+`AdversarySpec` is everything needed to build an `AdversaryEnv` in any process
 (names and code strings, no live objects): the sandboxed reward and the
 preference filter are built inside the process that steps the env.
 
@@ -17,7 +17,7 @@ preference filter are built inside the process that steps the env.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from palaestra.shared.stats import wilson_interval
 
 
 @dataclass
-class EnvSpec:
+class AdversarySpec:
     scenario: str = "highway"
     accident_type: str = "rear_end"
     victim: str = "idm"
@@ -47,7 +47,7 @@ class EnvSpec:
     """Weight of the dense preference reward (the model's verdict on the contact that would happen now)."""
 
 
-def make_env(spec: EnvSpec, render: bool = False):
+def make_env(spec: AdversarySpec, render: bool = False):
     from palaestra.aed.env import AdversaryEnv
 
     reward_fn = None
@@ -94,7 +94,7 @@ class TrainSettings:
     """DQN: steps of random exploration before learning."""
 
 
-def _vec_env(spec: EnvSpec, n_envs: int, seed: int):
+def _vec_env(spec: AdversarySpec, n_envs: int, seed: int):
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
@@ -102,7 +102,7 @@ def _vec_env(spec: EnvSpec, n_envs: int, seed: int):
     return make_vec_env(lambda: make_env(spec), n_envs=n_envs, seed=seed, vec_env_cls=cls)
 
 
-def build_model(spec: EnvSpec, settings: TrainSettings, seed: int):
+def build_model(spec: AdversarySpec, settings: TrainSettings, seed: int):
     from stable_baselines3 import DQN, PPO
 
     if settings.algo not in ("dqn", "ppo"):
@@ -221,7 +221,7 @@ class IdlePolicy:
         return self.action, None
 
 
-def evaluate(policy, spec: EnvSpec, episodes: int, seed: int) -> dict[str, Any]:
+def evaluate(policy, spec: AdversarySpec, episodes: int, seed: int) -> dict[str, Any]:
     """Run `episodes` attacks (policy None: uniformly random adversary actions)."""
     env = make_env(spec)
     env.action_space.seed(seed)
@@ -274,7 +274,9 @@ def type_entropy(counts: dict[str, int]) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def record_gif(policy, spec: EnvSpec, path: str | Path, seed: int, max_episodes: int = 5, fps: int = 8) -> dict | None:
+def record_gif(
+    policy, spec: AdversarySpec, path: str | Path, seed: int, max_episodes: int = 5, fps: int = 8
+) -> dict | None:
     """Render attacks headless until one ends in a victim collision; write that episode as a GIF."""
     import imageio.v2 as imageio
 
@@ -296,7 +298,3 @@ def record_gif(policy, spec: EnvSpec, path: str | Path, seed: int, max_episodes:
         str(path), [np.asarray(f) for f in chosen] + [np.asarray(chosen[-1])] * fps, duration=1.0 / fps, loop=0
     )
     return summary
-
-
-def spec_dict(spec: EnvSpec) -> dict:
-    return asdict(spec)
