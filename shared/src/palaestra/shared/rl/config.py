@@ -53,6 +53,20 @@ class WorkersConfig:
 
 
 @dataclass
+class LearnerConfig:
+    """Where the learner runs: this process (world size 1) or N Ray actors forming one torch.distributed group."""
+
+    world_size: int = 1
+    """Learner processes (1: the model in the trainer's own process; N > 1: rl/distributed.py)."""
+    strategy: str = "fsdp"
+    """fsdp (FSDP2 ``fully_shard`` per decoder layer, then the root) | ddp (a full replica per rank)."""
+    num_cpus: float = 1
+    """CPUs per learner rank (Ray resource request)."""
+    num_gpus: float = 0
+    """GPUs per learner rank (1 on GPU nodes: NCCL then; 0: CPU and gloo)."""
+
+
+@dataclass
 class TrainConfig(JobConfig):
     """RL fine-tuning of an LLM policy on text environments (GRPO, EGPO, MARS and mixtures)."""
 
@@ -65,6 +79,7 @@ class TrainConfig(JobConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     sft_warmup: SFTOptions = field(default_factory=SFTOptions)
     """An SFT stage on the same model before RL (``sft_warmup.steps`` 0: none)."""
     steps: int = 10
