@@ -14,7 +14,7 @@ import argparse
 import tempfile
 import time
 
-from palaestra.datagen.generate import GenerateConfig, build_graph, run_generation
+from palaestra.datagen.generate import DataGenerationConfig, build_graph, run_generation
 from palaestra.datagen.pipeline import ItemConfig, RolesConfig
 from palaestra.shared import cluster
 from palaestra.shared.config import ClusterConfig, TrackingConfig
@@ -23,7 +23,7 @@ from palaestra.shared.tracking import Tracker
 
 
 def measure(graph, workers: int, samples: int, **kw) -> tuple[float, object]:
-    cfg = GenerateConfig(
+    cfg = DataGenerationConfig(
         num_samples=samples,
         workers=workers,
         items_per_task=max(4, samples // 16),
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--writer-model", default="smollm2-135m", help="query-writer-only run ('' to skip)")
     args = ap.parse_args()
     cluster.init(ClusterConfig(num_cpus=2, object_store_mb=128))
-    graph = build_graph(GenerateConfig().envs)
+    graph = build_graph(DataGenerationConfig().envs)
     measure(graph, 2, 32)  # start both workers and warm their imports before timing
     one, _ = measure(graph, 1, args.samples)
     two, _ = measure(graph, 2, args.samples)

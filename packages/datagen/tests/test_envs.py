@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from palaestra.datagen.envs import BFCL_CLASSES, EnvSpec, ToolEnv, get_env, register_env
+from palaestra.datagen.envs import BFCL_CLASSES, ApiEnvSpec, ToolEnv, get_env, register_env
 from palaestra.datagen.schema import SchemaError, to_openai_tool
 
 # function counts as DESIGN.md lists them for bfcl-eval's multi-turn docs
@@ -81,7 +81,7 @@ DOCS = [
 
 
 def test_user_env_that_raises_is_contained():
-    spec = register_env(EnvSpec("ExplodingTest", Exploding, DOCS, [{"count": 1}]))
+    spec = register_env(ApiEnvSpec("ExplodingTest", Exploding, DOCS, [{"count": 1}]))
     env = ToolEnv(spec)
     assert "kaboom" in env.execute("boom").error
     assert not env.execute("leave").ok
@@ -100,13 +100,13 @@ def test_user_env_that_raises_is_contained():
 )
 def test_invalid_schemas_are_clear_errors(doc, message):
     with pytest.raises(SchemaError, match=message):
-        EnvSpec("Bad", Exploding, [doc])
+        ApiEnvSpec("Bad", Exploding, [doc])
 
 
 def test_documented_tool_without_method_is_refused():
     docs = DOCS + [{"name": "ghost", "description": "none", "parameters": {"type": "dict", "properties": {}}}]
     with pytest.raises(SchemaError, match="ghost"):
-        register_env(EnvSpec("GhostTest", Exploding, docs))
+        register_env(ApiEnvSpec("GhostTest", Exploding, docs))
 
 
 def test_bfcl_types_become_json_schema():
@@ -156,7 +156,7 @@ def test_user_environment_runs_through_the_pipeline():
     from palaestra.datagen.pipeline import ItemConfig, RolesConfig, generate_item, make_roles
 
     spec = register_env(
-        EnvSpec(
+        ApiEnvSpec(
             "LibraryTest",
             Library,
             LIBRARY_DOCS,

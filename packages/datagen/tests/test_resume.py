@@ -15,10 +15,10 @@ from palaestra.datagen.dataset import SampleWriter, dedup_key
 
 SCRIPT = """
 import sys
-from palaestra.datagen.generate import GenerateConfig, generate
+from palaestra.datagen.generate import DataGenerationConfig, generate
 from palaestra.shared.config import TrackingConfig
 from palaestra.shared.tracking import Tracker
-cfg = GenerateConfig(num_samples=160, workers=0, items_per_task=4, output_dir=sys.argv[1], seed=3,
+cfg = DataGenerationConfig(num_samples=160, workers=0, items_per_task=4, output_dir=sys.argv[1], seed=3,
                      tracking=TrackingConfig(enabled=False), log_samples=False)
 generate(cfg, Tracker(cfg.tracking))
 """

@@ -5,7 +5,7 @@ For each parameter, candidates come from (best first):
 1. *output-to-input mappings*: values in earlier responses of the same trace
    whose key matches the parameter name (``access_token`` -> ``access_token``,
    ``id`` -> ``ticket_id``); these make intermediate steps necessary;
-2. environment hints: ``EnvSpec.arg_hints[param](instance, rng, chosen)``
+2. environment hints: ``ApiEnvSpec.arg_hints[param](instance, rng, chosen)``
    (for BFCL: files in the current directory, ticket ids, airport codes...);
 3. allowed values from the schema (``enum`` or ``[Enum]: ...`` in the text);
 4. values mined from the environment's public state under a matching key;

@@ -2,7 +2,7 @@
 
 An environment is a Python class whose public methods are the tools, plus
 JSON-schema function docs (one per tool) and a list of initial scenarios
-(configs passed to the instance's ``_load_scenario``). `EnvSpec` bundles
+(configs passed to the instance's ``_load_scenario``). `ApiEnvSpec` bundles
 them; `ToolEnv` is one live instance: `reset` returns it to the scenario's
 initial state, `copy` forks it (deep copy), `execute` runs one call and
 *never raises*: an exception, a bad argument or an ``{"error": ...}`` result
@@ -11,13 +11,13 @@ environment's response.
 
 Adding your own environment (documented in the package README)::
 
-    from palaestra.datagen.envs import EnvSpec, register_env
+    from palaestra.datagen.envs import ApiEnvSpec, register_env
 
     class Library:
         def _load_scenario(self, config): self.books = dict(config.get("books", {}))
         def borrow(self, title: str): ...
 
-    register_env(EnvSpec(name="Library", factory=Library, docs=[{...JSON schema...}],
+    register_env(ApiEnvSpec(name="Library", factory=Library, docs=[{...JSON schema...}],
                          scenarios=[{"books": {"Dune": 2}}]))
 
 then name it in ``datagen.generate``'s ``envs`` list. A doc that is not a
@@ -56,7 +56,7 @@ BFCL_MODULE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 
 
 @dataclass
-class EnvSpec:
+class ApiEnvSpec:
     """An environment type: class, function docs, initial scenarios."""
 
     name: str
@@ -113,19 +113,19 @@ class EnvSpec:
         return self.arg_hints or {}
 
 
-ENVS: Registry[EnvSpec] = Registry("datagen environment", "palaestra.datagen_envs")
+API_ENVS: Registry[ApiEnvSpec] = Registry("datagen environment", "palaestra.datagen_envs")
 
 
-def register_env(spec: EnvSpec) -> EnvSpec:
+def register_env(spec: ApiEnvSpec) -> ApiEnvSpec:
     """Add a user environment (validated: docs are schemas and every tool is a method)."""
     spec.check_methods()
-    ENVS.register(spec.name, spec)
+    API_ENVS.register(spec.name, spec)
     return spec
 
 
-def get_env(name: str) -> EnvSpec:
-    spec = ENVS.get(name)
-    return spec() if callable(spec) and not isinstance(spec, EnvSpec) else spec
+def get_env(name: str) -> ApiEnvSpec:
+    spec = API_ENVS.get(name)
+    return spec() if callable(spec) and not isinstance(spec, ApiEnvSpec) else spec
 
 
 @dataclass
@@ -146,7 +146,7 @@ class Execution:
 class ToolEnv:
     """A live environment instance at some state."""
 
-    def __init__(self, spec: EnvSpec, scenario: int | dict = 0):
+    def __init__(self, spec: ApiEnvSpec, scenario: int | dict = 0):
         self.spec = spec
         self.scenario = copy.deepcopy(
             spec.scenarios[scenario % len(spec.scenarios)] if isinstance(scenario, int) else scenario
@@ -261,11 +261,11 @@ def _bfcl_scenarios() -> dict[str, list[dict]]:
     return {k: v or [{}] for k, v in out.items()}
 
 
-def bfcl_spec(class_name: str) -> EnvSpec:
+def bfcl_spec(class_name: str) -> ApiEnvSpec:
     module, doc_file = BFCL_CLASSES[class_name]
     with open(_bfcl_data_dir() / "multi_turn_func_doc" / doc_file) as f:
         docs = [json.loads(line) for line in f if line.strip()]
-    return EnvSpec(
+    return ApiEnvSpec(
         name=class_name,
         factory=f"{BFCL_MODULE}.{module}:{class_name}",
         docs=docs,
@@ -276,4 +276,4 @@ def bfcl_spec(class_name: str) -> EnvSpec:
 
 
 for _cls in BFCL_CLASSES:
-    ENVS.register(_cls, (lambda c: cache(lambda: bfcl_spec(c)))(_cls))
+    API_ENVS.register(_cls, (lambda c: cache(lambda: bfcl_spec(c)))(_cls))

@@ -7,7 +7,7 @@ every tool), skips items a previous run finished, fans chunks of items out
 with `palaestra.shared.cluster.parallel_map` (``workers: 0`` runs them in
 process), and appends every verified sample to the JSONL as its chunk
 returns. Per batch it logs progress metrics; at the end a stats report
-(`stats.report`) and the graph (``graph.json``, ``graph.png``) go to MLflow.
+(`run_stats.RunStats.report`) and the graph (``graph.json``, ``graph.png``) go to MLflow.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from palaestra.datagen.dataset import SampleWriter
 from palaestra.datagen.envs import BFCL_CLASSES, get_env
 from palaestra.datagen.graph import ApiGraph
 from palaestra.datagen.pipeline import ItemConfig, RolesConfig, generate_item, make_roles
-from palaestra.datagen.stats import RunStats
+from palaestra.datagen.run_stats import RunStats
 from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
 from palaestra.shared.tracking import Tracker, scratch_dir
 
 
 @dataclass
-class GenerateConfig(JobConfig):
+class DataGenerationConfig(JobConfig):
     """Generate a verified tool-use dataset."""
 
     job: str = "datagen.generate"
@@ -65,7 +65,7 @@ def build_graph(envs: list[str], seed: int = 0) -> ApiGraph:
     return graph
 
 
-def plan_items(cfg: GenerateConfig, graph: ApiGraph) -> list[dict]:
+def plan_items(cfg: DataGenerationConfig, graph: ApiGraph) -> list[dict]:
     """Deterministic work items; targets per environment in proportion to tool weights."""
     rng = random.Random(cfg.seed * 1000003 + cfg.round)
     credit: dict[str, dict[str, float]] = {}
@@ -106,7 +106,7 @@ def run_chunk(payload: dict) -> list[dict]:
     return out
 
 
-def run_generation(cfg: GenerateConfig, graph: ApiGraph, tracker: Tracker, step_offset: int = 0) -> RunStats:
+def run_generation(cfg: DataGenerationConfig, graph: ApiGraph, tracker: Tracker, step_offset: int = 0) -> RunStats:
     """Generate into ``cfg.output_path`` (resuming), returning the run's stats."""
     for name in cfg.envs:
         get_env(name)  # unknown names fail here, with suggestions
@@ -149,8 +149,8 @@ def run_generation(cfg: GenerateConfig, graph: ApiGraph, tracker: Tracker, step_
     return stats
 
 
-@job("datagen.generate", GenerateConfig)
-def generate(cfg: GenerateConfig, tracker: Tracker) -> dict:
+@job("datagen.generate", DataGenerationConfig)
+def generate(cfg: DataGenerationConfig, tracker: Tracker) -> dict:
     """HardGen + FunReason-MT: verified (multi-turn) tool-use samples from executable environments."""
     if cfg.num_samples < 0 or cfg.items_per_task < 1:
         raise ConfigError("num_samples must be >= 0 and items_per_task >= 1")

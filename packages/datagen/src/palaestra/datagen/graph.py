@@ -25,7 +25,7 @@ from pathlib import Path
 import networkx as nx
 
 from palaestra.datagen.argfill import _described, names_match, propose_arguments, tokens
-from palaestra.datagen.envs import EnvSpec, ToolEnv
+from palaestra.datagen.envs import ApiEnvSpec, ToolEnv
 from palaestra.datagen.schema import parameters, response_keys
 
 
@@ -41,7 +41,7 @@ class ApiGraph:
         self.version = version
 
     # -- mining ----------------------------------------------------------
-    def add_env(self, spec: EnvSpec, probe: bool = True, seed: int = 0) -> None:
+    def add_env(self, spec: ApiEnvSpec, probe: bool = True, seed: int = 0) -> None:
         for doc in spec.docs:
             self.g.add_node(
                 node(spec.name, doc["name"]),
@@ -214,7 +214,7 @@ def try_call(env: ToolEnv, tool: str, outputs: list, rng: random.Random, attempt
     return env, last
 
 
-def probe_prerequisites(graph: ApiGraph, spec: EnvSpec, seed: int = 0, max_depth: int = 3) -> None:
+def probe_prerequisites(graph: ApiGraph, spec: ApiEnvSpec, seed: int = 0, max_depth: int = 3) -> None:
     """Find prerequisite edges by execution (see the module docstring)."""
     rng = random.Random(seed)
     base = ToolEnv(spec, 0)

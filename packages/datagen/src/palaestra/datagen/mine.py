@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from palaestra.datagen.chain import TurnTask, run_try
 from palaestra.datagen.dataset import read_rows
 from palaestra.datagen.envs import ToolEnv, get_env
-from palaestra.datagen.generate import GenerateConfig, build_graph, run_generation
+from palaestra.datagen.generate import DataGenerationConfig, build_graph, run_generation
 from palaestra.datagen.sampler import Step, Trace
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
@@ -36,7 +36,7 @@ from palaestra.shared.tracking import Tracker, scratch_dir
 
 
 @dataclass
-class MineConfig(GenerateConfig):
+class MineConfig(DataGenerationConfig):
     """Closed loop: generate, evaluate a student, reweight the graph, repeat."""
 
     job: str = "datagen.mine"
