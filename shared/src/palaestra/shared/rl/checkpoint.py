@@ -19,6 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+_NUMPY_ARRAY_GLOBALS = [np.zeros(1).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+"""What unpickling a numpy array needs (``_reconstruct``, the array and dtype classes), and nothing else."""
+
 
 def save(root: Path, step: int, model, tokenizer, optimizer) -> Path:
     final = root / f"step_{step:06d}"
@@ -49,7 +52,9 @@ def prune(root: Path, keep: int) -> None:
 def load(path: Path, model, optimizer) -> int:
     """Restore weights, optimizer and RNG states from `path`; return its step."""
     load_weights(path, model)
-    state = torch.load(path / "trainer_state.pt", weights_only=False)
+    # weights_only: a crafted trainer_state.pt cannot run code; numpy's RNG state (an array) is allowlisted
+    with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
+        state = torch.load(path / "trainer_state.pt", weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
     set_rng_state(state["rng"])
     return int(state["step"])
