@@ -125,3 +125,32 @@ def test_never_raises_on_odd_json_and_samples():
     for sample in (None, {}, {"ground_truth": "garbage", "tools": 3}, {"ground_truth": [{"f": 1}]}, 42):
         assert fc_binary(sample, answer(("get_weather", {"city": "Rome"})))[0] == 0.0
     assert fc_binary(TASK, None)[0] == 0.0
+
+
+WRAPPERS = {
+    "between </think> and the calls": lambda think, calls: f"<think>{think}</think>\nSure, calling now.\n{calls}",
+    "between the calls": lambda think, calls: f"<think>{think}</think>\n{calls.replace('</tool_call>', '</tool_call> and', 1)}",
+    "after the calls": lambda think, calls: f"<think>{think}</think>\n{calls}\nHope this helps!",
+    "text before <think>": lambda think, calls: f"Okay. <think>{think}</think>\n{calls}",
+}
+
+
+def test_strict_format_pays_nothing_for_text_around_the_calls():
+    from palaestra.egpo.reward import fc_binary_lenient
+
+    ok = [("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Paris"})]
+    calls = format_calls([ToolCall(n, a) for n, a in ok])  # the two blocks, no think
+    clean = f"<think>plan</think>\n{calls}"
+    assert fc_binary(TASK, clean)[0] == 1.0
+    assert fc_binary(TASK, f"<think>plan</think>\n\n  {calls.replace(chr(10) + '<tool_call>', chr(10) * 3 + '<tool_call>')}\n")[0] == 1
+    for where, wrap in WRAPPERS.items():
+        text = wrap("plan", calls)
+        value, info = fc_binary(TASK, text)
+        assert value == 0.0 and info["reason"].startswith("format:"), (where, info)
+        # the lenient option pays for the right calls whatever surrounds them (not for text before <think>)
+        assert fc_binary_lenient(TASK, text)[0] == (0.0 if where == "text before <think>" else 1.0), where
+    # a plain answer where no call is due is text by definition: still 1 in the strict rule
+    assert fc_binary(FCTask("i", [], TOOLS, []), "<think>no tool fits</think>\nI cannot help with that.")[0] == 1.0
+    # strict and lenient agree that wrong calls in a clean wrapper score 0
+    wrong = f"<think>plan</think>\n{format_calls([ToolCall('get_weather', {'city': 'Oslo'})])}"
+    assert fc_binary(TASK, wrong)[0] == fc_binary_lenient(TASK, wrong)[0] == 0.0

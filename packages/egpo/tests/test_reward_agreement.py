@@ -150,3 +150,32 @@ def test_perturbations_agree_with_official_checker(agreement):
     for kind in ("wrong_value", "missing_required", "extra_arg", "wrong_name", "dropped_call", "extra_call"):
         n, _, official_ok = [sum(r[i] for (c, k), r in rows.items() if k == kind) for i in range(3)]
         assert official_ok < 0.05 * n, (kind, official_ok, n)
+
+
+def test_text_around_the_calls_scores_zero_strict_and_official_lenient():
+    """Chatty wrappers around BFCL ground truths: 0 under the strict reward; the lenient one still agrees with
+    BFCL's checker on the values (first 60 entries of each category, three wrappers each)."""
+    from palaestra.egpo.reward import fc_binary_lenient
+
+    require_bfcl()
+    wrappers = [
+        lambda calls: f"<think>reasoning</think>\nSure! Here are the calls:\n{calls}",
+        lambda calls: f"<think>reasoning</think>\n{calls}\nLet me know if you need more.",
+        lambda calls: f"<think>reasoning</think>\n{calls.replace('</tool_call>', '</tool_call> then', 1)}",
+    ]
+    cases = agree = 0
+    for category in CATEGORIES:
+        for task in load_bfcl(category, limit=60):
+            calls = canonical_calls(task.ground_truth, task.tools)
+            blocks = format_calls([ToolCall(c["name"], c["arguments"]) for c in calls])
+            decoded = json.loads(json.dumps([{c["name"]: c["arguments"]} for c in calls]))
+            official = bool(official_ast_check(task.tools, decoded, task.ground_truth, category)["valid"])
+            for i, wrap in enumerate(wrappers):
+                if i == 2 and len(calls) < 2:
+                    continue
+                text = wrap(blocks)
+                assert fc_binary(task, text)[0] == 0.0, (task.id, text)
+                cases += 1
+                agree += (fc_binary_lenient(task, text)[0] == 1.0) == official
+    assert cases > 800
+    assert agree == cases

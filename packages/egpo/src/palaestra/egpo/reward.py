@@ -2,13 +2,16 @@
 
 ``fc_binary(sample, completion)`` is 1.0 only if
 
-1. the completion follows the format of `palaestra.shared.toolcall`: ``<think>...</think>`` (required
-   unless ``require_think=False``) then ``<tool_call>`` blocks with JSON keyword arguments, or a plain
-   answer when no call is due; and
+1. the completion follows the format of `palaestra.shared.toolcall` *exactly*: ``<think>...</think>``
+   (required unless ``require_think=False``), then either only ``<tool_call>`` blocks with JSON keyword
+   arguments (whitespace between them, nothing else: text between ``</think>`` and the first call,
+   between calls or after the last one scores 0), or a plain answer when no call is due; and
 2. the decoded calls equal the ground truth as a multiset, values compared as BFCL's AST checker
    compares them (`palaestra.egpo.ast_match`).
 
-Anything else is 0.0. The reward never raises: any failure (a malformed sample included) scores 0.0
+Anything else is 0.0. The paper's binary reward pays only for the exact format; the strict rule keeps a
+policy from learning chatty wrappers around its calls at no cost. ``fc_binary_lenient`` is the same
+reward with the wrapper text allowed (the calls are still decoded and matched). The reward never raises: any failure (a malformed sample included) scores 0.0
 with the reason in the info dict.
 
 ``sample`` is an `FCTask` or a mapping with ``tools`` and ``ground_truth`` (BFCL possible-answer form,
@@ -21,6 +24,8 @@ multi-turn environment computed with BFCL's ``multi_turn_checker`` (state and re
 (1.0, {'reason': 'ok'})
 >>> fc_binary(task, '<tool_call>\\n{"name": "f", "arguments": {"x": 1}}\\n</tool_call>')[0]
 0.0
+>>> fc_binary(task, '<think>call f</think>Sure!\\n<tool_call>\\n{"name": "f", "arguments": {"x": 1}}\\n</tool_call>')
+(0.0, {'reason': 'format: text between </think> and the tool calls'})
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 
 from palaestra.egpo.ast_match import match_calls
 from palaestra.shared.rewards import REWARDS
-from palaestra.shared.toolcall import parse_response
+from palaestra.shared.toolcall import THINK_RE, TOOL_CALL_RE, parse_response
 
 
 def _field(sample: Any, name: str, default: Any = None) -> Any:
@@ -38,14 +43,38 @@ def _field(sample: Any, name: str, default: Any = None) -> Any:
     return getattr(sample, name, default)
 
 
-def judge_completion(sample: Any, completion: str, require_think: bool = True) -> tuple[bool, str]:
-    """(correct, reason) for one single-turn completion; never raises."""
+def wrapper_text_error(completion: str) -> str | None:
+    """Why a completion with tool calls carries text outside its think and call blocks, or None.
+
+    Only answers with calls are concerned: a plain answer (no call due) is text by definition."""
+    match = THINK_RE.search(completion)
+    rest = completion[match.end() :] if match else completion
+    blocks = list(TOOL_CALL_RE.finditer(rest))
+    if not blocks:
+        return None
+    if rest[: blocks[0].start()].strip():
+        return "text between </think> and the tool calls"
+    for before, after in zip(blocks, blocks[1:]):
+        if rest[before.end() : after.start()].strip():
+            return "text between the tool calls"
+    if rest[blocks[-1].end() :].strip():
+        return "text after the tool calls"
+    return None
+
+
+def judge_completion(
+    sample: Any, completion: str, require_think: bool = True, strict: bool = True
+) -> tuple[bool, str]:
+    """(correct, reason) for one single-turn completion; never raises. ``strict``: no text around the calls."""
     try:
         if not isinstance(completion, str):
             return False, f"completion is {type(completion).__name__}, not text"
         parsed = parse_response(completion, require_think=require_think)
         if parsed.error:
             return False, f"format: {parsed.error}"
+        wrapper = wrapper_text_error(completion) if strict else None
+        if wrapper:
+            return False, f"format: {wrapper}"
         ground_truth = _field(sample, "ground_truth") or []
         tools = _field(sample, "tools") or _field(sample, "tool_docs") or []
         if not ground_truth:
@@ -62,6 +91,13 @@ def judge_completion(sample: Any, completion: str, require_think: bool = True) -
 def fc_binary(sample: Any, completion: str, require_think: bool = True, **info: Any) -> tuple[float, dict]:
     """1.0 iff the format holds and the calls equal the ground truth (BFCL-AST values, order-free)."""
     correct, reason = judge_completion(sample, completion, require_think=require_think)
+    return (1.0 if correct else 0.0), {"reason": reason}
+
+
+@REWARDS.register("fc_binary_lenient")
+def fc_binary_lenient(sample: Any, completion: str, require_think: bool = True, **info: Any) -> tuple[float, dict]:
+    """`fc_binary` with text around the tool calls allowed (the calls must still decode and match)."""
+    correct, reason = judge_completion(sample, completion, require_think=require_think, strict=False)
     return (1.0 if correct else 0.0), {"reason": reason}
 
 
