@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -85,14 +86,48 @@ def test_exception_is_reported():
     assert "raised KeyError" in refuse("def reward(state):\n    return state['nope']\n")
 
 
-def test_os_limits_hold_even_without_the_static_check(tmp_path):
-    # defence in depth: the child process itself cannot write files or open sockets, even with full builtins
+UNCHECKED = {"check": False, "_unsafe_full_builtins": True, "_unsafe_preimport": ("os", "socket", "encodings.idna")}
+"""No allow-list, every builtin, and the modules an attacker wants already imported: only the OS layer is left."""
+
+
+def isolation() -> dict:
+    fn = SandboxedReward(GOOD)
+    try:
+        return fn.isolation
+    finally:
+        fn.close()
+
+
+def test_isolation_drops_root_and_takes_namespaces():
+    iso = isolation()
+    if os.getuid() == 0:
+        assert iso["uid"] == 65534 and iso["chroot"]
+    if not iso["netns"]:
+        pytest.skip("this kernel refuses network namespaces here")
+    assert iso["netns"]
+
+
+def test_mkdir_fails_without_the_static_check(tmp_path):
+    outside = tmp_path / "made_by_reward"
+    code = f"import os\ndef reward(state):\n    os.mkdir({str(outside)!r})\n    return 1.0\n"
+    assert "raised FileNotFoundError" in refuse(code, **UNCHECKED)  # the chroot: no path outside exists
+    code = "import os\ndef reward(state):\n    os.mkdir('here')\n    return 1.0\n"
+    assert "raised PermissionError" in refuse(code, **UNCHECKED)  # the empty root is read-only
+    assert not outside.exists()
+
+
+def test_file_creation_after_closing_a_descriptor_fails(tmp_path):
     target = tmp_path / "leak.txt"
-    code = f"def reward(state):\n    open({str(target)!r}, 'w').write('x')\n    return 1.0\n"
-    reason = refuse(code, check=False, _unsafe_full_builtins=True)
-    assert "OSError" in reason
+    for path in (str(target), "leak.txt", "/tmp/aed_leak.txt"):
+        code = f"import os\ndef reward(state):\n    os.close(2)\n    open({path!r}, 'w').write('x')\n    return 1.0\n"
+        reason = refuse(code, **UNCHECKED)
+        assert "raised FileNotFoundError" in reason or "raised PermissionError" in reason, reason
     assert not target.exists()
 
+
+def test_socket_to_localhost_fails_after_closing_a_descriptor():
+    if not isolation()["netns"]:
+        pytest.skip("this kernel refuses network namespaces here: the allow-list is the barrier")
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
@@ -102,13 +137,20 @@ def test_os_limits_hold_even_without_the_static_check(tmp_path):
     waiter = threading.Thread(target=lambda: got.append(_accept(listener)), daemon=True)
     waiter.start()
     code = (
-        f"def reward(state):\n    import socket\n    socket.create_connection(('127.0.0.1', {port}))\n    return 1.0\n"
+        "import os, socket\ndef reward(state):\n    os.close(2)\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n    return 1.0\n"
     )
-    reason = refuse(code, check=False, _unsafe_full_builtins=True)
-    assert "OSError" in reason or "Error" in reason
+    reason = refuse(code, **UNCHECKED)
+    assert "Network is unreachable" in reason, reason
     waiter.join(5)
     assert got == [None]  # nobody connected
     listener.close()
+
+
+def test_fork_fails_without_the_static_check():
+    code = "import os\ndef reward(state):\n    if os.fork() == 0:\n        os._exit(0)\n    return 1.0\n"
+    reason = refuse(code, **UNCHECKED)
+    assert "raised BlockingIOError" in reason, reason  # EAGAIN: RLIMIT_NPROC 0 binds for uid 65534
 
 
 def _accept(listener):
@@ -118,6 +160,35 @@ def _accept(listener):
         return "connected"
     except OSError:
         return None
+
+
+@pytest.mark.parametrize("nest", ["-" * 19_900 + "1", "1+" * 9_950 + "1", "not " * 4_970 + "1"])
+def test_deeply_nested_code_is_a_reward_code_error(nest):
+    code = f"def reward(state):\n    return {nest}\n"
+    assert len(code) > 19_000
+    with pytest.raises(RewardCodeError, match="nested too deeply"):
+        static_check(code)
+    # the same code without the static check fails to compile in the child: still a RewardCodeError
+    assert "failed to load" in refuse(code, check=False) or "memory" in refuse(code, check=False)
+
+
+@pytest.mark.parametrize("value", ["1e300", "-1e300", "2e6"])
+def test_huge_finite_rewards_are_refused(value):
+    assert float(value) < float("inf")
+    assert "outside [-1e+06, 1e+06]" in refuse(f"def reward(state):\n    return {value}\n")
+
+
+def test_calling_a_killed_reward_is_a_reward_code_error():
+    fn = SandboxedReward("def reward(state):\n    while True:\n        pass\n", timeout_s=0.3)
+    with pytest.raises(RewardCodeError, match="timed out"):
+        fn(STATE)
+    with pytest.raises(RewardCodeError, match="after its sandbox process was killed"):
+        fn(STATE)
+    fn = SandboxedReward(GOOD)
+    os.kill(fn.proc.pid, 9)
+    fn.proc.wait(5)
+    with pytest.raises(RewardCodeError, match="died|killed"):
+        fn(STATE)
 
 
 def test_training_goes_on_when_the_reward_is_killed():

@@ -7,17 +7,30 @@
    attribute access only to public `math.*` and to dict reading methods
    (`get`, `items`, `keys`, `values`). It must define ``reward(state)``.
 2. `SandboxedReward` runs the code in a separate Python process (``python -I
-   -S``, empty environment, a fresh temp dir as cwd) that, before it even
-   compiles the code, limits itself with ``resource.setrlimit``: address space
-   (memory), CPU seconds, file size 0 (no writes), open files 3 (no new file or
-   socket can be opened), processes 0 (no fork). The code's globals hold only
-   `math` and the allowed builtins. Each call is a JSON line over a pipe with
-   a wall-clock timeout; a call that runs over is killed.
+   -S``, empty environment) whose operating-system limits hold by themselves,
+   without the allow-list (the tests switch the static check off and try):
+   - a new network namespace (no interface but a down loopback: no socket
+     reaches 127.0.0.1 or anything else), through ``unshare(2)``: as root
+     ``CLONE_NEWNET``, otherwise together with a new user namespace;
+   - ``chroot`` into an empty, read-only directory (allowed to root, and to
+     anyone inside their new user namespace): no file outside is reachable and
+     nothing can be created inside;
+   - started as root: all groups dropped, then uid/gid 65534 (nobody);
+   - ``resource.setrlimit``: address space (memory), CPU seconds, file size 0,
+     open files 3, processes 0 (no fork: binding once the uid is not root).
+   Where the kernel refuses a namespace or chroot (e.g. a container without the
+   capability), the worker carries on with what it got and says so
+   (`SandboxedReward.isolation`); the static check still stands in front.
+   The code's globals hold only `math` and the allowed builtins. Each call is a
+   JSON line over a pipe with a wall-clock timeout; a call that runs over is
+   killed. A reward outside +-`REWARD_LIMIT` is refused: 1e300 is finite but
+   becomes inf in SB3's float32 buffers.
 
 Every failure becomes a `RewardCodeError` with a one-line reason: rejected by
-the static check, syntax error, timeout, memory limit, crashed, wrong return
-type, non-finite value. Callers (the adversary env, the Eureka loop) catch it
-and carry on.
+the static check (including code nested too deeply for the parser), syntax
+error, timeout, memory limit, crashed, wrong return type, non-finite or
+out-of-range value, called after its process was killed. Callers (the
+adversary env, the Eureka loop) catch it and carry on.
 """
 
 from __future__ import annotations
@@ -58,6 +71,9 @@ SAFE_BUILTINS = (
     "isinstance",
 )
 DICT_METHODS = {"get", "items", "keys", "values"}
+REWARD_LIMIT = 1e6
+"""Largest reward magnitude accepted from reward code (beyond it float32 sums overflow within an episode)."""
+NOBODY = 65534
 ALLOWED_NODES = (
     ast.Module,
     ast.FunctionDef,
@@ -118,6 +134,8 @@ def static_check(code: str) -> None:
         tree = ast.parse(code)
     except SyntaxError as err:
         raise RewardCodeError(f"syntax error at line {err.lineno}: {err.msg}") from None
+    except (MemoryError, RecursionError) as err:  # e.g. 20k characters of nested unary/binary operators
+        raise RewardCodeError(f"rejected: code nested too deeply for the parser ({type(err).__name__})") from None
     bound = {"math", *SAFE_BUILTINS, "True", "False", "None"}
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
@@ -148,8 +166,27 @@ def static_check(code: str) -> None:
 
 
 WORKER = r"""
-import json, math, resource, sys
-mem, cpu, full = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+import ctypes, json, math, os, resource, sys
+mem, cpu, full, jail = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+nobody, limit = int(sys.argv[6]), float(sys.argv[7])
+for name in filter(None, sys.argv[5].split(",")):  # tests only: modules an attacker wants, loaded before isolation
+    __import__(name)
+root = os.getuid() == 0
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+iso = {"netns": libc.unshare(CLONE_NEWNET if root else CLONE_NEWUSER | CLONE_NEWNET) == 0}
+try:
+    os.chroot(jail)
+    os.chdir("/")
+    iso["chroot"] = True
+except OSError:
+    os.chdir(jail)
+    iso["chroot"] = False
+if root:
+    os.setgroups([])
+    os.setgid(nobody)
+    os.setuid(nobody)
+iso["uid"] = os.getuid()
 resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
@@ -166,7 +203,7 @@ scope = {"__builtins__": safe, "math": math}
 try:
     exec(compile(code, "<reward>", "exec"), scope)
     fn = scope["reward"]
-    send({"ready": True})
+    send({"ready": True, "isolation": iso})
 except MemoryError:
     send({"error": "memory limit exceeded while loading"}); sys.exit(0)
 except BaseException as err:
@@ -184,6 +221,9 @@ for line in sys.stdin:
         send({"error": "wrong return type: %s (expected float)" % type(value).__name__}); continue
     if not math.isfinite(value):
         send({"error": "non-finite reward %r" % value}); continue
+    if abs(value) > limit:
+        send({"error": "reward %.3g outside [-%g, %g] (refused: it would overflow float32 training buffers)"
+              % (value, limit, limit)}); continue
     send({"ok": float(value)})
 """
 
@@ -199,12 +239,15 @@ class SandboxedReward:
         cpu_s: int = 120,
         check: bool = True,
         _unsafe_full_builtins: bool = False,
+        _unsafe_preimport: tuple[str, ...] = (),
     ):
         if check:
             static_check(code)
         self.code, self.timeout_s = code, timeout_s
         self.calls = 0
-        self.tmp = tempfile.mkdtemp(prefix="aed-sandbox-")
+        self.closed = False
+        self.tmp = tempfile.mkdtemp(prefix="aed-sandbox-")  # the child's empty root (chroot) or cwd
+        os.chmod(self.tmp, 0o555)
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -215,6 +258,10 @@ class SandboxedReward:
                 str(memory_mb << 20),
                 str(cpu_s),
                 "1" if _unsafe_full_builtins else "0",
+                self.tmp,
+                ",".join(_unsafe_preimport),
+                str(NOBODY),
+                repr(REWARD_LIMIT),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -230,12 +277,16 @@ class SandboxedReward:
         if "error" in reply:
             self.close()
             raise RewardCodeError(reply["error"])
+        self.isolation: dict[str, Any] = reply["isolation"]
+        """What the OS granted: ``netns`` (own network namespace), ``chroot`` (empty root), ``uid``."""
 
     def __call__(self, state: dict[str, Any]) -> float:
         self.calls += 1
+        if self.closed:
+            raise RewardCodeError("called after its sandbox process was killed")
         try:
             self._send(state)
-        except (BrokenPipeError, OSError):
+        except (OSError, ValueError):  # broken pipe, or a closed stream
             raise RewardCodeError(self._death("calling")) from None
         reply = self._receive(self.timeout_s, "calling")
         if "error" in reply:
@@ -264,6 +315,7 @@ class SandboxedReward:
         return f"sandbox process died while {what} (exit code {code})"
 
     def close(self) -> None:
+        self.closed = True
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=5)
