@@ -129,7 +129,9 @@ def test_never_raises_on_odd_json_and_samples():
 
 WRAPPERS = {
     "between </think> and the calls": lambda think, calls: f"<think>{think}</think>\nSure, calling now.\n{calls}",
-    "between the calls": lambda think, calls: f"<think>{think}</think>\n{calls.replace('</tool_call>', '</tool_call> and', 1)}",
+    "between the calls": lambda think, calls: (
+        f"<think>{think}</think>\n" + calls.replace("</tool_call>", "</tool_call> and", 1)
+    ),
     "after the calls": lambda think, calls: f"<think>{think}</think>\n{calls}\nHope this helps!",
     "text before <think>": lambda think, calls: f"Okay. <think>{think}</think>\n{calls}",
 }
@@ -142,7 +144,8 @@ def test_strict_format_pays_nothing_for_text_around_the_calls():
     calls = format_calls([ToolCall(n, a) for n, a in ok])  # the two blocks, no think
     clean = f"<think>plan</think>\n{calls}"
     assert fc_binary(TASK, clean)[0] == 1.0
-    assert fc_binary(TASK, f"<think>plan</think>\n\n  {calls.replace(chr(10) + '<tool_call>', chr(10) * 3 + '<tool_call>')}\n")[0] == 1
+    spaced = calls.replace("\n<tool_call>", "\n\n\n<tool_call>")
+    assert fc_binary(TASK, f"<think>plan</think>\n\n  {spaced}\n")[0] == 1.0  # whitespace is not text
     for where, wrap in WRAPPERS.items():
         text = wrap("plan", calls)
         value, info = fc_binary(TASK, text)

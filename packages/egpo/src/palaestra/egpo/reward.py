@@ -11,7 +11,8 @@
 
 Anything else is 0.0. The paper's binary reward pays only for the exact format; the strict rule keeps a
 policy from learning chatty wrappers around its calls at no cost. ``fc_binary_lenient`` is the same
-reward with the wrapper text allowed (the calls are still decoded and matched). The reward never raises: any failure (a malformed sample included) scores 0.0
+reward with the wrapper text allowed (the calls are still decoded and matched). The reward never
+raises: any failure (a malformed sample included) scores 0.0
 with the reason in the info dict.
 
 ``sample`` is an `FCTask` or a mapping with ``tools`` and ``ground_truth`` (BFCL possible-answer form,
@@ -62,9 +63,7 @@ def wrapper_text_error(completion: str) -> str | None:
     return None
 
 
-def judge_completion(
-    sample: Any, completion: str, require_think: bool = True, strict: bool = True
-) -> tuple[bool, str]:
+def judge_completion(sample: Any, completion: str, require_think: bool = True, strict: bool = True) -> tuple[bool, str]:
     """(correct, reason) for one single-turn completion; never raises. ``strict``: no text around the calls."""
     try:
         if not isinstance(completion, str):
