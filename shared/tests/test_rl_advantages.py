@@ -120,18 +120,68 @@ def test_entropy_clipped_without_think_span_adds_nothing():
     assert out[0][0] == 0.5 and out[1][0] == pytest.approx(-0.5 + 0.4 * 0.25)
 
 
-def test_mars_code_norm():
-    b = batch([[1, 3], [5], [10]], agents=["p0", "p0", "p1"], tokens=[[2, 1], [1], [4]])
-    out = run([("turn_level", {"gamma": 0.0}), ("mars_code_norm", {"eps": 0.0})], b)
-    # centred per player: p0 (-2, 0, 2), p1 (0); token weights 2,1,1,4 -> weighted mean -0.5
-    x = np.array([-2.0, 0.0, 2.0, 0.0])
-    w = np.array([2.0, 1.0, 1.0, 4.0])
-    m = (x * w).sum() / w.sum()
-    var = ((x - m) ** 2 * w).sum() / w.sum() * w.sum() / (w.sum() - 1)
-    wh = (x - m) / math.sqrt(var)
-    wh = wh - np.unique(wh).mean()
-    got = np.concatenate(out)
-    assert got.tolist() == pytest.approx(wh.tolist())
+def _mars_code_reference(rewards, agents, envs, tokens, env_gap=2, pad=3):
+    """MARS's five steps on padded token tensors (one row per trajectory), written from its description:
+    turn reward on the turn's last token, `env_gap` environment tokens between turns, `pad` padding tokens."""
+    rows, masks, ends = [], [], []
+    for r, n in zip(rewards, tokens):
+        vals, mask, end = [], [], []
+        for k, (rew, cnt) in enumerate(zip(r, n)):
+            vals += [0.0] * (int(cnt) - 1) + [rew]
+            mask += [1.0] * int(cnt)
+            end += [0.0] * (int(cnt) - 1) + [1.0]
+            if k < len(r) - 1:
+                vals += [0.0] * env_gap
+                mask += [0.0] * env_gap
+                end += [0.0] * env_gap
+        rows.append(vals), masks.append(mask), ends.append(end)
+    length = max(len(v) for v in rows) + pad
+    x = np.zeros((len(rows), length))
+    m, e = np.zeros_like(x), np.zeros_like(x)
+    for i in range(len(rows)):
+        x[i, : len(rows[i])], m[i, : len(masks[i])], e[i, : len(ends[i])] = rows[i], masks[i], ends[i]
+    # 1. per (game, player): minus the masked mean over turn ends
+    for key in set(zip(envs, agents)):
+        sel = [i for i in range(len(rows)) if (envs[i], agents[i]) == key]
+        mu = (x[sel] * e[sel]).sum() / e[sel].sum()
+        x[sel] = (x[sel] - mu) * e[sel]
+    # 2. masked whiten over response tokens (unbiased, eps 1e-8), then times the mask
+    mu = (x * m).sum() / m.sum()
+    var = (((x - mu) ** 2) * m).sum() / m.sum() * m.sum() / (m.sum() - 1)
+    x = (x - mu) / np.sqrt(var + 1e-8) * m
+    # 3. returns to go over all positions, gamma 1
+    ret = np.flip(np.cumsum(np.flip(x, 1), 1), 1)
+    # 4. per player: minus the mean of the distinct values of the player's whole tensor (rounding noise merged)
+    for player in set(agents):
+        sel = [i for i in range(len(rows)) if agents[i] == player]
+        ret[sel] = ret[sel] - np.unique(np.round(ret[sel], 9)).mean()
+    # 5. masked whiten of the advantages
+    mu = (ret * m).sum() / m.sum()
+    var = (((ret - mu) ** 2) * m).sum() / (m.sum() - 1)
+    return (ret - mu) / np.sqrt(var + 1e-8), m
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mars_code_norm_matches_token_level_reference(seed):
+    rng = np.random.default_rng(seed)
+    n = 12
+    rewards = [rng.choice([-1.0, 0.05, 0.1, 1.0, -11.0], size=rng.integers(1, 5)) for _ in range(n)]
+    tokens = [rng.integers(1, 9, size=len(r)).astype(float) for r in rewards]
+    agents = [f"player_{i % 2}" for i in range(n)]
+    envs = ["tic_tac_toe" if i < 8 else "kuhn_poker" for i in range(n)]
+    b = batch([r.tolist() for r in rewards], agents=agents, envs=envs, tokens=[t.tolist() for t in tokens])
+    out = run([("mars_code_norm", {})], b)
+    adv, mask = _mars_code_reference(rewards, agents, envs, tokens)
+    for i in range(n):
+        mine = np.repeat(out[i], tokens[i].astype(int))  # every token of a turn carries the turn's value
+        assert mine == pytest.approx(adv[i][mask[i] > 0], abs=1e-6)
+    weights = np.concatenate(tokens)
+    assert np.average(np.concatenate(out), weights=weights) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_mars_code_norm_starts_a_pipeline():
+    with pytest.raises(ValueError, match="starts a pipeline"):
+        run([("turn_level", {}), ("mars_code_norm", {})], batch([[1.0], [0.0]]))
 
 
 def test_pipeline_errors_are_clear():

@@ -152,7 +152,7 @@ class Duel(TextEnv):
     "pipeline",
     [
         [AdvantageStep("turn_level"), AdvantageStep("agent_norm")],
-        [AdvantageStep("turn_level"), AdvantageStep("mars_code_norm")],
+        [AdvantageStep("mars_code_norm")],
         [AdvantageStep("grpo"), AdvantageStep("entropy_clipped", {"span": "response"})],
     ],
     ids=["mars", "mars_code", "egpo"],

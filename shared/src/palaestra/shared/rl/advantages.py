@@ -3,8 +3,8 @@
 Advantages live at turn granularity: one value per turn of each trajectory,
 broadcast later to that turn's response tokens (a single-turn trajectory has
 one). A pipeline is a list of steps; the first one makes values from rewards
-(`grpo`, `turn_level`), the next ones transform them (`agent_norm`,
-`entropy_clipped`, `mars_code_norm`)::
+(`grpo`, `turn_level`, `mars_code_norm`), the next ones transform them
+(`agent_norm`, `entropy_clipped`)::
 
     advantages:                       # EGPO
       - {name: grpo}
@@ -25,11 +25,9 @@ Formulas:
 - ``turn_level`` (MARS): R_t = Σ_{t'>=t} γ^{t'-t} r_{t'} over the agent's turns.
 - ``agent_norm`` (MARS): (x - mean_k) / (std_k + eps) over all turns of the batch
   that share (agent, env type) k.
-- ``mars_code_norm``: our reading of DESIGN.md's note on the MARS code (not
-  verified line by line against their source): center per player (agent, env
-  type), whiten over all response tokens of the batch (token-weighted, as
-  ROLL's ``masked_whiten``), then subtract the mean of the distinct per-turn
-  values so duplicated tokens do not weigh the centre.
+- ``mars_code_norm`` (MARS's code path, thu-nics/MARS ``roll/utils/functionals.py``
+  ``reward_postprocess_agentic`` + ``compute_advantage``); starts a pipeline, see
+  its docstring for the five steps.
 """
 
 from __future__ import annotations
@@ -189,7 +187,13 @@ def _player_groups(batch: AdvantageInput) -> dict[tuple, list[int]]:
 
 @ADVANTAGES.register("agent_norm")
 def agent_norm(values: Values | None, batch: AdvantageInput, *, eps: float = 1e-6, by_env: bool = True) -> Values:
-    """Normalize over all turns of the batch per (agent, env type) (MARS's agent-specific normalization)."""
+    """Normalize over all turns of the batch per (agent, env type) (MARS's agent-specific normalization).
+
+    The paper's clean form: (R - mean_k) / std_k over the returns to go of group k, each turn counting once.
+    MARS's code (`mars_code_norm`) differs: it centres the rewards (not the returns) per group, whitens
+    them and the advantages over all response tokens of the batch (long turns weigh more), and re-centres
+    on the mean of the distinct values per agent across games; the two agree in sign mostly, not in value.
+    """
     values = _require(values, "agent_norm")
     groups = _player_groups(batch) if by_env else _group_by(batch.agents)
     out = [v.astype(np.float64).copy() for v in values]
@@ -214,22 +218,58 @@ def _group_by(keys: list[str]) -> dict[str, list[int]]:
 
 @ADVANTAGES.register("mars_code_norm")
 def mars_code_norm(values: Values | None, batch: AdvantageInput, *, eps: float = 1e-8) -> Values:
-    """Center per player, whiten token-weighted over the batch, re-center on the mean of distinct values."""
-    values = _require(values, "mars_code_norm")
-    centred = [v.astype(np.float64).copy() for v in values]
+    """MARS's code path, in its order (thu-nics/MARS, ``roll/utils/functionals.py``), from the turn rewards:
+
+    1. centre the turn rewards per (env type, agent): minus the mean over that group's turns (each turn once,
+       ``reward_normalization: {grouping: tags, method: mean, separate_norm_for_selfplay: true}``);
+    2. whiten the token-level rewards over all response tokens of the batch (``whiten_rewards``,
+       ``masked_whiten``: the turn's reward sits on its last token, the other tokens hold 0; unbiased
+       token variance, eps 1e-8);
+    3. returns to go over tokens, γ = 1 (``adv_estimator: reinforce``);
+    4. per agent (all games together, ``advantage_norm: mean``): subtract the mean of the distinct values of
+       that agent's advantage tensor, the 0 of the positions after the last turn included;
+    5. whiten the advantages over all response tokens (token-weighted, unbiased, ``eps``: ``whiten_advantages``).
+
+    Values within 1e-9 count as one in step 4 (MARS compares floats exactly, where rounding can split a
+    value in two). Step 1 makes the rewards sum to 0, so step 2's token mean is 0, every token of a turn
+    carries that turn's return to go, and one value per turn is exact. An agent whose values are all 0 keeps
+    them (MARS returns zeros there). Step 2 uses MARS's fixed eps 1e-8; ``eps`` is step 5's.
+    """
+    if values is not None:
+        raise ValueError("advantage step 'mars_code_norm' starts a pipeline (it reads rewards); put it first")
+    rewards = [r.astype(np.float64) for r in batch.turn_rewards]
+    if not rewards:
+        return []
+    tokens = np.concatenate(batch.turn_tokens)
+    n_tokens = tokens.sum()
+    if n_tokens < 2:
+        return [np.zeros_like(r) for r in rewards]
+    # 1. centre per (env type, agent), each turn counting once
+    centred = [r.copy() for r in rewards]
     for idx in _player_groups(batch).values():
-        mean = np.concatenate([values[i] for i in idx]).mean()
+        mean = np.concatenate([rewards[i] for i in idx]).mean()
         for i in idx:
-            centred[i] = values[i] - mean
-    flat = np.concatenate(centred) if centred else np.zeros(0)
-    weights = np.concatenate(batch.turn_tokens) if centred else np.zeros(0)
-    if weights.sum() < 2:
-        return [np.zeros_like(v) for v in centred]
-    mean = np.average(flat, weights=weights)
-    var = np.average((flat - mean) ** 2, weights=weights) * weights.sum() / (weights.sum() - 1)
-    whitened = [(v - mean) / np.sqrt(var + eps) for v in centred]
-    shift = np.unique(np.concatenate(whitened)).mean()
-    return [w - shift for w in whitened]
+            centred[i] = rewards[i] - mean
+    # 2. whiten token-level rewards: the turn's value on its last token, zeros on the other response tokens
+    flat = np.concatenate(centred)
+    mean = flat.sum() / n_tokens
+    var = (((flat - mean) ** 2).sum() + (n_tokens - len(flat)) * mean**2) / (n_tokens - 1)
+    whitened = [(c - mean) / np.sqrt(var + 1e-8) for c in centred]
+    # 3. returns to go (γ 1; the tokens of a turn share its return since the token mean above is 0)
+    returns = [np.cumsum(w[::-1])[::-1] for w in whitened]
+    # 4. per agent, minus the mean of the distinct values (0 included: the positions after the last turn)
+    shifted = [ret.copy() for ret in returns]
+    for idx in _group_by(batch.agents).values():
+        pooled = np.sort(np.concatenate([returns[i] for i in idx] + [np.zeros(1)]))
+        distinct = pooled[np.concatenate([[True], np.diff(pooled) > 1e-9])]
+        if len(distinct) > 1:
+            for i in idx:
+                shifted[i] = returns[i] - distinct.mean()
+    # 5. token-weighted whitening over the batch
+    flat = np.concatenate(shifted)
+    mean = np.average(flat, weights=tokens)
+    var = np.average((flat - mean) ** 2, weights=tokens) * n_tokens / (n_tokens - 1)
+    return [(s - mean) / np.sqrt(var + eps) for s in shifted]
 
 
 @ADVANTAGES.register("entropy_clipped")
