@@ -51,3 +51,26 @@ def test_every_round_failing_falls_back(tiny_llm):
     assert out["fallback"] and out["code"] is None
     assert out["reason"].startswith("all 2 LLM reward candidates failed")
     assert len(out["history"]) == 2
+
+
+def test_deeply_nested_candidate_fails_alone_and_the_valid_round_is_kept():
+    nested = "```python\ndef reward(state):\n    return " + "-" * 19_900 + "1.0\n```"
+    llm = ScriptedLLM([VALID, nested])
+    out = design_reward(llm, SPEC, TINY, rounds=2, samples=1, eval_episodes=1, seed=0)
+    assert not out["fallback"] and out["round"] == 0 and "victim_collision" in out["code"]
+    assert out["history"][1]["status"] == "failed" and "nested too deeply" in out["history"][1]["reason"]
+
+
+def test_an_llm_reward_dropped_mid_training_is_reported():
+    from dataclasses import replace
+
+    from palaestra.aed.attack import reward_provenance
+    from palaestra.aed.train import build_model, train_adversary
+
+    slow = "def reward(state):\n    n = 0\n    while state['t'] >= 0:\n        n = n + 1\n    return 0.0\n"
+    model = build_model(replace(SPEC, reward_code=slow), TINY, seed=0)
+    stats = train_adversary(model, 6)
+    model.get_env().close()
+    assert stats["reward_dropped_at"] == 1 and "timed out" in stats["reward_errors"][0]
+    assert reward_provenance("llm", stats) == {"reward_source": "llm_dropped", "reward_dropped_at": 1}
+    assert reward_provenance("llm", {**stats, "reward_dropped_at": None}) == {"reward_source": "llm"}

@@ -94,6 +94,7 @@ def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker) -> di
         print(
             f"[aed] {prefix}: reward failed during training ({stats['reward_errors'][0]}); fell back to expert reward"
         )
+    out.update(reward_provenance(out["reward_source"], stats))
     metrics = {
         "asr": ev["asr"],
         "responsible_rate": ev["responsible_rate"],
@@ -113,6 +114,14 @@ def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker) -> di
         tracker.log_artifact(gif, "videos")
         out["video_accident"] = bool(shown and shown["victim_collision"])
     return out
+
+
+def reward_provenance(source: str, stats: dict[str, Any]) -> dict[str, Any]:
+    """``reward_source`` after training: an LLM reward that failed mid-training (the env switched to the expert
+    reward) is ``llm_dropped``, with the timestep of the switch."""
+    if source == "llm" and stats["reward_dropped_at"] is not None:
+        return {"reward_source": "llm_dropped", "reward_dropped_at": stats["reward_dropped_at"]}
+    return {"reward_source": source}
 
 
 def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:

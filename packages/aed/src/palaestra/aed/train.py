@@ -161,6 +161,7 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500, resta
             self.episodes = self.accidents = self.responsible = 0
             self.first_success: int | None = None
             self.reward_errors: set[str] = set()
+            self.reward_dropped_at: int | None = None
             self.types: Counter = Counter()
             self.accident_log: list[dict] = []
             self.accident_slots: list[tuple[int, int] | None] = []
@@ -172,6 +173,8 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500, resta
             for env_idx, info in enumerate(self.locals["infos"]):
                 if "reward_error" in info:
                     self.reward_errors.add(info["reward_error"])
+                    if self.reward_dropped_at is None:
+                        self.reward_dropped_at = self.num_timesteps
                 if "accident" in info:
                     self.accidents += 1
                     if len(self.accident_log) < 2000:
@@ -202,6 +205,7 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500, resta
         "responsible": stats.responsible,
         "steps_to_first_success": stats.first_success,
         "reward_errors": sorted(stats.reward_errors),
+        "reward_dropped_at": stats.reward_dropped_at,
         "types": dict(stats.types),
         "accident_log": stats.accident_log,
         "accident_slots": stats.accident_slots,
