@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from palaestra.shared.rl.loss import LossConfig, policy_loss
+from palaestra.shared.rl.loss import LossConfig, loss_normalizer, policy_loss
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 
@@ -124,3 +124,27 @@ def test_bad_config_is_a_clear_error():
         policy_loss(logps, old, adv, mask, LossConfig(reduction="gspo"))
     with pytest.raises(ValueError, match="reference logprobs"):
         policy_loss(logps, old, adv, mask, LossConfig(kl_coef=0.1))
+
+
+@pytest.mark.parametrize("reduction", ["grpo", "dapo", "dr_grpo"])
+def test_parts_with_the_minibatch_normalizer_add_up_to_the_whole(reduction):
+    # rows split 2 + 3 (unequal token counts: 10 vs 12); each part divided by the whole's normalizer
+    logps, old, ref, adv, mask, _ = tensors(2)
+    cfg = LossConfig(kl_coef=0.04, reduction=reduction, max_len=MAX_LEN)
+    whole_in = logps.clone().requires_grad_(True)
+    whole, _ = policy_loss(whole_in, old, adv, mask, cfg, ref_logps=ref)
+    whole.backward()
+    norm = loss_normalizer(mask, cfg)
+    # the normalizer by its definition, counted independently
+    expected = {"grpo": B, "dapo": int(mask.sum()), "dr_grpo": B * MAX_LEN}[reduction]
+    assert norm == expected
+    parts_in = logps.clone().requires_grad_(True)
+    total = 0.0
+    for rows in (slice(0, 2), slice(2, B)):
+        part, _ = policy_loss(
+            parts_in[rows], old[rows], adv[rows], mask[rows], cfg, ref_logps=ref[rows], normalizer=norm
+        )
+        part.backward()
+        total += part.item()
+    assert total == pytest.approx(whole.item(), rel=1e-12)
+    assert torch.allclose(parts_in.grad, whole_in.grad, rtol=1e-12, atol=0)

@@ -88,24 +88,50 @@ def token_advantages(values: list[np.ndarray], turn_index: torch.Tensor) -> torc
     return out
 
 
+def micro_batches(batch: TrainBatch, idx: torch.Tensor, max_tokens: int = 0, max_rows: int = 0) -> list[torch.Tensor]:
+    """Split the rows `idx` of `batch` into micro-batches of at most `max_tokens` padded tokens
+    (rows x the longest row's length) and at most `max_rows` rows (0: no limit).
+
+    Rows are taken longest first, so rows of similar length share a micro-batch (little padding); a
+    row longer than `max_tokens` alone is one micro-batch (a sequence is never cut). With no limits
+    the result is ``[idx]`` unchanged. The one split used by the update and by log-prob scoring.
+    """
+    if not max_tokens and not max_rows:
+        return [idx]
+    lengths = batch.attention_mask[idx].sum(-1)
+    order = idx[torch.argsort(lengths, descending=True, stable=True)]
+    lengths = batch.attention_mask[order].sum(-1).tolist()
+    parts: list[torch.Tensor] = []
+    start = 0
+    for end in range(1, len(order) + 1):
+        # rows are sorted by length, so the first row of a part is its longest
+        too_many = max_rows and end - start > max_rows
+        too_long = max_tokens and end - start > 1 and (end - start) * lengths[start] > max_tokens
+        if too_many or too_long:
+            parts.append(order[start : end - 1])
+            start = end - 1
+    parts.append(order[start:])
+    return parts
+
+
 @torch.no_grad()
 def score_batch(
-    model, batch: TrainBatch, temperature: float, minibatch: int, with_entropy: bool = True
+    model, batch: TrainBatch, temperature: float, max_tokens: int = 0, max_rows: int = 0, with_entropy: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) of every target token under `model`, without gradients."""
+    """Log-probs (and entropies) of every target token under `model`, without gradients, one forward per
+    micro-batch (`micro_batches` with `max_tokens` / `max_rows`); (N, L-1) tensors in the batch's row order."""
     device = next(model.parameters()).device
-    logps, ents = [], []
-    for start in range(0, len(batch), minibatch):
-        idx = torch.arange(start, min(start + minibatch, len(batch)))
+    logps = torch.zeros(batch.loss_mask.shape)
+    ents = torch.zeros(batch.loss_mask.shape) if with_entropy else None
+    for idx in micro_batches(batch, torch.arange(len(batch)), max_tokens, max_rows):
         mb = batch.rows(idx)
         lp, ent = token_logprobs_and_entropy(
             model, mb.input_ids.to(device), mb.attention_mask.to(device), temperature, with_entropy
         )
-        pad = batch.loss_mask.shape[1] - lp.shape[1]
-        logps.append(torch.nn.functional.pad(lp.cpu(), (0, pad)))
+        logps[idx, : lp.shape[1]] = lp.float().cpu()
         if with_entropy:
-            ents.append(torch.nn.functional.pad(ent.cpu(), (0, pad)))
-    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+            ents[idx, : ent.shape[1]] = ent.float().cpu()
+    return logps, ents
 
 
 def think_entropy(entropy: torch.Tensor, batch: TrainBatch, span: str = "think") -> np.ndarray:

@@ -64,6 +64,10 @@ class LearnerConfig:
     """CPUs per learner rank (Ray resource request)."""
     num_gpus: float = 0
     """GPUs per learner rank (1 on GPU nodes: NCCL then; 0: CPU and gloo)."""
+    micro_batch_tokens: int = 0
+    """Token budget of a micro-batch (rows x longest row, padding included): each minibatch is split into
+    micro-batches of at most this many tokens whose gradients add up to one optimizer step; old/reference
+    log-prob scoring uses the same budget (0: no split)."""
 
 
 @dataclass

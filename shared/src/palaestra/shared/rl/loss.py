@@ -12,6 +12,12 @@ Reductions over the masked tokens (as TRL's ``GRPOTrainer``):
 - ``dapo``: mean over all tokens of the batch;
 - ``dr_grpo``: sum over all tokens / (batch size · a constant max length).
 
+Each reduction is a sum divided by a normalizer of the whole minibatch
+(`loss_normalizer`: sequences for grpo, tokens for dapo, sequences x max length
+for dr_grpo). A minibatch split into micro-batches (gradient accumulation) or
+across ranks passes the minibatch's normalizer to every part, so the parts'
+losses and gradients add up to the unsplit ones exactly.
+
 `policy_loss` returns the loss and detached metrics (entropy, clip fraction, kl).
 """
 
@@ -50,10 +56,14 @@ def policy_loss(
     cfg: LossConfig,
     ref_logps: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
+    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss over (B, T) tensors; `advantages` is (B, T) or (B,)."""
-    if cfg.reduction not in REDUCTIONS:
-        raise ValueError(f"unknown loss reduction {cfg.reduction!r}; known: {', '.join(REDUCTIONS)}")
+    """The loss over (B, T) tensors; `advantages` is (B, T) or (B,).
+
+    `normalizer`: the minibatch's `loss_normalizer` when these rows are one part of it
+    (None: these rows are the whole minibatch). The metrics are token means over these rows.
+    """
+    _check_reduction(cfg)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
     mask = mask.to(logps.dtype)
@@ -75,7 +85,7 @@ def policy_loss(
         kl = torch.exp(delta) - delta - 1
         per_token = per_token + cfg.kl_coef * kl
 
-    loss = reduce_tokens(per_token, mask, cfg)
+    loss = reduce_tokens(per_token, mask, cfg, normalizer)
 
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1.0)
@@ -92,14 +102,36 @@ def policy_loss(
     return loss, metrics
 
 
-def reduce_tokens(per_token: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+def loss_normalizer(mask: torch.Tensor, cfg: LossConfig) -> float:
+    """What `reduce_tokens` divides by for the rows of `mask` (B, T): sequences (grpo), tokens (dapo) or
+    sequences x ``max_len`` (dr_grpo). Counts add up: a distributed caller all-reduces (sums) each rank's."""
+    _check_reduction(cfg)
     if cfg.reduction == "grpo":
-        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        return float(mask.shape[0])
     if cfg.reduction == "dapo":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
-    if cfg.max_len <= 0:
+        return float(mask.sum())
+    return float(mask.shape[0] * cfg.max_len)
+
+
+def reduce_tokens(
+    per_token: torch.Tensor, mask: torch.Tensor, cfg: LossConfig, normalizer: float | None = None
+) -> torch.Tensor:
+    """Sum of per-sequence token means (grpo) or of all tokens (dapo, dr_grpo), divided by `normalizer`
+    (default: `loss_normalizer` of these rows, i.e. these rows are the whole minibatch)."""
+    if normalizer is None:
+        normalizer = loss_normalizer(mask, cfg)
+    if cfg.reduction == "grpo":
+        total = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum()
+    else:
+        total = (per_token * mask).sum()
+    return total / max(normalizer, 1.0)
+
+
+def _check_reduction(cfg: LossConfig) -> None:
+    if cfg.reduction not in REDUCTIONS:
+        raise ValueError(f"unknown loss reduction {cfg.reduction!r}; known: {', '.join(REDUCTIONS)}")
+    if cfg.reduction == "dr_grpo" and cfg.max_len <= 0:
         raise ValueError("dr_grpo needs loss.max_len > 0 (the constant normalizer)")
-    return (per_token * mask).sum() / (per_token.size(0) * cfg.max_len)
 
 
 def token_logprobs_and_entropy(

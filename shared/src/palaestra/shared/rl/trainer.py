@@ -67,6 +67,7 @@ Small models on CPU: the RL learning rate wants to be far below the SFT one
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
@@ -90,8 +91,8 @@ from palaestra.shared.rl.config import (  # re-exported: packages import the con
     TrainConfig,
     WorkersConfig,
 )
-from palaestra.shared.rl.loss import policy_loss, token_logprobs_and_entropy
 from palaestra.shared.rl.sft import run_sft
+from palaestra.shared.rl.update import accumulate_gradients
 from palaestra.shared.rollout.engine import EpisodeSpec
 from palaestra.shared.rollout.env import ENVS, TextEnv
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
@@ -208,7 +209,9 @@ class Trainer:
         # 2. old log-probs and entropies (3. reference log-probs)
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.think_ids)
         mb = cfg.minibatch_size or len(batch)
-        old_logps, entropy = score_batch(self.model, batch, cfg.rollout.temperature, mb)
+        old_logps, entropy = score_batch(
+            self.model, batch, cfg.rollout.temperature, cfg.learner.micro_batch_tokens, max_rows=mb
+        )
         ref_logps = self._reference_logps(batch, mb) if cfg.loss.kl_coef else None
         # 4. advantages
         adv_in = AdvantageInput.from_trajectories(
@@ -247,7 +250,6 @@ class Trainer:
 
     def _update(self, batch, old_logps, ref_logps, advantages, entropy, mb: int) -> dict[str, float]:
         cfg = self.cfg
-        device = next(self.model.parameters()).device
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.step)
         sums: dict[str, float] = {}
         count = 0
@@ -255,26 +257,26 @@ class Trainer:
             order = torch.randperm(len(batch), generator=gen) if mb < len(batch) else torch.arange(len(batch))
             for start in range(0, len(batch), mb):
                 idx = order[start : start + mb]
-                rows = batch.rows(idx)
-                width = rows.loss_mask.shape[1]
-                logps, _ = _forward(self.model, rows, device, cfg.rollout.temperature)
-                loss, m = policy_loss(
-                    logps,
-                    old_logps[idx, :width].to(device),
-                    advantages[idx, :width].to(device),
-                    rows.loss_mask.to(device),
+                self.optimizer.zero_grad(set_to_none=True)
+                m = accumulate_gradients(
+                    self.model,
+                    batch,
+                    idx,
+                    advantages,
                     cfg.loss,
-                    ref_logps=None if ref_logps is None else ref_logps[idx, :width].to(device),
-                    entropies=entropy[idx, :width].to(device),
+                    cfg.rollout.temperature,
+                    cfg.learner.micro_batch_tokens,
+                    old_logps=old_logps,
+                    ref_logps=ref_logps,
+                    entropies=entropy,
                 )
-                if not torch.isfinite(loss):
+                if not math.isfinite(m["loss"]):
                     last = checkpoint.latest(self.ckpt_dir)
                     raise TrainingError(
-                        f"non-finite loss ({loss.item()}) at step {self.step + 1}, epoch {epoch}, minibatch "
+                        f"non-finite loss ({m['loss']}) at step {self.step + 1}, epoch {epoch}, minibatch "
                         f"{start // mb}; stopping. Last good checkpoint: {last or 'none (no checkpoint saved yet)'}"
                     )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                m.pop("tokens")
                 if cfg.optim.max_grad_norm:
                     m["grad_norm"] = float(
                         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
@@ -304,9 +306,14 @@ class Trainer:
     @torch.no_grad()
     def _reference_logps(self, batch, mb: int) -> torch.Tensor:
         if self.ref_model is not None:
-            return score_batch(self.ref_model, batch, self.cfg.rollout.temperature, mb, with_entropy=False)[0]
-        with self.model.disable_adapter():  # LoRA: the base model is the reference
-            return score_batch(self.model, batch, self.cfg.rollout.temperature, mb, with_entropy=False)[0]
+            model = self.ref_model
+        else:
+            model = self.model
+        with contextlib.nullcontext() if self.ref_model is not None else self.model.disable_adapter():
+            # LoRA: the base model (adapters off) is the reference
+            return score_batch(
+                model, batch, self.cfg.rollout.temperature, self.cfg.learner.micro_batch_tokens, mb, with_entropy=False
+            )[0]
 
     # -- tasks, weights, checkpoints -------------------------------------------
     def draw_tasks(self, step: int) -> list[EpisodeSpec]:
@@ -330,12 +337,6 @@ class Trainer:
         path = checkpoint.save(self.ckpt_dir, self.step, self.model, self.tokenizer, self.optimizer)
         checkpoint.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
         return path
-
-
-def _forward(model, rows, device, temperature):
-    return token_logprobs_and_entropy(
-        model, rows.input_ids.to(device), rows.attention_mask.to(device), temperature, with_entropy=False
-    )
 
 
 def _think_token_ids(tokenizer) -> tuple[int, int] | None:

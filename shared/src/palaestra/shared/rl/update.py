@@ -1,0 +1,114 @@
+"""One optimizer step's gradient: a minibatch of rows, split into micro-batches, gradients accumulated.
+
+`accumulate_gradients` runs forward + backward over the micro-batches of a
+minibatch (`batch.micro_batches`, at most ``micro_batch_tokens`` padded tokens
+each) and leaves the summed gradient in the parameters' ``.grad``; the caller
+clips and steps the optimizer. Every micro-batch's loss is divided by the
+normalizer of the *whole* minibatch (`loss.loss_normalizer`), so the
+accumulated gradient equals the gradient of the unsplit minibatch.
+
+A distributed learner calls the same function on each rank's share of the
+rows, with ``normalizer`` = the all-reduced (summed) normalizer of all ranks'
+rows, multiplied by the world size when the gradients are averaged across ranks
+(DDP, FSDP): the averaged gradient then equals the single-process one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from palaestra.shared.rl.batch import TrainBatch, micro_batches
+from palaestra.shared.rl.loss import LossConfig, loss_normalizer, policy_loss, token_logprobs_and_entropy
+
+TOKEN_MEANS = ("clip_fraction", "kl", "ratio_mean", "entropy")
+
+
+def micro_batch_loss(
+    model,
+    rows: TrainBatch,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    ref_logps: torch.Tensor | None,
+    entropies: torch.Tensor | None,
+    cfg: LossConfig,
+    temperature: float,
+    normalizer: float,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one micro-batch (its share of the minibatch's loss) with its graph, and its metrics.
+
+    The (rows, T) tensors are on the model's device, trimmed to ``rows``' width. ``old_logps`` None:
+    on-policy, the old log-probs are the current ones detached (ratio 1, the same gradient).
+    ``with_entropy``: the entropies (for the metrics) come from this forward, without gradient.
+    """
+    device = next(model.parameters()).device
+    logps, ent = token_logprobs_and_entropy(
+        model, rows.input_ids.to(device), rows.attention_mask.to(device), temperature, with_entropy=with_entropy
+    )
+    return policy_loss(
+        logps,
+        logps.detach() if old_logps is None else old_logps,
+        advantages,
+        rows.loss_mask.to(device),
+        cfg,
+        ref_logps=ref_logps,
+        entropies=ent if with_entropy else entropies,
+        normalizer=normalizer,
+    )
+
+
+def accumulate_gradients(
+    model,
+    batch: TrainBatch,
+    idx: torch.Tensor,
+    advantages: torch.Tensor,
+    cfg: LossConfig,
+    temperature: float,
+    micro_batch_tokens: int = 0,
+    old_logps: torch.Tensor | None = None,
+    ref_logps: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
+    normalizer: float | None = None,
+) -> dict[str, float]:
+    """Backward over the rows `idx` of `batch` in micro-batches; the gradients add up in ``.grad``.
+
+    Full-batch (N, L-1) tensors: `advantages`, `old_logps` (None: on-policy), `ref_logps` (when
+    ``cfg.kl_coef``), `entropies` (metrics only; None: computed in the forward). `normalizer`: see the
+    module docstring (None: these rows are the whole minibatch). Returns the minibatch's loss (the sum of
+    the parts) and token means of clip fraction, kl, ratio and entropy, plus ``tokens`` (the rows' count).
+    A non-finite loss is returned as such, before its backward: the caller stops.
+    """
+    if normalizer is None:
+        normalizer = loss_normalizer(batch.loss_mask[idx], cfg)
+    device = next(model.parameters()).device
+    sums = dict.fromkeys(TOKEN_MEANS, 0.0)
+    loss_total, tokens_total = 0.0, 0.0
+    for part in micro_batches(batch, idx, micro_batch_tokens):
+        rows = batch.rows(part)
+        old, adv, ref, ent = (_cut(x, part, rows, device) for x in (old_logps, advantages, ref_logps, entropies))
+        loss, m = micro_batch_loss(
+            model,
+            rows,
+            old,
+            adv,
+            ref,
+            ent,
+            cfg,
+            temperature,
+            normalizer,
+            with_entropy=entropies is None,
+        )
+        if not torch.isfinite(loss):
+            return {"loss": float(loss.item()), "tokens": tokens_total}
+        loss.backward()
+        tokens = float(rows.loss_mask.sum())
+        loss_total += float(m.pop("loss"))
+        tokens_total += tokens
+        for k in TOKEN_MEANS:
+            sums[k] += m.get(k, 0.0) * tokens
+    means = {k: v / max(tokens_total, 1.0) for k, v in sums.items()}
+    return {"loss": loss_total, **means, "tokens": tokens_total}
+
+
+def _cut(x: torch.Tensor | None, part: torch.Tensor, rows: TrainBatch, device) -> torch.Tensor | None:
+    return None if x is None else x[part, : rows.loss_mask.shape[1]].to(device)
