@@ -1,8 +1,10 @@
-"""The ``palaestra`` command: ``run``, ``jobs``, ``serve``.
+"""The ``palaestra`` command: ``run``, ``jobs``, ``show``, ``serve``, ``plan``.
 
 Heavy imports happen inside each command, so ``--help`` and ``jobs`` are quick.
+Options may come anywhere (``palaestra run X.yaml --dry-run seed=1``).
 User mistakes (a bad config, an unknown job or backend, a missing model, a
-server that does not answer) print one line and exit with status 2.
+server that does not answer) and a run that cannot go on (a non-finite loss)
+print one line and exit with status 2.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from palaestra.shared.registry import UnknownNameError
 def _user_errors() -> tuple[type[BaseException], ...]:
     from palaestra.shared.llm.base import LLMError
 
-    return (ConfigError, UnknownNameError, LLMError, FileNotFoundError)
+    errors: tuple[type[BaseException], ...] = (ConfigError, UnknownNameError, LLMError, FileNotFoundError)
+    trainer = sys.modules.get("palaestra.shared.rl.trainer")  # loaded iff a trainer ran (it imports torch)
+    return (*errors, trainer.TrainingError) if trainer is not None else errors
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -42,13 +46,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     from palaestra.shared.jobs import JOBS
 
-    names = [n for n in JOBS.names() if not n.startswith("<broken")]
+    names = JOBS.names()
     width = max(map(len, names), default=0)
     for name in names:
         print(f"{name:<{width}}  {JOBS.get(name).summary}")
-    for name in JOBS.names():
-        if name.startswith("<broken"):
-            print(f"(plugin failed to load: {name[8:-1]}: {JOBS._entries[name]})", file=sys.stderr)
+    for name, error in JOBS.broken_plugins().items():
+        print(f"(plugin failed to load: {name}: {error})", file=sys.stderr)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from palaestra.shared.config_docs import describe
+    from palaestra.shared.jobs import JOBS
+
+    spec = JOBS.get(args.job)
+    print(f"{spec.name}: {spec.summary}")
+    print(f"config: {spec.config.__module__}.{spec.config.__qualname__}; override any field as key=value\n")
+    for item in describe(spec.config):
+        default = f" = {item.default}" if item.default else ""
+        print(f"{item.name}: {item.type}{default}")
+        if item.doc:
+            print(f"    {item.doc}")
     return 0
 
 
@@ -58,6 +76,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     serve(LLMConfig(backend=args.backend, model=args.model, device=args.device), host=args.host, port=args.port)
     return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from palaestra.shared.jobs import load_config
+    from palaestra.shared.plan import plan
+    from palaestra.shared.rl.config import TrainConfig
+
+    cfg = load_config(args.config, args.overrides)
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"{args.config}: plan needs an RL training config (job {cfg.job} is not one)")
+    try:
+        report, fits = plan(cfg, gpu_gb=args.gpu_gb, gpus=args.gpus)
+    except ValueError as err:
+        raise ConfigError(f"{args.config}: {err}") from None
+    print(report)
+    return 0 if fits else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(fn=cmd_run)
     jobs = sub.add_parser("jobs", help="list the registered jobs")
     jobs.set_defaults(fn=cmd_jobs)
+    show = sub.add_parser("show", help="every config field of a job: type, default and what it does")
+    show.add_argument("job", help="a registered job (`palaestra jobs` lists them)")
+    show.set_defaults(fn=cmd_show)
     serve = sub.add_parser("serve", help="OpenAI-compatible server over a local model")
     serve.add_argument("model", help="tiny | smollm2-135m | a local HF directory")
     serve.add_argument("--host", default="127.0.0.1")
@@ -77,11 +114,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--backend", default="transformers")
     serve.add_argument("--device", default="auto")
     serve.set_defaults(fn=cmd_serve)
+    plan = sub.add_parser("plan", help="per-device memory estimate of an RL config; exit 0 when it fits")
+    plan.add_argument("config", help="path to the YAML config")
+    plan.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
+    plan.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU in GB (default 80)")
+    plan.add_argument("--gpus", type=int, default=8, help="GPUs available (default 8)")
+    plan.set_defaults(fn=cmd_plan)
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse with options anywhere: ``key=value`` words after an option still count as overrides."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    stray = [word for word in extra if word.startswith("-") or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return args.fn(args)
     except _user_errors() as err:

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from palaestra.shared.config import registry_kwargs, registry_name
 from palaestra.shared.registry import Registry
 from palaestra.shared.rollout.trajectory import Trajectory
 
@@ -93,9 +94,9 @@ ADVANTAGES: Registry[Estimator] = Registry("advantage estimator", "palaestra.adv
 class AdvantageStep:
     """One step of an advantage pipeline."""
 
-    name: str = "grpo"
+    name: str = field(default="grpo", metadata=registry_name(ADVANTAGES))
     """Registered estimator (`ADVANTAGES`): grpo | entropy_clipped | turn_level | agent_norm | mars_code_norm."""
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict, metadata=registry_kwargs("name"))
     """Keyword options of the estimator (e.g. ``{lam: 0.4, alpha: 2.0}``)."""
 
 

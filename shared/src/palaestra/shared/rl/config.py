@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from palaestra.shared.config import JobConfig
+from palaestra.shared.config import JobConfig, registry_kwargs, registry_name
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.loss import LossConfig
@@ -17,9 +17,9 @@ from palaestra.shared.rollout.engine import RolloutConfig
 class EnvSpec:
     """One environment of the task mixture."""
 
-    name: str = "task"
+    name: str = field(default="task", metadata=registry_name("palaestra.shared.rollout.env:ENVS"))
     """Registered env (`ENVS`)."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict, metadata=registry_kwargs("name"))
     """Constructor arguments of the env."""
     weight: float = 1.0
     """Share of the tasks drawn from this env."""

@@ -24,10 +24,19 @@ losses and gradients add up to the unsplit ones exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 
 REDUCTIONS = ("grpo", "dapo", "dr_grpo")
+
+
+class Reduction(StrEnum):
+    """How token losses become one loss (see the module docstring)."""
+
+    grpo = "grpo"
+    dapo = "dapo"
+    dr_grpo = "dr_grpo"
 
 
 @dataclass
@@ -42,7 +51,7 @@ class LossConfig:
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (None: off; MARS uses 3)."""
     kl_coef: float = 0.0
     """β of the k3 KL to the frozen reference model (0: no reference model is kept)."""
-    reduction: str = "grpo"
+    reduction: Reduction = Reduction.grpo
     """grpo | dapo | dr_grpo."""
     max_len: int = 0
     """dr_grpo's constant length (0: the rollout's max tokens per turn)."""

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from palaestra.shared.config import ConfigError
+from palaestra.shared.config import ConfigError, registry_kwargs, registry_name
 from palaestra.shared.jsonl import read_jsonl
 
 
@@ -33,9 +33,9 @@ class SFTOptions:
     """Optimizer steps (0: no SFT)."""
     data_path: str | None = None
     """JSONL file, one sample per line: ``{"messages": [...], "tools": [...]}``."""
-    source: str | None = None
+    source: str | None = field(default=None, metadata=registry_name("palaestra.shared.rollout.tasks:TASKS"))
     """Or a registered task source (`TASKS`) whose samples carry full conversations."""
-    source_kwargs: dict[str, Any] = field(default_factory=dict)
+    source_kwargs: dict[str, Any] = field(default_factory=dict, metadata=registry_kwargs("source"))
     batch_size: int = 16
     lr: float = 1e-3
     max_length: int = 2048

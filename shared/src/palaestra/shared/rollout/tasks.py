@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
+from palaestra.shared.config import RegistryName
 from palaestra.shared.registry import Registry
 from palaestra.shared.rewards import REWARDS, compose, score
 from palaestra.shared.rollout.env import Step, TextEnv
@@ -37,8 +38,8 @@ class TaskEnv(TextEnv):
 
     def __init__(
         self,
-        source: str = "next_number",
-        reward: str | dict[str, float] = "exact_answer",
+        source: Annotated[str, RegistryName(TASKS)] = "next_number",
+        reward: Annotated[str | dict[str, float], RegistryName(REWARDS)] = "exact_answer",
         source_kwargs: dict[str, Any] | None = None,
         env_type: str | None = None,
     ):

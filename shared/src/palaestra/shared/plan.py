@@ -1,0 +1,270 @@
+"""`palaestra plan CONFIG`: will an RL training config fit its GPUs? A per-device memory estimate, before launch.
+
+The model's architecture comes from its config without downloading weights:
+the embedded ``tiny`` (its cached ``config.json``), a local HF directory, the
+HF cache (``local_files_only``), else `KNOWN_ARCHITECTURES` (hub ids such as
+Qwen/Qwen3-4B-Instruct-2507 that are not available offline).
+
+What one learner device holds (P parameters, N = ``learner.world_size``,
+sharded parts divided by N under ``fsdp``, whole under ``ddp``):
+
+- weights, gradients, AdamW's two moments: 4 + 4 + 8 = 16 bytes per parameter with
+  fp32 master weights (mixed precision, or fp32 throughout on CPU); 2 + 2 + 4 with bf16 weights;
+- under fsdp: the all-gathered compute-dtype copy of the root (embeddings, lm_head) and of
+  two decoder layers (the current one and the prefetched next), plus one layer's unsharded
+  fp32 gradient before its reduce-scatter; under ddp with bf16 compute: autocast's weight copies;
+- the frozen reference model (``loss.kl_coef`` > 0) in the compute dtype, sharded like the weights;
+- activations of one micro-batch (T tokens). Per token and decoder layer, what autograd keeps in
+  a Qwen/Llama layer (the two RMSNorms' fp32 input and compute-dtype output, kept twice as the
+  projections' 2-D inputs; q/k norms; rotated q and k, v, the attention output and its 2-D copy;
+  the SwiGLU MLP's gate, up, activation and product): with c the compute dtype's bytes,
+  ``(4+2c)·2h + (4+c)(q+k) + c(3q+2k) + 4c·I`` (h hidden, q = heads·head_dim, k = kv_heads·head_dim,
+  I intermediate; attention itself is flash/SDPA, linear in T). With gradient checkpointing only each
+  layer's input (c·h per token per layer) is kept, plus one layer recomputed during backward;
+- logits: the lm_head output of the micro-batch (c·V per token) and its gradient; the float32
+  log-softmax work is done in chunks (rl/loss.py), so only one chunk of it is alive;
+- a flat runtime reserve (CUDA context, allocator fragmentation): `RUNTIME_RESERVE_GB`.
+
+A vLLM worker's GPU: vLLM takes ``gpu_memory_utilization`` of it; its KV cache is that
+budget less the bf16 weights (split by tensor parallelism) and `VLLM_OVERHEAD_GB` of
+activations; it must hold at least one ``rollout.max_context_tokens`` sequence
+(vLLM refuses to start otherwise).
+
+The figures are estimates (they ignore e.g. optimizer step temporaries and the
+allocator's caching beyond the reserve); they exist to catch a config that cannot
+fit by a wide margin before a cluster is booked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+GB = 1e9
+RUNTIME_RESERVE_GB = 3.0
+VLLM_OVERHEAD_GB = 2.0
+LOGPROB_CHUNK_TOKENS = 1024
+"""Tokens per chunk of the float32 log-softmax (the order of rl/loss.py's chunks)."""
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """A decoder-only transformer with a SwiGLU MLP (Qwen2/3, Llama, SmolLM2)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool
+    qk_norm: bool = False
+
+    def layer_params(self) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = self.hidden * q + 2 * self.hidden * kv + q * self.hidden
+        mlp = 3 * self.hidden * self.intermediate
+        norms = 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        return attention + mlp + norms
+
+    def root_params(self) -> int:
+        """Embeddings, lm_head (when untied) and the final norm."""
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2) + self.hidden
+
+    def params(self) -> int:
+        return self.layers * self.layer_params() + self.root_params()
+
+
+KNOWN_ARCHITECTURES: dict[str, ModelArch] = {
+    # Qwen3-4B (base and Instruct-2507 share it): config.json of the hub repos; 4.02B parameters
+    "Qwen/Qwen3-4B": ModelArch(36, 2560, 9728, 32, 8, 128, 151936, tied_embeddings=True, qk_norm=True),
+    "Qwen/Qwen3-4B-Instruct-2507": ModelArch(36, 2560, 9728, 32, 8, 128, 151936, tied_embeddings=True, qk_norm=True),
+    # SmolLM2-135M-Instruct (the embedded smollm2-135m): 134.5M parameters
+    "smollm2-135m": ModelArch(30, 576, 1536, 9, 3, 64, 49152, tied_embeddings=True),
+}
+
+
+def arch_from_hf_config(config: dict) -> ModelArch:
+    """The architecture from a ``config.json`` mapping."""
+    missing = [k for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size") if k not in config]
+    if missing:
+        raise ValueError(f"model config lacks {', '.join(missing)} (not a decoder-only transformer config?)")
+    heads = config.get("num_attention_heads", 1)
+    return ModelArch(
+        layers=config["num_hidden_layers"],
+        hidden=config["hidden_size"],
+        intermediate=config["intermediate_size"],
+        heads=heads,
+        kv_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        vocab=config["vocab_size"],
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qk_norm=str(config.get("model_type", "")).startswith("qwen3"),
+    )
+
+
+def model_arch(name: str) -> tuple[ModelArch, str]:
+    """(architecture, where it came from) for an ``llm.model`` value, without downloading weights."""
+    if name in KNOWN_ARCHITECTURES and name != "tiny":
+        return KNOWN_ARCHITECTURES[name], "known architecture table"
+    if name == "tiny":
+        from palaestra.shared.llm.tiny import tiny_path
+
+        path = tiny_path()
+        return arch_from_hf_config(json.loads((path / "config.json").read_text())), str(path)
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return arch_from_hf_config(json.loads((path / "config.json").read_text())), str(path / "config.json")
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(name, local_files_only=True)
+        return arch_from_hf_config(config.to_dict()), "the Hugging Face cache"
+    except Exception:
+        known = ", ".join(KNOWN_ARCHITECTURES)
+        raise ValueError(
+            f"model {name!r}: no config.json found offline and not in the known architectures ({known})"
+        ) from None
+
+
+@dataclass
+class LearnerShape:
+    """The settings of a config that the estimate needs."""
+
+    world_size: int
+    strategy: str  # fsdp | ddp
+    compute_bytes: int  # 2 (bf16/fp16) or 4 (fp32)
+    master_bytes: int  # 4: fp32 master weights; 2: weights kept in bf16
+    micro_batch_tokens: int
+    gradient_checkpointing: bool
+    reference_model: bool
+
+
+def activation_bytes_per_token_layer(arch: ModelArch, c: int) -> int:
+    """What autograd keeps per token in one decoder layer (see the module docstring)."""
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    norms = (4 + 2 * c) * 2 * arch.hidden + ((4 + c) * (q + kv) if arch.qk_norm else 0)
+    return norms + c * (3 * q + 2 * kv) + 4 * c * arch.intermediate
+
+
+def learner_memory(arch: ModelArch, shape: LearnerShape, on_gpu: bool = True) -> dict[str, float]:
+    """Bytes per learner device, by part (see the module docstring); no runtime reserve off the GPU."""
+    p, c, n = arch.params(), shape.compute_bytes, shape.world_size
+    shard = n if shape.strategy == "fsdp" else 1
+    t = shape.micro_batch_tokens
+    optimizer_bytes = 8 if shape.master_bytes == 4 else 4  # AdamW's moments follow the parameter dtype
+    per_layer = activation_bytes_per_token_layer(arch, c)
+    full = arch.layers * per_layer * t
+    checkpointed = arch.layers * c * arch.hidden * t + per_layer * t
+    if shape.strategy == "fsdp" and n > 1:
+        gathered = c * (arch.root_params() + 2 * arch.layer_params()) + 4 * arch.layer_params()
+    else:
+        gathered = c * p if c < shape.master_bytes else 0  # autocast's compute-dtype copies of the weights
+    chunk = min(t, LOGPROB_CHUNK_TOKENS)
+    return {
+        "weights": shape.master_bytes * p / shard,
+        "gradients": shape.master_bytes * p / shard,
+        "optimizer": optimizer_bytes * p / shard,
+        "gathered": gathered,
+        "reference": c * p / shard if shape.reference_model else 0.0,
+        "activations": checkpointed if shape.gradient_checkpointing else full,
+        "activations_no_ckpt": full,
+        "activations_ckpt": checkpointed,
+        "logits": 2 * c * arch.vocab * t + 3 * 4 * arch.vocab * chunk,
+        "reserve": RUNTIME_RESERVE_GB * GB if on_gpu else 0.0,
+    }
+
+
+def learner_total(parts: dict[str, float]) -> float:
+    return sum(v for k, v in parts.items() if k not in ("activations_no_ckpt", "activations_ckpt"))
+
+
+def vllm_memory(arch: ModelArch, gpu_gb: float, utilization: float, tensor_parallel: int) -> dict[str, float]:
+    """Bytes per vLLM GPU: its budget, bf16 weights, the KV cache left and how many tokens that holds."""
+    budget = utilization * gpu_gb * GB
+    weights = 2 * arch.params() / tensor_parallel
+    kv = budget - weights - VLLM_OVERHEAD_GB * GB
+    per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * 2 / tensor_parallel
+    return {"budget": budget, "weights": weights, "kv_cache": kv, "kv_tokens": max(kv, 0) / per_token}
+
+
+def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8) -> tuple[str, bool]:
+    """The report for an RL `TrainConfig` on `gpus` GPUs of `gpu_gb` GB, and whether it fits."""
+    arch, source = model_arch(cfg.llm.model)
+    learner, world = cfg.learner, cfg.learner.world_size
+    if learner.strategy not in ("fsdp", "ddp"):
+        raise ValueError(f"learner.strategy must be fsdp or ddp, got {learner.strategy!r}")
+    on_gpu = learner.num_gpus > 0 if world > 1 else cfg.llm.device != "cpu"
+    dtype = cfg.llm.dtype if cfg.llm.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+    compute = 4 if dtype == "float32" else 2
+    master = 4 if getattr(learner, "master_weights_fp32", True) else compute
+    rows = cfg.minibatch_size or cfg.tasks_per_step * cfg.rollout.group_size
+    longest = cfg.rollout.max_context_tokens
+    per_rank_rows = math.ceil(rows / world)
+    budget = learner.micro_batch_tokens
+    tokens = max(budget, longest) if budget else per_rank_rows * longest
+    shape = LearnerShape(
+        world_size=world,
+        strategy=learner.strategy,
+        compute_bytes=compute,
+        master_bytes=master,
+        micro_batch_tokens=tokens,
+        gradient_checkpointing=bool(getattr(learner, "gradient_checkpointing", False)),
+        reference_model=bool(cfg.loss.kl_coef) and not cfg.lora.enabled,
+    )
+    parts = learner_memory(arch, shape, on_gpu)
+    total = learner_total(parts)
+    g = lambda b: f"{b / GB:8.2f}"  # noqa: E731
+    if world == 1:
+        layout = "1 process (the trainer's own), whole model"
+    else:
+        shard = f"sharded 1/{world}" if learner.strategy == "fsdp" else "replicated"
+        layout = f"{world} ranks x {learner.num_gpus:g} GPU, {learner.strategy} ({shard})"
+    ckpt = "on" if shape.gradient_checkpointing else "off"
+    lines = [
+        f"model {cfg.llm.model}: {arch.params() / 1e9:.3f}B parameters ({source})",
+        f"learner: {layout}; {dtype} compute, {'fp32' if master == 4 else dtype} weights",
+        f"micro-batch: {tokens} tokens ({'learner.micro_batch_tokens' if budget else f'{per_rank_rows} rows'}; "
+        f"longest row {longest}), gradient checkpointing {ckpt}",
+        f"per learner {'GPU' if on_gpu else 'process (CPU memory)'} (GB, of {gpu_gb:g}):",
+        f"  weights                  {g(parts['weights'])}",
+        f"  gradients                {g(parts['gradients'])}",
+        f"  optimizer (AdamW)        {g(parts['optimizer'])}",
+        f"  gathered / cast weights  {g(parts['gathered'])}",
+        f"  reference model          {g(parts['reference'])}",
+        f"  activations ({ckpt:>3})     {g(parts['activations'])}"
+        f"   (checkpointing on: {parts['activations_ckpt'] / GB:.2f}, off: {parts['activations_no_ckpt'] / GB:.2f})",
+        f"  logits                   {g(parts['logits'])}",
+        f"  runtime reserve          {g(parts['reserve'])}",
+        f"  total                    {g(total)}  {'fits' if total <= gpu_gb * GB else 'DOES NOT FIT'}",
+    ]
+    fits = total <= gpu_gb * GB
+    learner_gpus = math.ceil(world * learner.num_gpus) if world > 1 else (1 if on_gpu else 0)
+    w = cfg.workers
+    worker_llm = w.llm or cfg.llm
+    worker_gpus = 0
+    if w.num_workers and worker_llm.backend == "vllm":
+        tp = worker_llm.tensor_parallel_size
+        v = vllm_memory(arch, gpu_gb, worker_llm.gpu_memory_utilization, tp)
+        worker_gpus = w.num_workers * max(math.ceil(w.num_gpus), tp)
+        ok = v["kv_tokens"] >= cfg.rollout.max_context_tokens
+        lines.append(
+            f"per vLLM device ({w.num_workers} worker(s) x {tp} GPU, gpu_memory_utilization "
+            f"{worker_llm.gpu_memory_utilization:g}): budget {v['budget'] / GB:.2f}, weights {v['weights'] / GB:.2f}, "
+            f"KV cache {v['kv_cache'] / GB:.2f} GB = {v['kv_tokens'] / 1e3:.0f}k tokens "
+            f"({v['kv_tokens'] / cfg.rollout.max_context_tokens:.1f} sequences of {cfg.rollout.max_context_tokens})  "
+            f"{'fits' if ok else 'DOES NOT FIT (less than one sequence)'}"
+        )
+        fits = fits and ok
+    elif w.num_workers:
+        worker_gpus = math.ceil(w.num_workers * w.num_gpus)
+    used = learner_gpus + worker_gpus
+    lines.append(f"GPUs: {learner_gpus} learner + {worker_gpus} rollout = {used} of {gpus}")
+    if used > gpus:
+        fits = False
+        lines.append(f"  DOES NOT FIT: the config asks for {used} GPUs")
+    lines.append(f"plan: {'fits' if fits else 'does not fit'}")
+    return "\n".join(lines), fits

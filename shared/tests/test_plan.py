@@ -1,0 +1,162 @@
+"""`palaestra plan`: the estimate against closed forms, real models' parameter counts and saved activations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from palaestra.shared.cli import main
+from palaestra.shared.plan import (
+    GB,
+    KNOWN_ARCHITECTURES,
+    LearnerShape,
+    ModelArch,
+    activation_bytes_per_token_layer,
+    arch_from_hf_config,
+    learner_memory,
+    model_arch,
+    vllm_memory,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _meta_numel(config) -> int:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())  # tied weights count once
+
+
+def test_qwen3_4b_parameter_count_matches_the_transformers_model():
+    from transformers import Qwen3Config
+
+    arch = KNOWN_ARCHITECTURES["Qwen/Qwen3-4B-Instruct-2507"]
+    config = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    )
+    assert arch.params() == _meta_numel(config)
+    assert round(arch.params() / 1e9, 2) == 4.02  # DESIGN.md §6
+
+
+def test_smollm2_parameter_count_matches_the_transformers_model():
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+    )
+    assert KNOWN_ARCHITECTURES["smollm2-135m"].params() == _meta_numel(config)
+
+
+def test_tiny_architecture_is_read_from_its_config_and_counts_its_parameters(tiny_llm):
+    arch, source = model_arch("tiny")
+    assert "tiny" in source
+    assert (arch.layers, arch.hidden, arch.tied_embeddings) == (4, 128, False)
+    assert arch.params() == sum(p.numel() for p in tiny_llm.model.parameters())
+
+
+def test_unknown_offline_model_is_a_clear_error():
+    with pytest.raises(ValueError, match="no config.json found offline"):
+        model_arch("nobody/not-a-model")
+
+
+def _shape(**kw) -> LearnerShape:
+    base = dict(
+        world_size=1,
+        strategy="fsdp",
+        compute_bytes=2,
+        master_bytes=4,
+        micro_batch_tokens=1024,
+        gradient_checkpointing=True,
+        reference_model=False,
+    )
+    return LearnerShape(**{**base, **kw})
+
+
+def test_mixed_precision_adam_is_16_bytes_per_parameter_sharded_by_fsdp_only():
+    arch = KNOWN_ARCHITECTURES["Qwen/Qwen3-4B"]
+    p = arch.params()
+    for n, strategy, expected in ((1, "fsdp", 16 * p), (8, "fsdp", 2 * p), (8, "ddp", 16 * p)):
+        parts = learner_memory(arch, _shape(world_size=n, strategy=strategy))
+        assert parts["weights"] + parts["gradients"] + parts["optimizer"] == pytest.approx(expected)
+    # DESIGN.md §6: about 64 GB on one GPU, 8 GB per GPU on 8; the bf16 reference adds 8/N GB
+    assert 16 * p / GB == pytest.approx(64.4, abs=0.1)
+    parts = learner_memory(arch, _shape(world_size=8, reference_model=True))
+    assert parts["reference"] / GB == pytest.approx(8.04 / 8, abs=0.01)
+
+
+def test_hand_computed_tiny_config():
+    # 2 layers, hidden 8, intermediate 16, 2 heads x 4, 1 kv head x 4, vocab 10, untied, no q/k norm
+    arch = ModelArch(2, 8, 16, 2, 1, 4, 10, tied_embeddings=False)
+    # per layer: q 8*8, k 8*4, v 8*4, o 8*8, mlp 3*8*16, norms 2*8 -> 64+32+32+64+384+16 = 592
+    # root: embed 10*8 + lm_head 10*8 + final norm 8 = 168
+    assert arch.params() == 2 * 592 + 168
+    # bf16 activations per token and layer: norms (4+4)*16 = 128; 2*(3*8 + 2*4) = 64; 4*2*16 = 128
+    assert activation_bytes_per_token_layer(arch, 2) == 320
+    parts = learner_memory(arch, _shape(micro_batch_tokens=100, gradient_checkpointing=False), on_gpu=False)
+    assert parts["activations"] == 2 * 320 * 100
+    # checkpointing keeps each layer's bf16 input (2 * 8 bytes per token) plus one layer being recomputed
+    assert parts["activations_ckpt"] == 2 * 16 * 100 + 320 * 100
+    assert parts["reserve"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activation_estimate_matches_what_autograd_saves(dtype):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        attn_implementation="sdpa",
+    )
+    model = Qwen3ForCausalLM(config).to(dtype)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    tokens = 256
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(input_ids=torch.randint(0, 512, (1, tokens)))
+    arch = arch_from_hf_config(config.to_dict())
+    c = 4 if dtype == torch.float32 else 2
+    estimate = arch.layers * activation_bytes_per_token_layer(arch, c) * tokens
+    assert 1.0 <= sum(saved.values()) / estimate <= 1.08  # the rest: the final norm, ids, rotary tables
+
+
+def test_vllm_kv_cache_of_qwen3_4b():
+    arch = KNOWN_ARCHITECTURES["Qwen/Qwen3-4B"]
+    v = vllm_memory(arch, gpu_gb=80, utilization=0.5, tensor_parallel=1)
+    per_token = 2 * 36 * 8 * 128 * 2  # K and V, layers, kv heads, head dim, bf16
+    assert v["kv_cache"] == pytest.approx(40e9 - 2 * arch.params() - 2e9)
+    assert v["kv_tokens"] == pytest.approx(v["kv_cache"] / per_token)
+
+
+def test_plan_refuses_a_config_that_is_not_rl(capsys):
+    assert main(["plan", str(ROOT / "experiments/datagen/deterministic.yaml")]) == 2
+    assert "not one" in capsys.readouterr().err
