@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from palaestra.aed.attribution import History, classify, step_road
@@ -78,3 +81,91 @@ def test_side_swipe_by_the_victim_changing_lanes():
     assert abs(rec.lat) >= 1.0 and rec.a_lane_changing and not rec.b_lane_changing
     assert classify(rec, "highway") == "side_swipe"
     assert RuleJudge()(rec) is True
+
+
+# -- synthetic geometry: plain kinematic vehicles keep their heading and speed, so each contact is known exactly --
+
+
+def straight_vehicles(*states):
+    """(x, y, heading, speed) each on a 2-lane straight road (lanes at y = 0 and y = 4; y grows to the right)."""
+    from highway_env.road.road import Road, RoadNetwork
+    from highway_env.vehicle.kinematics import Vehicle
+
+    road = Road(RoadNetwork.straight_road_network(lanes=2, length=1000), np_random=None)
+    for x, y, heading, speed in states:
+        road.vehicles.append(Vehicle(road, [x, y], heading, speed))
+    return road, road.vehicles
+
+
+def first_contact(road, dt=0.05, max_s=5.0):
+    victim, other = road.vehicles[:2]
+    return run_until_contact(road, victim, other, max_s=max_s, dt=dt)[0]
+
+
+def test_rear_end_striker_is_the_follower():
+    road, _ = straight_vehicles((0.0, 0.0, 0.0, 25.0), (20.0, 0.0, 0.0, 10.0))
+    rec = first_contact(road)
+    assert rec.striker == "victim" and rec.long > 0 and classify(rec, "highway") == "rear_end"
+
+
+@pytest.mark.parametrize("ahead", [3.0, -3.0])
+def test_side_swipe_striker_is_the_swerving_vehicle_ahead_or_behind(ahead):
+    # the adversary in the left lane, overlapping the victim, heads 0.25 rad into it; the victim drives straight
+    # and is the faster when the adversary is ahead: a centre-to-centre rule would call the victim the striker
+    road, _ = straight_vehicles((0.0, 4.0, 0.0, 20.0), (ahead, 0.4, 0.25, 20.0 if ahead > 0 else 22.0))
+    rec = first_contact(road)
+    assert rec.striker == "adv0", rec
+    assert abs(rec.lat) > 1.0 and classify(rec, "highway") == "side_swipe"
+
+
+def test_centre_to_centre_would_have_blamed_the_victim():
+    # the same side-swipe from ahead, judged by the old rule (velocity along the centre-to-centre line)
+    road, (victim, adv) = straight_vehicles((0.0, 4.0, 0.0, 20.0), (3.0, 0.4, 0.25, 20.0))
+    first_contact(road)
+    d = adv.position - victim.position
+    d = d / np.linalg.norm(d)
+    assert np.dot(victim.velocity, d) > np.dot(adv.velocity, -d)  # the old striker: victim
+
+
+def test_cut_in_the_victim_strikes_the_rear_of_the_vehicle_that_cut_in():
+    # the adversary crosses into the victim's lane 12 m ahead and slower: the victim's front hits its back
+    road, _ = straight_vehicles((0.0, 4.0, 0.0, 25.0), (12.0, 0.5, 0.35, 14.0))
+    rec = first_contact(road)
+    assert rec.striker == "victim" and rec.long > 0
+    assert rec.b_in_a_lane_s < 3.0 and classify(rec, "highway") == "cut_in"
+    assert RuleJudge()(rec) is False  # rule 3: the lead cut in
+
+
+def test_partner_is_the_vehicle_whose_polygon_touches_not_the_nearest_centre():
+    from palaestra.aed.attribution import _partner
+
+    road, (v, near, touching) = straight_vehicles((0.0, 0.0, 0.0, 0.0), (5.1, 0.0, 0.0, 0.0), (4.8, 1.9, 0.0, 0.0))
+    assert np.linalg.norm(near.position - v.position) < np.linalg.norm(touching.position - v.position)
+    assert _partner(v, [near, touching]) is touching
+
+
+def test_t_bone_at_a_crossing_the_crossing_vehicle_strikes_and_the_victim_had_to_yield():
+    from highway_env.vehicle.kinematics import Vehicle
+
+    from palaestra.aed.scenarios import make_base_env
+
+    env = make_base_env("intersection")
+    env.reset(seed=0)
+    road = env.road
+    major, minor = road.network.get_lane(("ir1", "il3", 0)), road.network.get_lane(("ir0", "il2", 0))
+    assert minor.priority < major.priority
+    grid = np.linspace(0, minor.length, 400)
+    s_minor, s_major = min(
+        ((a, b) for a in grid for b in np.linspace(0, major.length, 400)),
+        key=lambda ab: np.linalg.norm(minor.position(ab[0], 0) - major.position(ab[1], 0)),
+    )
+    # victim (minor road, 5 m/s) reaches the crossing point at t = 0.5 s, when the major-road car's front
+    # (12 m/s, 2.5 m half length) reaches the victim's side (1 m half width)
+    victim = Vehicle(road, minor.position(s_minor - 2.5, 0), minor.heading_at(s_minor), 5.0)
+    other = Vehicle(road, major.position(s_major - 6.0 - 3.5, 0), major.heading_at(s_major), 12.0)
+    road.vehicles = [victim, other]
+    rec = first_contact(road, dt=0.05)
+    assert rec.striker == "adv0" and abs(abs(rec.heading_diff) - math.pi / 2) < 0.1
+    assert rec.right_of_way == "b" and classify(rec, "intersection") == "intersection_crossing"
+    assert RuleJudge().explain(rec) == (True, "2: crossing conflict, the victim had to yield")
+    env.close()

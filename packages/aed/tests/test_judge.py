@@ -49,6 +49,11 @@ def rec(**kw) -> CollisionRecord:
         (rec(heading_diff=math.pi / 2, striker="adv0"), False),
         (rec(heading_diff=0.8, lat=1.0, striker="victim", b_lane_changing=True), False),  # the other swerved into it
         (rec(heading_diff=0.8, lat=1.0, striker="adv0", a_lane_changing=True), True),  # the victim swerved
+        (rec(b_min_accel=-8.0, a_headway_s=0.6), True),  # brake check, but the victim followed 0.6 s behind
+        (rec(b_min_accel=-8.0, a_headway_s=1.5), False),  # brake check against a safe 1.5 s gap
+        (rec(b_min_accel=-8.0, a_headway_s=0.6, b_in_a_lane_s=0.5), False),  # cut in, then braked: not the victim
+        (rec(heading_diff=math.pi / 2, striker="adv0", right_of_way="b"), True),  # victim had to yield, was hit
+        (rec(heading_diff=math.pi / 2, striker="victim", right_of_way="a"), False),  # the other ran the victim's way
         (rec(a_speed=0.2), False),  # standing still
         (rec(a_role="adv0", b_role="npc"), False),  # victim not involved
     ],
@@ -83,3 +88,22 @@ def test_rule_breakdown_counts_the_deciding_rule():
         "5: side contact while the victim changed lanes [npc]": 1,
     }
     assert list(counts)[0].startswith("3: victim rear-ended") and rule_breakdown([]) == {}
+
+
+def test_roundabout_entry_yields_to_the_ring():
+    from highway_env.vehicle.kinematics import Vehicle
+
+    from palaestra.aed.attribution import right_of_way
+    from palaestra.aed.scenarios import make_base_env
+
+    env = make_base_env("roundabout")
+    env.reset(seed=0)
+    road = env.road
+    entering = Vehicle(road, road.network.get_lane(("ser", "ses", 0)).position(5, 0), 0.0, 5.0)
+    on_ring = Vehicle(road, road.network.get_lane(("se", "ex", 0)).position(2, 0), 0.0, 5.0)
+    assert entering.lane_index[:2] == ("ser", "ses") and on_ring.lane_index[:2] == ("se", "ex")
+    assert right_of_way(entering, on_ring) == "b" and right_of_way(on_ring, entering) == "a"
+    # the victim entering the ring hits a ring car from the side: it had to yield
+    record = rec(heading_diff=1.2, striker="victim", right_of_way="b", a_lane="ser-ses-0", b_lane="se-ex-0")
+    assert RuleJudge().explain(record) == (True, "2: crossing conflict, the victim had to yield")
+    env.close()

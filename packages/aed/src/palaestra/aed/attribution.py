@@ -3,13 +3,26 @@
 highway-env only sets ``vehicle.crashed``; it never says with whom. The
 adversary environment steps the road itself (`step_road`), compares crash
 flags before and after every simulation frame, and pairs each newly crashed
-vehicle with the nearest other vehicle (or road object) in contact. For each
-pair it writes a `CollisionRecord` with the geometry at first contact, seen
-from the victim's frame when the victim is involved.
+vehicle with the road user whose polygon intersects its own (highway-env's
+own test, `highway_env.utils.are_polygons_intersecting` on
+``Vehicle.polygon()``; the nearest centre only if none does). For each pair it
+writes a `CollisionRecord` with the geometry at first contact, seen from the
+victim's frame when the victim is involved.
 
-Striker: the vehicle whose velocity closes the gap more, i.e. the larger of
-``v_i . (p_j - p_i) / |p_j - p_i|``; in a rear-end that is the follower, in a
-lane-change side contact the vehicle moving sideways.
+Contact normal: the separating axis (an edge normal of either rectangle) that
+the pair crossed last during the frame, from the polygons before the frame and
+each vehicle's displacement over it (swept separating-axis test); if they
+already overlapped before the frame, highway-env's minimum-translation axis.
+The normal is then snapped to the longitudinal or the lateral axis of vehicle
+a (the victim whenever it is involved), whichever it is closer to: a vehicle
+moving along its heading has no velocity along its own side's normal, so a
+swerving car's tilted flank would otherwise never make it the striker.
+Striker: the vehicle whose own velocity along that normal moves it more into
+the other, ``v_a . n`` against ``v_b . (-n)`` with ``n`` pointing from a to b.
+In a rear-end the normal is longitudinal and the follower strikes; in a side
+contact it is lateral and the vehicle moving sideways strikes, whichever of
+them is ahead (a centre-to-centre direction would blame the faster follower);
+at a crossing, the vehicle whose front meets the other's side.
 
 `History` keeps the last few seconds of every vehicle (lane, target lane,
 speed) so that a judge can ask how long a vehicle had been in a lane and how
@@ -73,6 +86,11 @@ class CollisionRecord:
     b_min_accel: float
     """Hardest acceleration (most negative, m/s^2) of b over the last second."""
     a_min_accel: float
+    a_headway_s: float = 99.0
+    """a's time headway to b one second before contact (gap / a's speed; 99 when b was not ahead of a)."""
+    right_of_way: str = ""
+    """Which of a and b had the right of way at a crossing (``a``, ``b``, or ``""`` when equal / not a crossing):
+    the higher highway-env lane ``priority``, and in a roundabout the vehicle already on the ring."""
     accident_type: str = ""
     """Filled by `classify` (taxonomy in palaestra.aed.rewards)."""
     victim_responsible: bool | None = None
@@ -84,7 +102,7 @@ class CollisionRecord:
 
 
 class History:
-    """Per-vehicle ring buffer of (t, lane, target lane, speed) at every simulation frame."""
+    """Per-vehicle ring buffer of (t, lane, target lane, speed, position) at every simulation frame."""
 
     def __init__(self, sim_frequency: int):
         self.dt = 1.0 / sim_frequency
@@ -94,36 +112,93 @@ class History:
     def record(self, t: float, vehicles) -> None:
         for v in vehicles:
             buf = self.frames.setdefault(id(v), deque(maxlen=self.maxlen))
-            buf.append((t, v.lane_index, getattr(v, "target_lane_index", v.lane_index), float(v.speed)))
+            target = getattr(v, "target_lane_index", v.lane_index)
+            buf.append((t, v.lane_index, target, float(v.speed), np.array(v.position, float)))
 
     def time_in_lane(self, v, lane_index) -> float:
         """Seconds `v` has continuously been on `lane_index` (same road segment and lane id), newest backwards."""
         buf = self.frames.get(id(v), ())
-        for n, (_, lane, _, _) in enumerate(reversed(buf)):
+        for n, (_, lane, *_) in enumerate(reversed(buf)):
             if lane != lane_index:
                 return max(0, n - 1) * self.dt
         return HISTORY_S  # in that lane for as long as we know (e.g. since the reset): settled
 
     def changed_lane_within(self, v, seconds: float) -> bool:
         buf = list(self.frames.get(id(v), ()))[-int(seconds / self.dt) - 1 :]
-        return any(lane[2] != buf[-1][1][2] or tgt != lane for _, lane, tgt, _ in buf) if buf else False
+        return any(lane[2] != buf[-1][1][2] or tgt != lane for _, lane, tgt, *_ in buf) if buf else False
 
     def min_accel(self, v, seconds: float = 1.0) -> float:
         buf = list(self.frames.get(id(v), ()))[-int(seconds / self.dt) - 1 :]
-        speeds = [s for _, _, _, s in buf]
+        speeds = [s for _, _, _, s, _ in buf]
         if len(speeds) < 2:
             return 0.0
         return float(min(np.diff(speeds)) / self.dt)
+
+    def headway(self, a, b, seconds: float = 1.0) -> float:
+        """a's time headway to b `seconds` before now: bumper gap along a's heading / a's speed (99: b not ahead)."""
+        n = int(seconds / self.dt) + 1
+        buf_a, buf_b = self.frames.get(id(a), ()), self.frames.get(id(b), ())
+        if not buf_a or not buf_b:
+            return 99.0
+        (_, _, _, speed, pa), (_, _, _, _, pb) = buf_a[max(0, len(buf_a) - n)], buf_b[max(0, len(buf_b) - n)]
+        gap = float(np.dot(pb - pa, (math.cos(a.heading), math.sin(a.heading)))) - (a.LENGTH + b.LENGTH) / 2
+        return 99.0 if gap < 0 else gap / max(speed, 0.1)
 
 
 def wrap(angle: float) -> float:
     return (angle + math.pi) % (2 * math.pi) - math.pi
 
 
-def closing_speed(v, other) -> float:
-    d = np.asarray(other.position) - np.asarray(v.position)
-    norm = float(np.linalg.norm(d)) or 1e-6
-    return float(np.dot(v.velocity, d) / norm)
+def contact_normal(a_before: np.ndarray, b_before: np.ndarray, da: np.ndarray, db: np.ndarray) -> np.ndarray:
+    """Unit normal of first contact, pointing from a to b (swept separating-axis test, module docstring).
+
+    ``a_before``, ``b_before``: closed polygons (``Vehicle.polygon()``) before the frame; ``da``, ``db``: each
+    one's displacement over the frame."""
+    from highway_env import utils
+
+    best, best_t = None, -np.inf
+    for poly in (a_before, b_before):
+        for p1, p2 in zip(poly[:-1], poly[1:]):
+            n = np.array([p1[1] - p2[1], p2[0] - p1[0]], float)
+            n /= np.linalg.norm(n)
+            min_a, max_a = utils.project_polygon(a_before, n)
+            min_b, max_b = utils.project_polygon(b_before, n)
+            closing = float(np.dot(da - db, n))
+            if max_a < min_b:  # a below b on this axis: it must move up to touch
+                t = (min_b - max_a) / closing if closing > 1e-9 else np.inf
+            elif max_b < min_a:
+                t = (min_a - max_b) / -closing if closing < -1e-9 else np.inf
+            else:
+                continue  # already overlapping on this axis
+            if np.isfinite(t) and t > best_t:
+                best, best_t = n, t
+    if best is None:  # overlapping before the frame: highway-env's minimum translation axis
+        _, _, translation = utils.are_polygons_intersecting(a_before, b_before, da, db)
+        best = -np.asarray(translation, float) if translation is not None else b_before[0] - a_before[0]
+        best = best / (np.linalg.norm(best) or 1.0)
+    centres = b_before[:-1].mean(axis=0) - a_before[:-1].mean(axis=0)
+    return best if np.dot(best, centres) >= 0 else -best
+
+
+def snap_to_frame(normal: np.ndarray, heading: float) -> np.ndarray:
+    """`normal` replaced by the longitudinal or lateral unit axis of a vehicle with `heading` (same sense)."""
+    along, across = np.array([math.cos(heading), math.sin(heading)]), np.array([-math.sin(heading), math.cos(heading)])
+    axis = along if abs(np.dot(normal, along)) >= abs(np.dot(normal, across)) else across
+    return axis if np.dot(axis, normal) >= 0 else -axis
+
+
+def striker_of(a_velocity, b_velocity, normal: np.ndarray) -> str:
+    """``"a"`` or ``"b"``: whose own velocity along the contact normal (a to b) drives it more into the other."""
+    return "a" if float(np.dot(a_velocity, normal)) >= float(np.dot(b_velocity, -normal)) else "b"
+
+
+def right_of_way(a, b) -> str:
+    """``a``/``b``: which had the right of way (higher lane priority; on a roundabout, the vehicle on the ring)."""
+    ring_a, ring_b = (set(v.lane_index[:2]) <= RING_NODES for v in (a, b))
+    if ring_a != ring_b:  # only roundabout lanes join ring nodes
+        return "a" if ring_a else "b"
+    pa, pb = (getattr(v.road.network.get_lane(v.lane_index), "priority", 0) for v in (a, b))
+    return "" if pa == pb else ("a" if pa > pb else "b")
 
 
 def relative(a, b) -> tuple[float, float]:
@@ -133,10 +208,18 @@ def relative(a, b) -> tuple[float, float]:
     return float(d[0] * c + d[1] * s), float(-d[0] * s + d[1] * c)
 
 
-def make_record(a, b, a_role: str, b_role: str, t: float, step: int, history: History) -> CollisionRecord:
+def make_record(
+    a, b, a_role: str, b_role: str, t: float, step: int, history: History, normal: np.ndarray | None = None
+) -> CollisionRecord:
+    """The record of a contact between a and b; ``normal`` (a to b) from `contact_normal`, default centre to
+    centre (for would-be contacts, e.g. the preference model's dense reward)."""
     long, lat = relative(a, b)
     b_vehicle = hasattr(b, "lane_index") and b_role != "object"
-    striker = a_role if not b_vehicle or closing_speed(a, b) >= closing_speed(b, a) else b_role
+    if normal is None:
+        d = np.asarray(b.position, float) - np.asarray(a.position, float)
+        normal = d / (np.linalg.norm(d) or 1.0)
+    b_velocity = getattr(b, "velocity", np.zeros(2))
+    striker = a_role if not b_vehicle or striker_of(a.velocity, b_velocity, normal) == "a" else b_role
     a_changing = getattr(a, "target_lane_index", a.lane_index) != a.lane_index or history.changed_lane_within(a, 1.0)
     b_changing = b_vehicle and (
         getattr(b, "target_lane_index", b.lane_index) != b.lane_index or history.changed_lane_within(b, 1.0)
@@ -160,6 +243,8 @@ def make_record(a, b, a_role: str, b_role: str, t: float, step: int, history: Hi
         a_in_b_lane_s=history.time_in_lane(a, b.lane_index) if b_vehicle else HISTORY_S,
         b_min_accel=history.min_accel(b) if b_vehicle else 0.0,
         a_min_accel=history.min_accel(a),
+        a_headway_s=history.headway(a, b) if b_vehicle else 99.0,
+        right_of_way=right_of_way(a, b) if b_vehicle else "",
     )
 
 
@@ -184,6 +269,7 @@ def classify(rec: CollisionRecord, scenario: str) -> str:
 def step_road(road, dt: float, t: float, step: int, roles: dict[int, str], history: History) -> list[CollisionRecord]:
     """One simulation frame of ``road`` (as ``Road.act(); Road.step(dt)``) returning its new contacts."""
     before = {id(v): v.crashed for v in road.vehicles}
+    polygons = {id(o): (o.polygon(), np.array(o.position, float)) for o in [*road.vehicles, *road.objects]}
     road.act()
     road.step(dt)
     history.record(t + dt, road.vehicles)
@@ -196,12 +282,34 @@ def step_road(road, dt: float, t: float, step: int, roles: dict[int, str], histo
         others = [o for o in road.vehicles if o is not v] + list(road.objects)
         if not others:
             continue
-        partner = min(others, key=lambda o: float(np.linalg.norm(np.asarray(o.position) - v.position)))
+        partner = _partner(v, others)
         paired.update({id(v), id(partner)})
         v_role = roles.get(id(v), "npc")
         p_role = roles.get(id(partner), "npc" if partner in road.vehicles else "object")
         a, b, a_role, b_role = v, partner, v_role, p_role
         if p_role == "victim" or (p_role.startswith("adv") and v_role == "npc"):
             a, b, a_role, b_role = partner, v, p_role, v_role
-        records.append(make_record(a, b, a_role, b_role, t + dt, step, history))
+        records.append(make_record(a, b, a_role, b_role, t + dt, step, history, _normal(a, b, polygons)))
     return records
+
+
+def _partner(v, others):
+    """The road user whose polygon intersects v's (the deepest overlap if several); else the nearest centre."""
+    from highway_env import utils
+
+    touching = []
+    for o in others:
+        hit, _, translation = utils.are_polygons_intersecting(v.polygon(), o.polygon(), np.zeros(2), np.zeros(2))
+        if hit:
+            touching.append((float(np.linalg.norm(translation)) if translation is not None else 0.0, o))
+    if touching:
+        return max(touching, key=lambda pair: pair[0])[1]
+    return min(others, key=lambda o: float(np.linalg.norm(np.asarray(o.position) - v.position)))
+
+
+def _normal(a, b, polygons: dict) -> np.ndarray | None:
+    if id(a) not in polygons or id(b) not in polygons:
+        return None
+    (pa, ca), (pb, cb) = polygons[id(a)], polygons[id(b)]
+    normal = contact_normal(pa, pb, np.asarray(a.position) - ca, np.asarray(b.position) - cb)
+    return snap_to_frame(normal, float(a.heading))

@@ -6,14 +6,20 @@ rule-based judge applies these rules in order; the first that matches decides:
 1. Standing still: a victim slower than ``STANDSTILL_MPS`` (1 m/s) is not responsible.
 2. Crossing conflict (heading difference above about 29 degrees) where neither
    or both vehicles were changing lanes (intersections, roundabout entries):
-   the victim is responsible iff it is the striker (its front goes into the
-   other road user). A large heading difference while exactly one of them
-   changes lanes is a swerve: rule 5 decides.
+   the vehicle without the right of way is responsible (``right_of_way`` of
+   the record: the higher highway-env lane priority, e.g. the intersection's
+   horizontal road; in a roundabout the vehicle on the ring, entries yield).
+   With equal priority, the victim is responsible iff it is the striker (its
+   front goes into the other road user). A large heading difference while
+   exactly one of them changes lanes is a swerve: rule 5 decides.
 3. Victim rear-ends a vehicle ahead (longitudinal contact, the other ahead):
-   responsible iff the other had been in the victim's lane for at least
-   ``REACTION_S`` (1.0 s) before contact and did not brake harder than
-   ``HARD_BRAKE_MPS2`` (-5 m/s^2) during the last second. A vehicle that cut in
-   closer than the reaction time, or brake-checked, is to blame instead.
+   a vehicle that cut in closer than ``REACTION_S`` (1.0 s) before contact is
+   to blame. One settled in the victim's lane that braked harder than
+   ``HARD_BRAKE_MPS2`` (-5 m/s^2) during the last second brake-checked: the
+   victim is still responsible if it kept an unsafe gap, a time headway
+   under ``SAFE_HEADWAY_S`` (1.0 s) one second before contact (our choice:
+   the paper gives no number; highway-env's IDM keeps 1.5 s), else not.
+   Otherwise (settled, gentle braking) the victim is responsible.
 4. Victim rear-ended (longitudinal contact, the other behind): not responsible,
    unless the victim itself entered that lane less than ``REACTION_S`` before
    contact (it cut in front of the other).
@@ -39,6 +45,7 @@ from palaestra.aed.attribution import CROSSING_RAD, LONGITUDINAL_LAT_M, Collisio
 STANDSTILL_MPS = 1.0
 REACTION_S = 1.0
 HARD_BRAKE_MPS2 = -5.0
+SAFE_HEADWAY_S = 1.0
 
 
 class RuleJudge:
@@ -59,15 +66,20 @@ class RuleJudge:
             return False, "1: victim standing still"
         swerve = rec.a_lane_changing != rec.b_lane_changing
         if abs(rec.heading_diff) > CROSSING_RAD and not swerve:
+            if rec.right_of_way:
+                yields = rec.right_of_way == "b"
+                return yields, f"2: crossing conflict, the {'victim' if yields else 'other'} had to yield"
             victim_struck = rec.striker == "victim"
             return victim_struck, f"2: crossing conflict, victim {'is' if victim_struck else 'is not'} the striker"
         if abs(rec.lat) < LONGITUDINAL_LAT_M and abs(rec.heading_diff) <= CROSSING_RAD:
             if rec.long > 0:
-                settled = rec.b_in_a_lane_s >= REACTION_S
-                braked = rec.b_min_accel < HARD_BRAKE_MPS2
-                ok = settled and not braked
-                why = "lead settled and braked gently" if ok else ("lead brake-checked" if braked else "lead cut in")
-                return ok, f"3: victim rear-ended a vehicle ahead ({why})"
+                if rec.b_in_a_lane_s < REACTION_S:
+                    return False, "3: victim rear-ended a vehicle ahead (lead cut in)"
+                if rec.b_min_accel < HARD_BRAKE_MPS2:
+                    unsafe = rec.a_headway_s < SAFE_HEADWAY_S
+                    why = "lead brake-checked, victim kept an unsafe gap" if unsafe else "lead brake-checked"
+                    return unsafe, f"3: victim rear-ended a vehicle ahead ({why})"
+                return True, "3: victim rear-ended a vehicle ahead (lead settled and braked gently)"
             cut_in = rec.a_in_b_lane_s < REACTION_S
             return cut_in, f"4: victim rear-ended from behind ({'after cutting in' if cut_in else 'in its lane'})"
         if rec.a_lane_changing:
