@@ -9,12 +9,38 @@ nearest known name), a wrong type, a missing required value.
 
 Every job config extends `JobConfig`, so the common sections (seed,
 tracking, cluster) look the same in every experiment.
+
+Checked at resolve time too (so ``--dry-run`` catches them), through markers
+that a config class puts on its fields:
+
+- a choice among fixed values is an `enum.StrEnum` field: OmegaConf refuses
+  anything else (``mode=selfpaly``: "expected one of [selfplay, ...]; did you
+  mean 'selfplay'?"), and the value still compares equal to its string;
+- a name chosen from a `Registry` is ``field(default=..., metadata=registry_name(REG))``
+  (``REG`` the registry or its ``"module:ATTR"``): an unknown name fails with
+  the registry's did-you-mean. Strings, lists of strings and the keys of a
+  mapping are checked; ``None`` and direct ``"module:attr"`` references pass;
+- the keyword arguments of a named entry, ``metadata=registry_kwargs("name")``
+  (``"name"`` the sibling field holding the name): keys the entry's signature
+  does not take fail, and parameters annotated
+  ``Annotated[str, RegistryName(REG)]`` are checked like a registry name;
+- a file name under ``output_dir``, ``metadata=output_file()``: a path that
+  leaves ``output_dir`` (``../x``, an absolute path) fails; jobs build such
+  paths with `confined_path`;
+- anything else, ``metadata=value_check("module:function")``: the function
+  gets ``(value, owner)`` and returns an error message or None.
+
+A ``base:`` chain that comes back to a file already in it is a one-line error
+naming the cycle.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
+import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +48,8 @@ from typing import Any
 import yaml
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
+
+from palaestra.shared.registry import import_string
 
 
 class ConfigError(ValueError):
@@ -74,11 +102,15 @@ class JobConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A YAML mapping with its ``base:`` files merged under it (paths relative to the file)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    here = path.resolve()
+    if here in _chain:
+        cycle = [*_chain[_chain.index(here) :], here]
+        raise ConfigError("circular 'base:' " + " -> ".join(str(p) for p in _relative(cycle)))
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -90,8 +122,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     bases = data.pop("base", None) or []
     merged: dict[str, Any] = {}
     for base in [bases] if isinstance(bases, str) else bases:
-        merged = _deep_merge(merged, read_yaml(path.parent / base))
+        merged = _deep_merge(merged, read_yaml(path.parent / base, (*_chain, here)))
     return _deep_merge(merged, data)
+
+
+def _relative(paths: list[Path]) -> list[Path]:
+    cwd = Path.cwd()
+    return [p.relative_to(cwd) if p.is_relative_to(cwd) else p for p in paths]
 
 
 def _deep_merge(a: dict, b: dict) -> dict:
@@ -106,17 +143,20 @@ def resolve(schema: type, data: dict[str, Any] | DictConfig, overrides: list[str
     structured = OmegaConf.structured(schema)
     try:
         merged = OmegaConf.merge(structured, data)
-        if overrides:
-            _check_overrides(overrides)
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
-        return OmegaConf.to_object(merged)
+        _check_overrides(overrides)
+        for item in overrides:  # one by one: a dotted key may index a list (``envs.0.name=x``)
+            key, value = item.split("=", 1)
+            OmegaConf.update(merged, key, OmegaConf.from_dotlist([f"value={value}"])["value"], merge=True)
+        cfg = OmegaConf.to_object(merged)
     except oc_errors.OmegaConfBaseException as err:
         raise ConfigError(_explain(err, schema)) from None
+    check_fields(cfg)
+    return cfg
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A resolved config (dataclass) as plain containers."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
 
 
 def to_yaml(cfg: Any) -> str:
@@ -154,6 +194,10 @@ def _explain(err: oc_errors.OmegaConfBaseException, schema: type) -> str:
         where = f" in '{parent}'" if parent else ""
         return f"unknown key '{key}'{where}{hint}"
     message = str(err).splitlines()[0]
+    choice = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", message)
+    if choice:  # an enum field: suggest the nearest choice
+        close = difflib.get_close_matches(choice[1], choice[2].split(", "), n=1, cutoff=0.5)
+        message += f"; did you mean '{close[0]}'?" if close else ""
     return f"invalid value for '{key}': {message}" if key else message
 
 
@@ -165,3 +209,137 @@ def _keys_at(schema: type, dotted: str) -> list[str]:
         except Exception:
             return []
     return list(node.keys()) if isinstance(node, DictConfig) else []
+
+
+# -- checks at resolve time (markers on fields; see the module docstring) ----------------------------------------
+_CHECK = "palaestra.check"
+
+
+class RegistryName:
+    """Marker: the value is a name registered in `registry` (a `Registry`, or its ``"module:ATTR"``)."""
+
+    def __init__(self, registry: Any):
+        self.registry = registry
+
+    def get_registry(self) -> Any:
+        return import_string(self.registry) if isinstance(self.registry, str) else self.registry
+
+    def check(self, value: Any, owner: Any, key: str, root: Any) -> None:
+        names = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple | dict) else []
+        registry = self.get_registry()
+        for name in names:
+            if isinstance(name, str) and ":" not in name and name not in registry:
+                raise ConfigError(f"invalid value for '{key}': {registry.unknown_message(name)}")
+
+
+class RegistryKwargs:
+    """Marker: the value holds keyword arguments of the entry named by the sibling field `name_field`."""
+
+    def __init__(self, name_field: str):
+        self.name_field = name_field
+
+    def check(self, value: Any, owner: Any, key: str, root: Any) -> None:
+        name = getattr(owner, self.name_field)
+        marker = next(f.metadata.get(_CHECK) for f in dataclasses.fields(owner) if f.name == self.name_field)
+        registry = marker.get_registry()
+        if not isinstance(name, str) or ":" in name or name not in registry or not isinstance(value, dict):
+            return
+        check_kwargs(registry.get(name), value, f"{registry.kind} '{name}'", key, root)
+
+
+class OutputFile:
+    """Marker: the value is a path under the job's ``output_dir`` (see `confined_path`)."""
+
+    def check(self, value: Any, owner: Any, key: str, root: Any) -> None:
+        confined_path(getattr(root, "output_dir", "."), value, key=key)
+
+
+class ValueCheck:
+    """Marker: ``function(value, owner)`` (a ``"module:function"``) returns an error message or None."""
+
+    def __init__(self, function: str):
+        self.function = function
+
+    def check(self, value: Any, owner: Any, key: str, root: Any) -> None:
+        message = import_string(self.function)(value, owner)
+        if message:
+            raise ConfigError(f"invalid value for '{key}': {message}")
+
+
+def registry_name(registry: Any) -> dict[str, Any]:
+    """Field metadata: the field holds a name in `registry` (checked at resolve time, with did-you-mean)."""
+    return {_CHECK: RegistryName(registry)}
+
+
+def registry_kwargs(name_field: str) -> dict[str, Any]:
+    """Field metadata: the field holds keyword arguments of the registered entry named in field `name_field`."""
+    return {_CHECK: RegistryKwargs(name_field)}
+
+
+def output_file() -> dict[str, Any]:
+    """Field metadata: the field is a file name that must stay under the job's ``output_dir``."""
+    return {_CHECK: OutputFile()}
+
+
+def value_check(function: str) -> dict[str, Any]:
+    """Field metadata: ``function(value, owner) -> message | None`` (a ``"module:function"``) checks the value."""
+    return {_CHECK: ValueCheck(function)}
+
+
+def marker_of(f: dataclasses.Field) -> Any:
+    """The check marker a field carries in its metadata (`RegistryName`, `OutputFile`, ...), or None."""
+    return f.metadata.get(_CHECK)
+
+
+def check_fields(cfg: Any, root: Any = None, prefix: str = "") -> None:
+    """Run the markers of every field of dataclass `cfg` and of the dataclasses inside it; raise `ConfigError`."""
+    root = cfg if root is None else root
+    for f in dataclasses.fields(cfg):
+        value, key = getattr(cfg, f.name), prefix + f.name
+        marker = f.metadata.get(_CHECK)
+        if marker is not None and value is not None:
+            marker.check(value, cfg, key, root)
+        _check_inside(value, root, key)
+
+
+def _check_inside(value: Any, root: Any, key: str) -> None:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        check_fields(value, root, key + ".")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_inside(item, root, f"{key}.{i}")
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            _check_inside(item, root, f"{key}.{k}")
+
+
+def check_kwargs(target: Any, kwargs: dict[str, Any], what: str, key: str, root: Any = None) -> None:
+    """Refuse keys `target`'s signature does not take; check its ``Annotated[..., RegistryName(...)]`` parameters."""
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):  # no signature to check against
+        return
+    named = [p for p, v in params.items() if v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)]
+    if not any(v.kind is v.VAR_KEYWORD for v in params.values()):
+        for name in kwargs:
+            if name not in named:
+                close = difflib.get_close_matches(str(name), named, n=1, cutoff=0.5)
+                hint = f"; did you mean '{close[0]}'?" if close else f"; it takes: {', '.join(named) or 'nothing'}"
+                raise ConfigError(f"unknown key '{key}.{name}': {what} takes no argument '{name}'{hint}")
+    try:
+        hints = typing.get_type_hints(target.__init__ if isinstance(target, type) else target, include_extras=True)
+    except Exception:  # unresolvable annotations: nothing more to check
+        return
+    for name, value in kwargs.items():
+        for meta in getattr(hints.get(name), "__metadata__", ()):
+            if hasattr(meta, "check") and value is not None:
+                meta.check(value, None, f"{key}.{name}", root)
+
+
+def confined_path(output_dir: str | Path, *parts: str | Path, key: str = "output") -> Path:
+    """``output_dir/parts...``, refusing a path that leaves `output_dir` (``..``, an absolute path, a symlink out)."""
+    relative = Path(*parts)
+    base = Path(output_dir).resolve()
+    if relative.is_absolute() or not (base / relative).resolve().is_relative_to(base):
+        raise ConfigError(f"'{key}' ({relative}) leaves output_dir '{output_dir}': a job writes only under output_dir")
+    return Path(output_dir) / relative

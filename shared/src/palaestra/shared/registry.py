@@ -98,7 +98,7 @@ class Registry(Generic[T]):
         if name not in self._entries:
             if ":" in name:  # a direct "module:attr" reference needs no registration
                 return import_string(name)
-            raise UnknownNameError(self._unknown_message(name))
+            raise UnknownNameError(self.unknown_message(name))
         entry = self._entries[name]
         if isinstance(entry, str):
             entry = import_string(entry)
@@ -106,8 +106,9 @@ class Registry(Generic[T]):
         return entry
 
     def names(self) -> list[str]:
+        """The registered names (plugins loaded), without broken plugins."""
         self._load_plugins()
-        return sorted(self._entries)
+        return sorted(n for n in self._entries if not n.startswith("<broken"))
 
     def __contains__(self, name: str) -> bool:
         self._load_plugins()
@@ -115,6 +116,11 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+    def broken_plugins(self) -> dict[str, str]:
+        """Entry points of the group that failed to load: their name -> ``"module (error)"``."""
+        self._load_plugins()
+        return {n[len("<broken:") : -1]: str(e) for n, e in self._entries.items() if n.startswith("<broken:")}
 
     def _load_plugins(self) -> None:
         if self._plugins_loaded:
@@ -126,7 +132,9 @@ class Registry(Generic[T]):
             except Exception as err:  # a broken plugin must not hide the others
                 self._entries.setdefault(f"<broken:{ep.name}>", f"{ep.value} ({err})")
 
-    def _unknown_message(self, name: str) -> str:
+    def unknown_message(self, name: str) -> str:
+        """``unknown <kind> 'name'; did you mean ...?`` (or the known names), for errors about `name`."""
+        self._load_plugins()
         known = [n for n in self._entries if not n.startswith("<broken")]
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
         if close:

@@ -12,8 +12,10 @@ they are imported only when chosen.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
+from palaestra.shared.config import registry_name, value_check
 from palaestra.shared.registry import Registry
 
 
@@ -21,17 +23,26 @@ class LLMError(RuntimeError):
     """A user-facing LLM failure (model not found, server unreachable, prompt too long)."""
 
 
+class DType(StrEnum):
+    """Weights' dtype: ``auto`` is fp32 on CPU and bf16 on GPU."""
+
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
 @dataclass
 class LLMConfig:
     """Which model, through which backend."""
 
-    backend: str = "transformers"
+    backend: str = field(default="transformers", metadata=registry_name("palaestra.shared.llm.base:LLM_BACKENDS"))
     """transformers | vllm | openai (or a registered plugin)."""
-    model: str = "tiny"
+    model: str = field(default="tiny", metadata=value_check("palaestra.shared.llm.models:check_model_name"))
     """tiny | smollm2-135m | a local HF directory | a hub id (where a hub is reachable) | a served model name."""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N (transformers backend)."""
-    dtype: str = "auto"
+    dtype: DType = DType.auto
     """auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16 | float16."""
     base_url: str | None = None
     """OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (openai backend)."""

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from palaestra.shared.config import ConfigError, JobConfig
+from palaestra.shared.config import ConfigError, JobConfig, confined_path, output_file
 from palaestra.shared.jobs import job
 from palaestra.shared.jsonl import read_jsonl
 from palaestra.shared.llm.base import LLMConfig, SamplingParams
@@ -49,8 +49,9 @@ class GenerateConfig(JobConfig):
     """System message put before each chat prompt."""
     batch_size: int = 16
     """Prompts per generate call (one progress step, one metrics step)."""
-    output: str = "completions.jsonl"
-    """Output file name, under output_dir/<tracking.run_name or 'generate'>/; logged as an MLflow artifact."""
+    output: str = field(default="completions.jsonl", metadata=output_file())
+    """Output file name, under output_dir/<tracking.run_name or 'generate'>/ (never outside output_dir); logged as
+    an MLflow artifact."""
     resume: bool = False
     """Continue an existing output file (skip the prompts it already has) instead of overwriting it."""
 
@@ -89,7 +90,7 @@ def generate(cfg: GenerateConfig, tracker: Tracker) -> dict:
     from palaestra.shared.llm.base import make_client
 
     items = load_prompts(cfg)
-    out_path = Path(cfg.output_dir) / (cfg.tracking.run_name or "generate") / cfg.output
+    out_path = confined_path(cfg.output_dir, cfg.tracking.run_name or "generate", cfg.output)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = 0
     if cfg.resume and out_path.exists():

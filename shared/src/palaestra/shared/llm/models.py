@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import shutil
 import tempfile
@@ -43,6 +44,20 @@ def resolve_model_path(name: str, seed: int = 0) -> str:
     if looks_like_hub_id:
         return name
     raise LLMError(f"model path '{name}' does not exist (embedded models: {', '.join(EMBEDDED)})")
+
+
+def check_model_name(name: str, owner: object) -> str | None:
+    """Config-time check of ``llm.model`` (transformers backend): a bare name must be embedded or a directory.
+
+    Paths (``outputs/run/model``) and hub ids pass: an earlier pipeline stage may still have to write them.
+    """
+    if getattr(owner, "backend", "transformers") != "transformers" or name in EMBEDDED:
+        return None
+    if "/" in name or "\\" in name or name.startswith((".", "~")) or Path(name).is_dir():
+        return None
+    close = difflib.get_close_matches(name, EMBEDDED, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else f" (embedded models: {', '.join(EMBEDDED)})"
+    return f"model '{name}' is neither an embedded model nor a directory{hint}"
 
 
 def load_tokenizer(name: str, path: str):
