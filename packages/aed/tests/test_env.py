@@ -95,7 +95,7 @@ def test_preference_filter_pays_only_effective_accidents(effective):
 
 
 def test_passive_adversaries_keep_their_lane_and_target_speed():
-    from palaestra.aed.train import IdlePolicy
+    from palaestra.aed.evaluation import IdlePolicy
 
     env = AdversaryEnv("highway", "rear_end", num_adversaries=2, overrides={"vehicles_count": 8}, max_steps=4)
     obs, _ = env.reset(seed=3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from palaestra.aed.eureka import design_reward, extract_code
 from palaestra.aed.train import AdversarySpec, TrainSettings
 from palaestra.shared.llm.base import Completion, LLMClient
@@ -74,3 +76,22 @@ def test_an_llm_reward_dropped_mid_training_is_reported():
     assert stats["reward_dropped_at"] == 1 and "timed out" in stats["reward_errors"][0]
     assert reward_provenance("llm", stats) == {"reward_source": "llm_dropped", "reward_dropped_at": 1}
     assert reward_provenance("llm", {**stats, "reward_dropped_at": None}) == {"reward_source": "llm"}
+
+
+def test_learning_curve_carries_rates_and_reward_components():
+    from dataclasses import replace
+
+    from palaestra.aed.train import build_model, train_adversary
+
+    code = "def reward(state):\n    return {'near': -0.01 * state['rel']['dist'], 'one': 1.0}\n"
+    model = build_model(replace(SPEC, reward_code=code), TINY, seed=0)
+    stats = train_adversary(model, 24, log_every=8, target="rear_end")
+    model.get_env().close()
+    curve = stats["curve"]
+    assert len(curve) >= 2 and sum(p["episodes"] for p in curve) == stats["episodes"]
+    for point in curve:
+        assert 0.0 <= point["target_rate"] <= point["attack_rate"] <= 1.0
+        # 'one' pays 1 per step: its per-episode total is the mean episode length (episodes end by max_steps=4)
+        assert point["components"]["one"] == pytest.approx(point["episode_length"])
+        assert point["components"]["near"] < 0
+        assert point["episode_reward"] == pytest.approx(point["components"]["one"] + point["components"]["near"])

@@ -64,7 +64,7 @@ def test_labels_from_another_judge():
 
 
 def test_summary_intervals_are_wilson_intervals():
-    from palaestra.aed.train import summarize
+    from palaestra.aed.evaluation import summarize
     from palaestra.shared.stats import wilson_interval as wilson
 
     acc = [{"accident_type": "rear_end", "victim_responsible": r} for r in (True, False, False, False)]

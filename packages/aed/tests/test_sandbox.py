@@ -213,3 +213,11 @@ def test_training_goes_on_when_the_reward_is_killed():
     assert "timed out" in infos[0]["reward_error"]
     assert env.reward_fn is env.expert  # fell back to the expert reward and kept stepping
     assert len(rewards) >= 2
+
+
+def test_named_components_come_back_and_bad_ones_are_refused():
+    fn = SandboxedReward("def reward(state):\n    return {'near': -state['rel']['dist'], 'bonus': 2}\n")
+    assert fn(STATE) == {"near": -4.0, "bonus": 2.0}
+    fn.close()
+    assert "wrong return type: str" in refuse("def reward(state):\n    return {'a': 'x'}\n")
+    assert "outside" in refuse("def reward(state):\n    return {'a': 9e5, 'b': 9e5}\n")  # the sum is too large

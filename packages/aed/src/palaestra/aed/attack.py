@@ -48,7 +48,7 @@ def _spec(cfg, scenario: str, accident_type: str):
 
 
 def _baseline(cfg, scenario: str, kind: str, tracker: Tracker) -> dict[str, Any]:
-    from palaestra.aed.train import IdlePolicy, evaluate
+    from palaestra.aed.evaluation import IdlePolicy, evaluate
 
     spec = _spec(cfg, scenario, (cfg.accident_types or ["rear_end"])[0])
     policy = IdlePolicy(cfg.num_adversaries) if kind == "passive" else None
@@ -58,8 +58,9 @@ def _baseline(cfg, scenario: str, kind: str, tracker: Tracker) -> dict[str, Any]
 
 
 def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker) -> dict[str, Any]:
+    from palaestra.aed.evaluation import evaluate, record_gif
     from palaestra.aed.rewards import expert_reward, register_reward
-    from palaestra.aed.train import build_model, evaluate, record_gif, train_adversary
+    from palaestra.aed.train import build_model, train_adversary
 
     prefix = f"aed/{scenario}/{accident_type}"
     log = lambda metrics, step: tracker.log_metrics({f"{prefix}/{k}": v for k, v in metrics.items()}, step)
@@ -156,9 +157,10 @@ def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:
 
 def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[str, Any]:
     """Fit the Bradley-Terry model on judge-labelled accidents, fine-tune with it, evaluate again."""
+    from palaestra.aed.evaluation import evaluate
     from palaestra.aed.judge import rule_breakdown
     from palaestra.aed.preference import PreferenceModel, label_accidents, relabel_replay
-    from palaestra.aed.train import _vec_env, evaluate, restart_exploration, train_adversary
+    from palaestra.aed.train import _vec_env, restart_exploration, train_adversary
 
     accidents = stats["accident_log"] + ev_before["accidents"]
     judge = None

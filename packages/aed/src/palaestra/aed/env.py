@@ -16,9 +16,20 @@ into the accident taxonomy and judged (AV responsible or not).
 
 Rewards come from a function of the documented state (see
 `palaestra.aed.rewards.STATE_API`), by default the expert reward of
-``accident_type``. If that function fails (e.g. sandboxed LLM code that is
-killed), the env says so in ``info["reward_error"]`` and switches to the
-expert reward for the rest of its life: training goes on.
+``accident_type``. A reward may return named components (a dict of floats,
+summed; their per-episode totals are reported for Eureka's reflection). If
+that function fails (e.g. sandboxed LLM code that is killed), the env says so
+in ``info["reward_error"]`` and switches to the expert reward (for a type
+without one, the generic reward of `rewards.generic_reward`) for the rest of
+its life: training goes on.
+
+Accident types come from ``classifier`` (a `CollisionRecord` -> type name),
+by default `attribution.classify` over the fixed taxonomy; LLM-proposed types
+bring their own sandboxed recognizers (`palaestra.aed.proposals`).
+
+Every accident record keeps the scenario, the episode's reset seed and the
+adversaries' action trace up to the contact: `palaestra.aed.replay`
+re-simulates it.
 
 With a preference model (fine-tuning), accidents it scores effective earn
 ``effective_bonus``, ineffective ones nothing minus ``ineffective_penalty``,
@@ -64,7 +75,8 @@ class AdversaryEnv(gym.Env):
         victim: str = "idm",
         victim_checkpoint: str | None = None,
         num_adversaries: int = 1,
-        reward_fn: Callable[[dict], float] | None = None,
+        reward_fn: Callable[[dict], float | dict[str, float]] | None = None,
+        classifier: Callable | None = None,
         judge: Callable | None = None,
         accident_filter: Callable[[dict], bool] | None = None,
         effective_bonus: float = 0.0,
@@ -75,7 +87,7 @@ class AdversaryEnv(gym.Env):
         max_steps: int | None = None,
         render_mode: str | None = None,
     ):
-        from palaestra.aed.rewards import expert_reward
+        from palaestra.aed.rewards import EXPERT_REWARDS, generic_reward
 
         if victim not in ("idm", "rl"):
             raise ValueError(f"victim must be 'idm' or 'rl', got {victim!r}")
@@ -89,8 +101,11 @@ class AdversaryEnv(gym.Env):
         self.render_mode = render_mode
         self.victim_kind, self.n_adv = victim, num_adversaries
         self.victim_policy = _load_policy(victim_checkpoint) if victim == "rl" else None
-        self.expert = expert_reward(accident_type)
+        if reward_fn is None and accident_type not in EXPERT_REWARDS:
+            raise ValueError(f"accident type {accident_type!r} has no expert reward: give its (LLM) reward_fn")
+        self.expert = EXPERT_REWARDS.get(accident_type) or generic_reward(accident_type)
         self.reward_fn = reward_fn or self.expert
+        self.classifier = classifier or (lambda rec: classify(rec, self.scenario))
         self.reward_error: str | None = None
         self.judge = judge or RuleJudge()
         self.accident_filter = accident_filter
@@ -113,6 +128,9 @@ class AdversaryEnv(gym.Env):
         super().reset(seed=seed)
         if seed is None:
             seed = int(self.np_random.integers(2**31))
+        self.episode_seed = int(seed)
+        self.actions: list = []
+        self.components: dict[str, float] = {}
         self.base.reset(seed=seed)
         self._take_over()
         self.steps = 0
@@ -126,6 +144,7 @@ class AdversaryEnv(gym.Env):
         from highway_env.vehicle.controller import MDPVehicle  # noqa: F401
 
         acts = np.atleast_1d(np.asarray(action)).astype(int)
+        self.actions.append(int(acts[0]) if self.n_adv == 1 else [int(a) for a in acts])
         for adv, a in zip(self.advs, acts):
             if not adv.crashed:
                 adv.act(ACTIONS[int(a)])
@@ -148,7 +167,7 @@ class AdversaryEnv(gym.Env):
         self.steps += 1
         victim_recs = [r for r in new if r.a_role == "victim"]
         for rec in victim_recs:
-            rec.accident_type = classify(rec, self.scenario)
+            rec.accident_type = self.classifier(rec)
             rec.victim_responsible = bool(self.judge(rec))
         self.records += new
         event = self._event(new, victim_recs)
@@ -160,7 +179,13 @@ class AdversaryEnv(gym.Env):
         info: dict[str, Any] = {"collisions": [r.to_dict() for r in new]}
         if victim_recs and self.accident is None:
             rec = victim_recs[0]
-            self.accident = {**rec.to_dict(), "features": accident_features(rec, self.recent)}
+            self.accident = {
+                **rec.to_dict(),
+                "features": accident_features(rec, self.recent),
+                "scenario": self.scenario,
+                "seed": self.episode_seed,
+                "actions": list(self.actions),
+            }
             if self.accident_filter is not None:
                 if self.accident_filter(self.accident):
                     reward += self.effective_bonus
@@ -193,6 +218,8 @@ class AdversaryEnv(gym.Env):
             "victim_responsible": bool(acc and acc["victim_responsible"]),
             "steps": self.steps,
             "adv_crashes_other": sum(1 for r in self.records if r.a_role.startswith("adv") and r.b_role != "victim"),
+            "reward_components": dict(self.components),
+            "seed": self.episode_seed,
             "accident": acc,
         }
 
@@ -214,13 +241,18 @@ class AdversaryEnv(gym.Env):
 
     def _reward(self, state: dict) -> float:
         try:
-            return float(self.reward_fn(state))
+            value = self.reward_fn(state)
         except Exception as err:  # a broken reward must not stop training: fall back to the expert's
             if self.reward_fn is self.expert:
                 raise
             self.reward_error = f"{type(err).__name__}: {err}"
             self.reward_fn = self.expert
-            return float(self.expert(state))
+            value = self.expert(state)
+        if isinstance(value, dict):  # named components (Eureka's reflection): the reward is their sum
+            for name, v in value.items():
+                self.components[name] = self.components.get(name, 0.0) + float(v)
+            return float(sum(value.values()))
+        return float(value)
 
     def _take_over(self) -> None:
         from highway_env.vehicle.behavior import IDMVehicle

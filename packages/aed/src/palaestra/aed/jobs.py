@@ -141,9 +141,9 @@ def _tasks(cfg: AttackConfig) -> list[dict[str, Any]]:
 def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
     """Train one adversarial driving policy per accident type in parallel on Ray; ASR, responsibility, diversity."""
     from palaestra.aed.attack import attack_task
+    from palaestra.aed.evaluation import type_entropy
     from palaestra.aed.rewards import register_reward
     from palaestra.aed.sandbox import LazySandboxedReward
-    from palaestra.aed.train import type_entropy
     from palaestra.shared.cluster import TaskFailure, parallel_map
 
     tasks = _tasks(cfg)

@@ -59,7 +59,9 @@ reward(state) -> float is called once per policy step (1 s of simulated time in 
        "victim_responsible": 1 if the rule-based judge holds the victim responsible,
        "striker_is_victim": 1 if the victim's motion caused the contact,
        "adv_crashed_other": 1 if this adversary crashed into someone other than the victim}
-Only the `math` module is available (no imports). The function must return a finite float.
+Only the `math` module is available (no imports). The function must return a finite float, or a dict of named
+finite floats (its components, e.g. {"proximity": ..., "collision": ...}): the reward is their sum, and each
+component's statistics over training are reported back to you.
 """
 
 
@@ -124,6 +126,17 @@ EXPERT_REWARDS: dict[str, Callable[[dict], float]] = {
 }
 
 
+def generic_reward(target: str) -> Callable[[dict], float]:
+    """The reward of a type with no expert reward (e.g. LLM-proposed), used only when its LLM reward fails:
+    closeness to the victim and the collision bonus of `target` (no type-specific shaping)."""
+
+    def reward(state: dict) -> float:
+        return _proximity(state) + _collision_bonus(state, target)
+
+    reward.__name__ = f"generic_{target}"
+    return reward
+
+
 def expert_reward(accident_type: str) -> Callable[[dict], float]:
     if accident_type not in EXPERT_REWARDS:
         raise ValueError(f"unknown accident type '{accident_type}' (known: {', '.join(EXPERT_REWARDS)})")
@@ -134,7 +147,8 @@ def as_registry_reward(fn: Callable[[dict], float]) -> Callable:
     """Adapt ``reward(state)`` to the registry's ``(sample, completion, **info)`` signature."""
 
     def registered(sample, completion: str = "", **info) -> float:
-        return fn(sample)
+        value = fn(sample)
+        return float(sum(value.values())) if isinstance(value, dict) else value
 
     registered.__name__ = getattr(fn, "__name__", "reward")
     registered.__doc__ = fn.__doc__

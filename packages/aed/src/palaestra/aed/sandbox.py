@@ -217,14 +217,19 @@ for line in sys.stdin:
         send({"error": "recursion too deep"}); continue
     except BaseException as err:
         send({"error": "raised %s: %s" % (type(err).__name__, str(err)[:200])}); continue
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        send({"error": "wrong return type: %s (expected float)" % type(value).__name__}); continue
-    if not math.isfinite(value):
-        send({"error": "non-finite reward %r" % value}); continue
-    if abs(value) > limit:
+    parts = value if isinstance(value, dict) else {"": value}
+    bad = [k for k, v in parts.items() if not isinstance(k, str) or type(v) not in (int, float)]
+    if bad:
+        got = type(parts[bad[0]]).__name__ if isinstance(value, dict) else type(value).__name__
+        send({"error": "wrong return type: %s (expected float, or a dict of named floats)" % got}); continue
+    odd = [v for v in parts.values() if not math.isfinite(v)]
+    if odd:
+        send({"error": "non-finite reward %r" % odd[0]}); continue
+    big = [v for v in list(parts.values()) + [sum(parts.values())] if abs(v) > limit]
+    if big:
         send({"error": "reward %.3g outside [-%g, %g] (refused: it would overflow float32 training buffers)"
-              % (value, limit, limit)}); continue
-    send({"ok": float(value)})
+              % (big[0], limit, limit)}); continue
+    send({"ok": {k: float(v) for k, v in value.items()} if isinstance(value, dict) else float(value)})
 """
 
 
@@ -280,7 +285,8 @@ class SandboxedReward:
         self.isolation: dict[str, Any] = reply["isolation"]
         """What the OS granted: ``netns`` (own network namespace), ``chroot`` (empty root), ``uid``."""
 
-    def __call__(self, state: dict[str, Any]) -> float:
+    def __call__(self, state: dict[str, Any]) -> float | dict[str, float]:
+        """The reward (a float, or the code's dict of named components)."""
         self.calls += 1
         if self.closed:
             raise RewardCodeError("called after its sandbox process was killed")

@@ -7,23 +7,15 @@ preference filter are built inside the process that steps the env.
 - `train_adversary`: SB3 DQN (one adversary) or PPO (any number), vectorized
   over ``n_envs`` subprocesses when that pays (``n_envs > 1``); a callback
   counts victim collisions and remembers the step of the first one.
-- `evaluate`: attack success rate (victim collisions per episode), the share
-  of accidents the victim is responsible for, accident types, and the
-  accident records; ``policy=None`` is the random adversary baseline.
-- `record_gif`: renders headless (rgb_array) until an accident happens and
-  writes a GIF with imageio.
+
+Evaluation lives in `palaestra.aed.evaluation`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import numpy as np
-
-from palaestra.shared.stats import wilson_interval
 
 
 @dataclass
@@ -151,8 +143,14 @@ def restart_exploration(model, initial_eps: float, fraction: float = 0.4) -> Non
         model.exploration_schedule = LinearSchedule(initial_eps, model.exploration_final_eps, fraction)
 
 
-def train_adversary(model, timesteps: int, log=None, log_every: int = 500, restart: bool = False) -> dict[str, Any]:
-    """Continue training `model` for `timesteps` (``restart``: schedules start over); return training statistics."""
+def train_adversary(
+    model, timesteps: int, log=None, log_every: int = 500, restart: bool = False, target: str | None = None
+) -> dict[str, Any]:
+    """Continue training `model` for `timesteps` (``restart``: schedules start over); return training statistics.
+
+    Every `log_every` timesteps one point of the learning curve (``curve``) summarizes the episodes that ended
+    since the last point: attack rate, rate of accidents of type `target`, mean episode reward and length, and
+    the mean per-episode total of each named reward component (what Eureka's reflection feeds back)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class AttackStats(BaseCallback):
@@ -165,6 +163,9 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500, resta
             self.types: Counter = Counter()
             self.accident_log: list[dict] = []
             self.accident_slots: list[tuple[int, int] | None] = []
+            self.curve: list[dict[str, Any]] = []
+            self.window: list[dict[str, Any]] = []
+            self.returns: dict[int, float] = {}
 
         def _on_step(self) -> bool:
             # off-policy (DQN): the transition of this step is stored at the buffer's current position right after
@@ -184,22 +185,42 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500, resta
                     self.responsible += bool(info["accident"]["victim_responsible"])
                     if self.first_success is None:
                         self.first_success = self.num_timesteps
+                self.returns[env_idx] = self.returns.get(env_idx, 0.0) + float(self.locals["rewards"][env_idx])
                 if "attack" in info:
                     self.episodes += 1
-            if log is not None and self.num_timesteps % log_every < self.training_env.num_envs:
-                log(
-                    {
-                        "train/episodes": self.episodes,
-                        "train/accidents": self.accidents,
-                        "train/accidents_per_episode": self.accidents / max(1, self.episodes),
-                    },
-                    self.num_timesteps,
-                )
+                    attack = info["attack"]
+                    self.window.append({**attack, "return": self.returns.pop(env_idx)})
+            if self.num_timesteps % log_every < self.training_env.num_envs and self.window:
+                self._point()
             return True
+
+        def _point(self) -> None:
+            eps, n = self.window, len(self.window)
+            point = {
+                "timesteps": self.num_timesteps,
+                "episodes": n,
+                "attack_rate": sum(e["victim_collision"] for e in eps) / n,
+                "target_rate": sum(e["victim_collision"] and e["accident_type"] == target for e in eps) / n,
+                "episode_reward": sum(e["return"] for e in eps) / n,
+                "episode_length": sum(e["steps"] for e in eps) / n,
+                "components": {
+                    name: sum(e["reward_components"].get(name, 0.0) for e in eps) / n
+                    for name in sorted({k for e in eps for k in e["reward_components"]})
+                },
+            }
+            self.curve.append(point)
+            self.window = []
+            if log is not None:
+                flat = {f"train/{k}": v for k, v in point.items() if k not in ("timesteps", "components")}
+                flat.update({f"train/component/{k}": v for k, v in point["components"].items()})
+                log(flat, self.num_timesteps)
 
     stats = AttackStats()
     model.learn(total_timesteps=timesteps, callback=stats, reset_num_timesteps=restart)
+    if stats.window:
+        stats._point()
     return {
+        "curve": stats.curve,
         "episodes": stats.episodes,
         "accidents": stats.accidents,
         "responsible": stats.responsible,
@@ -210,95 +231,3 @@ def train_adversary(model, timesteps: int, log=None, log_every: int = 500, resta
         "accident_log": stats.accident_log,
         "accident_slots": stats.accident_slots,
     }
-
-
-class IdlePolicy:
-    """Passive adversaries: every one keeps its lane and speed (IDLE), for the victim's own accident rate."""
-
-    def __init__(self, num_adversaries: int = 1):
-        from palaestra.aed.scenarios import ACTIONS
-
-        idle = ACTIONS.index("IDLE")
-        self.action = idle if num_adversaries == 1 else np.full(num_adversaries, idle)
-
-    def predict(self, obs, deterministic: bool = True):
-        return self.action, None
-
-
-def evaluate(policy, spec: AdversarySpec, episodes: int, seed: int) -> dict[str, Any]:
-    """Run `episodes` attacks (policy None: uniformly random adversary actions)."""
-    env = make_env(spec)
-    env.action_space.seed(seed)
-    accidents: list[dict] = []
-    returns = []
-    for ep in range(episodes):
-        obs, _ = env.reset(seed=seed + ep)
-        done, total = False, 0.0
-        while not done:
-            if policy is None:
-                action = env.action_space.sample()
-            else:
-                action, _ = policy.predict(obs, deterministic=True)
-            obs, reward, terminated, truncated, info = env.step(action)
-            total += reward
-            done = terminated or truncated
-        returns.append(total)
-        summary = info["attack"]
-        if summary["victim_collision"]:
-            accidents.append(summary["accident"])
-    env.close()
-    return summarize(accidents, episodes, returns)
-
-
-def summarize(accidents: list[dict], episodes: int, returns: list[float] | None = None) -> dict[str, Any]:
-    """ASR (accidents per episode), responsible_rate (share of accidents the victim is responsible for), and
-    effective_asr (responsible accidents per episode), each with its 95% Wilson interval."""
-    types = Counter(a["accident_type"] for a in accidents)
-    responsible = sum(bool(a["victim_responsible"]) for a in accidents)
-    return {
-        "episodes": episodes,
-        "asr": len(accidents) / max(1, episodes),
-        "asr_ci": wilson_interval(len(accidents), episodes),
-        "responsible_rate": responsible / len(accidents) if accidents else 0.0,
-        "responsible_rate_ci": wilson_interval(responsible, len(accidents)),
-        "effective_asr": responsible / max(1, episodes),
-        "effective_asr_ci": wilson_interval(responsible, episodes),
-        "types": dict(types),
-        "mean_return": float(np.mean(returns)) if returns else 0.0,
-        "accidents": accidents,
-    }
-
-
-def type_entropy(counts: dict[str, int]) -> float:
-    """Shannon entropy (nats) of the accident-type distribution."""
-    total = sum(counts.values())
-    if not total:
-        return 0.0
-    p = np.asarray([c / total for c in counts.values() if c])
-    return float(-(p * np.log(p)).sum())
-
-
-def record_gif(
-    policy, spec: AdversarySpec, path: str | Path, seed: int, max_episodes: int = 5, fps: int = 8
-) -> dict | None:
-    """Render attacks headless until one ends in a victim collision; write that episode as a GIF."""
-    import imageio.v2 as imageio
-
-    env = make_env(spec, render=True)
-    chosen, summary = None, None
-    for ep in range(max_episodes):
-        obs, _ = env.reset(seed=seed + ep)
-        frames, done = [env.render()], False
-        env.on_frame = frames.append
-        while not done:
-            action = env.action_space.sample() if policy is None else policy.predict(obs, deterministic=True)[0]
-            obs, _, terminated, truncated, info = env.step(action)
-            done = terminated or truncated
-        chosen, summary = frames, info["attack"]
-        if summary["victim_collision"]:
-            break
-    env.close()
-    imageio.mimsave(
-        str(path), [np.asarray(f) for f in chosen] + [np.asarray(chosen[-1])] * fps, duration=1.0 / fps, loop=0
-    )
-    return summary
