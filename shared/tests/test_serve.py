@@ -90,12 +90,12 @@ def test_openai_wire_format(server_url, tiny_llm):
 def test_tool_calls_are_parsed_into_openai_fields(tiny_llm):
     # a random model does not write tool calls: check the response builder on a given completion
     from palaestra.shared.llm.base import Completion
-    from palaestra.shared.llm.serve import _chat_choice
+    from palaestra.shared.llm.serve_protocol import chat_choice
 
     call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     text = f"<think>need weather</think>\n<tool_call>\n{call}\n</tool_call>"
     ids = tiny_llm.tokenizer.encode(text, add_special_tokens=False)
-    choice = _chat_choice(0, Completion(text, ids, [-1.0] * len(ids), [1], "stop"), tiny_llm, True, True)
+    choice = chat_choice(0, Completion(text, ids, [-1.0] * len(ids), [1], "stop"), tiny_llm.tokenizer, True, True)
     assert choice["finish_reason"] == "tool_calls"
     call = choice["message"]["tool_calls"][0]
     assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
@@ -143,7 +143,7 @@ def test_micro_batcher_merges_concurrent_requests_and_routes_results():
     import time
 
     from palaestra.shared.llm.base import Completion
-    from palaestra.shared.llm.serve import MicroBatcher
+    from palaestra.shared.llm.serve_batcher import MicroBatcher
 
     class EchoClient:
         """Answers each prompt with itself; slow enough that concurrent requests queue up."""

@@ -69,7 +69,7 @@ def tiny_llm():
 @pytest.fixture(scope="session")
 def tiny_server():
     """Base URL (``http://127.0.0.1:PORT/v1``) of ``palaestra serve tiny`` in a child process, shared by the session."""
-    from palaestra.shared.llm.serve import serve_in_subprocess
+    from palaestra.shared.llm.serve_launch import serve_in_subprocess
 
     with serve_in_subprocess("tiny") as url:
         yield url

@@ -75,6 +75,9 @@ class SamplingParams:
     seed: int | None = None
     """Makes sampling reproducible (transformers and vllm backends)."""
     logprobs: bool = True
+    top_logprobs: int = 0
+    """How many most likely tokens to return, with their logprobs, for each generated token (in
+    ``Completion.extra["top_logprobs"]`` as ``[[token_id, logprob], ...]`` per token; transformers backend)."""
 
 
 @dataclass

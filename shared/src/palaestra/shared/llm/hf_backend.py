@@ -18,12 +18,19 @@ O(batch x steps x vocab).
 
 ``seed`` makes a call reproducible: sampling runs under a forked torch RNG
 seeded with it (the global RNG is left untouched).
+
+``top_logprobs`` (k > 0) also records the k most likely tokens of each step
+from the same raw logits. ``generate(..., on_step=fn)`` calls ``fn(positions,
+tokens)`` after every decode step (the output positions of the batch's rows and
+the token each row just got) and ends the rows it flags: ``palaestra serve``
+streams tokens and cancels a disconnected client's rows through it.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
@@ -41,6 +48,9 @@ from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError
 from palaestra.shared.llm.models import load_tokenizer, resolve_model_path
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+StepHook = Callable[[list[int], list[int]], "list[bool] | None"]
+"""``fn(positions, tokens) -> stop flags``: after each decode step, each row's output position and new token."""
 
 
 def resolve_device(device: str) -> torch.device:
@@ -68,10 +78,12 @@ class _LogprobRecorder(LogitsProcessor):
     and memory stays bounded, unlike HF's ``output_logits`` (batch x steps x vocab).
     """
 
-    def __init__(self, budget_bytes: int = 256 << 20) -> None:
+    def __init__(self, budget_bytes: int = 256 << 20, top_k: int = 0) -> None:
         self.budget_elements = budget_bytes // 4
+        self.top_k = top_k
         self.pending: list[torch.Tensor] = []
         self.scored: list[torch.Tensor] = []
+        self.top: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, logprobs), each [batch, count, k]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self.pending.append(scores)
@@ -83,7 +95,11 @@ class _LogprobRecorder(LogitsProcessor):
     def _score(self, chosen: torch.Tensor, count: int) -> None:
         logits = torch.stack(self.pending[:count], dim=1).float()  # [batch, count, vocab]
         picked = logits.gather(2, chosen[:, :, None]).squeeze(2)
-        self.scored.append(picked - torch.logsumexp(logits, dim=-1))
+        lse = torch.logsumexp(logits, dim=-1)
+        self.scored.append(picked - lse)
+        if self.top_k:
+            values, ids = torch.topk(logits, min(self.top_k, logits.shape[-1]), dim=-1)
+            self.top.append((ids, values - lse[:, :, None]))
         del self.pending[:count]
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
@@ -93,6 +109,29 @@ class _LogprobRecorder(LogitsProcessor):
         if not self.scored:
             return sequences.new_zeros((sequences.shape[0], 0)).float()
         return torch.cat(self.scored, dim=1)
+
+    def top_logprobs(self) -> list[list[list[list[float | int]]]]:
+        """Per row, per generated token: ``[[token_id, logprob], ...]`` of the k most likely tokens (after `finish`)."""
+        if not self.top:
+            return []
+        ids = torch.cat([i for i, _ in self.top], dim=1).tolist()
+        values = torch.cat([v for _, v in self.top], dim=1).tolist()
+        return [
+            [[[i, v] for i, v in zip(step_ids, step_values)] for step_ids, step_values in zip(row_ids, row_values)]
+            for row_ids, row_values in zip(ids, values)
+        ]
+
+
+class _StepHookCriteria(StoppingCriteria):
+    """Runs a `StepHook` after each decode step; the rows it flags end there."""
+
+    def __init__(self, hook: StepHook, positions: list[int]) -> None:
+        self.hook, self.positions = hook, positions
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        stop = self.hook(self.positions, input_ids[:, -1].tolist())
+        flags = stop if stop is not None else [False] * input_ids.shape[0]
+        return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
 
 
 class _StopOnStrings(StoppingCriteria):
@@ -135,7 +174,12 @@ class TransformersClient(LLMClient):
 
     # -- generation -------------------------------------------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None) -> list[Completion]:
+    def generate(
+        self,
+        prompts: list[list[int]] | list[str],
+        params: SamplingParams | None = None,
+        on_step: StepHook | None = None,
+    ) -> list[Completion]:
         params = params or SamplingParams()
         _check_params(params)
         prompt_ids = [self._prompt_ids(p) for p in prompts]
@@ -158,7 +202,8 @@ class TransformersClient(LLMClient):
             size = max(1, self.config.max_batch_size)
             for start in range(0, len(order), size):
                 chunk = order[start : start + size]
-                for j, completion in zip(chunk, self._generate_batch([prompt_ids[work[j]] for j in chunk], params)):
+                batch = [prompt_ids[work[j]] for j in chunk]
+                for j, completion in zip(chunk, self._generate_batch(batch, params, on_step, chunk)):
                     out[j] = completion
         return out  # type: ignore[return-value]
 
@@ -191,12 +236,20 @@ class TransformersClient(LLMClient):
         return ids.to(self.device), mask.to(self.device)
 
     @torch.inference_mode()
-    def _generate_batch(self, batch: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def _generate_batch(
+        self,
+        batch: list[list[int]],
+        params: SamplingParams,
+        on_step: StepHook | None = None,
+        positions: list[int] | None = None,
+    ) -> list[Completion]:
         input_ids, attention_mask = self.batch_inputs(batch)
         width = input_ids.shape[1]
         max_new = min(params.max_tokens, self.context_length - width)
-        recorder = _LogprobRecorder()
+        recorder = _LogprobRecorder(top_k=params.top_logprobs if params.logprobs else 0)
         criteria = StoppingCriteriaList([_StopOnStrings(self.tokenizer, params.stop, width)] if params.stop else [])
+        if on_step is not None:
+            criteria.append(_StepHookCriteria(on_step, positions if positions is not None else list(range(len(batch)))))
         t0 = time.perf_counter()
         sequences = self.model.generate(
             input_ids=input_ids,
@@ -208,11 +261,14 @@ class TransformersClient(LLMClient):
         elapsed = time.perf_counter() - t0
         generated = sequences[:, width:]
         logprobs = recorder.finish(sequences).cpu().tolist() if params.logprobs else None
+        top = recorder.top_logprobs()
         rows = generated.cpu().tolist()
         completions = []
         for row, (prompt, tokens) in enumerate(zip(batch, rows)):
             completion = self._finish(prompt, tokens, logprobs[row] if logprobs else None, params)
             completion.extra["batch_seconds"] = elapsed
+            if top:
+                completion.extra["top_logprobs"] = top[row][: len(completion.token_ids)]
             completions.append(completion)
         return completions
 
@@ -282,5 +338,7 @@ def _check_params(params: SamplingParams) -> None:
         raise LLMError(f"temperature must be >= 0, got {params.temperature}")
     if not 0 < params.top_p <= 1:
         raise LLMError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.top_logprobs < 0:
+        raise LLMError(f"top_logprobs must be >= 0, got {params.top_logprobs}")
     if params.max_tokens < 1 or params.n < 1:
         raise LLMError(f"max_tokens and n must be >= 1, got max_tokens={params.max_tokens}, n={params.n}")

@@ -5,315 +5,392 @@
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (messages, tools,
 temperature, top_p, max_tokens / max_completion_tokens, stop, n, seed,
-logprobs), ``POST /v1/completions`` (prompt as text, token ids, or a batch of
-either). No streaming.
+logprobs, top_logprobs, stream), ``POST /v1/completions`` (prompt as text,
+token ids, or a batch of either; logprobs as the number of top tokens; stream),
+``GET /health``. The wire format (request models, choices, stream chunks) is in
+`serve_protocol`; generation runs in `serve_batcher.MicroBatcher`.
 
-Beyond the OpenAI schema, as vLLM does with ``return_token_ids``, every choice
-carries ``token_ids`` (the generated ids, end-of-turn token included) and
-``prompt_token_ids`` (also at the top level of chat responses), so that rollouts
-through the server are token-exact. Chat choices also carry ``text``, the raw
-generated text: ``message`` has the tool calls parsed out of it (OpenAI's
-``tool_calls``; the thinking goes to ``reasoning_content``).
+What keeps one client from hurting the others:
 
-Concurrent requests are micro-batched: a worker thread takes the waiting
-requests with equal sampling parameters (and no seed: a seeded request runs
-alone so its result does not depend on its neighbours) into one `generate` call.
+- every request is validated on its own before it joins a batch: its body by
+  pydantic models (400 with an OpenAI-style error body), its prompts by the
+  tokenizer (token ids outside the vocabulary, an empty or too long prompt);
+- the work per request is capped: prompts x n x max_tokens at most
+  ``max_request_tokens`` (400 beyond), and at most ``max_queue`` requests wait
+  or run at once (503 with ``Retry-After`` beyond);
+- a client that disconnects (during a streamed or a plain request) has its
+  generation cancelled: its rows end at the next decode step;
+- on SIGTERM or SIGINT every generation is cancelled and the server exits
+  within seconds;
+- an optional API key (``--api-key`` or ``PALAESTRA_API_KEY``) is checked as
+  ``Authorization: Bearer KEY``; binding beyond loopback without one warns.
+
+Streaming sends server-sent events as the OpenAI API does (``data: {chunk}``,
+then ``data: [DONE]``): text pieces as the tokens are generated; each choice's
+last chunk carries its finish reason, and its logprobs, ``token_ids`` and raw
+``text`` whole (chat with tools: the parsed turn arrives in that last chunk).
+With a backend that generates in one piece (vLLM, openai), the text arrives in
+the last chunk too.
 """
 
-from __future__ import annotations
 
+import asyncio
+import ipaddress
+import json
 import os
-import queue
-import socket
-import subprocess
+import secrets
 import sys
-import tempfile
-import threading
 import time
-import urllib.request
 import uuid
-from concurrent.futures import Future
-from contextlib import contextmanager
-from dataclasses import astuple
+from dataclasses import dataclass
 from typing import Any
 
-from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams, make_client
-from palaestra.shared.toolcall import parse_response
+from palaestra.shared.llm.base import LLMClient, LLMConfig, LLMError, SamplingParams, make_client
+from palaestra.shared.llm.serve_batcher import Cancelled, Job, MicroBatcher, Overloaded
 
-BATCH_WAIT_S = 0.005
-"""How long the batcher waits for more requests to join a batch."""
+API_KEY_ENV = "PALAESTRA_API_KEY"
+"""The environment variable ``palaestra serve`` reads its API key from when ``--api-key`` is not given."""
 
 
-class MicroBatcher:
-    """Serializes generation on one client and merges concurrent compatible requests into one batch."""
+@dataclass
+class ServeLimits:
+    """What one request, and all of them together, may ask of the server."""
 
-    def __init__(self, client: LLMClient, max_prompts: int = 256) -> None:
-        self.client, self.max_prompts = client, max_prompts
-        self.requests: queue.Queue = queue.Queue()
-        threading.Thread(target=self._loop, daemon=True, name="palaestra-batcher").start()
+    max_queue: int = 64
+    """Requests waiting or running at once; more are refused with 503."""
+    max_request_tokens: int = 32768
+    """Prompts x n x max_tokens of one request; more is refused with 400."""
+    max_batch_prompts: int = 256
+    """Prompts the batcher merges into one generate call."""
 
-    def generate(self, prompts: list, params: SamplingParams) -> list[Completion]:
-        future: Future = Future()
-        self.requests.put((prompts, params, future))
-        return future.result()
 
-    def _loop(self) -> None:
-        held = None
-        while True:
-            first = held or self.requests.get()
-            held = None
-            group = [first]
-            if first[1].seed is None:
-                deadline = time.monotonic() + BATCH_WAIT_S
-                while sum(len(g[0]) for g in group) < self.max_prompts:
-                    try:
-                        nxt = self.requests.get(timeout=max(0.0, deadline - time.monotonic()))
-                    except queue.Empty:
-                        break
-                    if nxt[1].seed is None and _key(nxt[1]) == _key(first[1]):
-                        group.append(nxt)
-                    else:
-                        held = nxt
-                        break
-            self._run(group)
+class RequestError(Exception):
+    """A request the server refuses: an HTTP status and an OpenAI-style error body."""
 
-    def _run(self, group: list) -> None:
-        prompts = [p for g in group for p in g[0]]
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+def _server_stack():
+    """fastapi, uvicorn and pydantic, or a one-line error naming the extra that installs them."""
+    try:
+        import fastapi  # noqa: F401
+        import pydantic  # noqa: F401
+        import uvicorn
+    except ImportError as err:
+        raise LLMError(f"palaestra serve needs '{err.name}': pip install 'palaestra-shared[serve]'") from None
+    return uvicorn
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A warning when `host` is reachable beyond this machine and no API key guards it."""
+    if api_key:
+        return None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    return (
+        f"palaestra serve: warning: listening on {host} without an API key: anyone who can reach this port can "
+        f"use the model (set --api-key or {API_KEY_ENV})"
+    )
+
+
+class _Model:
+    """What validation needs to know about the served model."""
+
+    def __init__(self, client: LLMClient) -> None:
         try:
-            outs = self.client.generate(prompts, group[0][1])
-        except Exception as err:  # noqa: BLE001  (handed to each waiting request)
-            for _, _, future in group:
-                future.set_exception(err)
-            return
-        n = group[0][1].n
-        start = 0
-        for prompts_g, _, future in group:
-            future.set_result(outs[start : start + len(prompts_g) * n])
-            start += len(prompts_g) * n
+            self.tokenizer = client.tokenizer
+        except LLMError:  # a proxied remote model without a local tokenizer: prompts pass through as given
+            self.tokenizer = None
+        self.context = getattr(client, "context_length", None)
+        self.vocab = len(self.tokenizer) if self.tokenizer is not None else None
+        embeddings = getattr(getattr(client, "model", None), "get_input_embeddings", None)
+        if self.vocab is not None and embeddings is not None:
+            self.vocab = min(self.vocab, embeddings().num_embeddings)
+        self.end_ids = list(getattr(client, "eos_token_ids", []))
+
+    def prompt_ids(self, prompts: list, params: SamplingParams, limits: ServeLimits) -> list:
+        asked = len(prompts) * params.n * params.max_tokens
+        if asked > limits.max_request_tokens:
+            raise RequestError(
+                400,
+                f"this request asks for up to {asked} generated tokens ({len(prompts)} prompt(s) x n={params.n} x "
+                f"max_tokens={params.max_tokens}); this server allows {limits.max_request_tokens} per request",
+                param="max_tokens",
+            )
+        if self.tokenizer is None:
+            return prompts
+        out = []
+        for i, prompt in enumerate(prompts):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else prompt
+            if not ids:
+                raise RequestError(400, f"prompt {i} is empty (no tokens)", param="prompt")
+            bad = next((t for t in ids if not 0 <= t < self.vocab), None)
+            if bad is not None:
+                message = f"prompt {i}: token id {bad} is not in the vocabulary (0..{self.vocab - 1})"
+                raise RequestError(400, message, param="prompt")
+            if self.context is not None and len(ids) >= self.context:
+                message = f"prompt {i} has {len(ids)} tokens; the model's context is {self.context} tokens"
+                raise RequestError(400, message, param="prompt")
+            out.append(list(ids))
+        return out
 
 
-def _key(params: SamplingParams) -> tuple:
-    return tuple(tuple(x) if isinstance(x, list) else x for x in astuple(params))
-
-
-def create_app(client: LLMClient, model_name: str):
-    """The FastAPI app serving `client` under `model_name`."""
-    from fastapi import FastAPI, Request
+def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = None, api_key: str | None = None):
+    """The FastAPI app serving `client` under `model_name`; its batcher is ``app.state.batcher``."""
+    _server_stack()
+    from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
 
+    from palaestra.shared.llm import serve_protocol as wire
+
+    limits = limits or ServeLimits()
+    model = _Model(client)
+    batcher = MicroBatcher(client, max_prompts=limits.max_batch_prompts, max_queue=limits.max_queue)
     app = FastAPI(title="palaestra serve")
-    batcher = MicroBatcher(client)
+    app.state.batcher = batcher
 
-    def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    def error(status: int, message: str, kind: str = "invalid_request_error", param=None, headers=None):
+        return JSONResponse(wire.error_body(status, message, kind, param), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error(400, f"invalid request: {exc.errors()[:2]}")
+        message, param = wire.validation_message(list(exc.errors()))
+        return error(400, message, param=param)
 
-    def check(body: dict) -> JSONResponse | None:
-        if body.get("model") not in (None, model_name):
-            return error(404, f"model '{body.get('model')}' is not served here; this server serves '{model_name}'")
-        if body.get("stream"):
-            return error(400, "streaming is not supported by palaestra serve")
-        return None
+    @app.exception_handler(RequestError)
+    async def _refused(request: Request, exc: RequestError) -> JSONResponse:
+        return error(exc.status, exc.message, exc.kind, exc.param)
 
-    @app.get("/v1/models")
-    def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "palaestra"}]}
+    @app.exception_handler(Overloaded)
+    async def _busy(request: Request, exc: Overloaded) -> JSONResponse:
+        return error(503, str(exc), "server_overloaded", headers={"Retry-After": "1"})
+
+    @app.exception_handler(Cancelled)
+    async def _cancelled(request: Request, exc: Cancelled) -> JSONResponse:
+        return error(503, str(exc), "server_unavailable")
+
+    async def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+            raise RequestError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", "invalid_api_key")
+
+    def admit(body) -> None:
+        if body.model not in (None, model_name):
+            message = f"model '{body.model}' is not served here; this server serves '{model_name}'"
+            raise RequestError(404, message, "model_not_found", "model")
+
+    async def outcome(request: Request, job: Job) -> list:
+        """The job's completions; cancels the job if the client disconnects first."""
+        future = asyncio.wrap_future(batcher.submit(job))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({future, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not future.done():
+                job.cancel()
+        if not future.done():
+            raise Cancelled("the client disconnected")
+        try:
+            return future.result()
+        except LLMError as err:
+            raise RequestError(400, str(err)) from None
+
+    def stream(job: Job, header: dict, first: list[dict], piece, last, usage: bool, pieces: bool = True):
+        """Server-sent events: the `first` choices, `piece(index, text)` as text is generated, `last(index, out,
+        rest)` per choice, the usage if asked, ``[DONE]``. Without `pieces` the whole text comes with `last`."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        streams = [wire.TextStream(model.tokenizer, model.end_ids, job.params.stop) for _ in range(_choices(job))]
+        if pieces and model.tokenizer is not None:
+            job.on_token = lambda i, t: loop.call_soon_threadsafe(events.put_nowait, (i, t))
+        future = batcher.submit(job)
+        future.add_done_callback(lambda _: _call_soon(loop, events.put_nowait, None))
+
+        def event(choices: list[dict], **extra) -> str:
+            return f"data: {json.dumps({**header, 'choices': choices, **extra})}\n\n"
+
+        async def body():
+            try:
+                if first:
+                    yield event(first)
+                while (item := await events.get()) is not None:
+                    index, token = item
+                    if text := streams[index].push(token):
+                        yield event([piece(index, text)])
+                try:
+                    outs = future.result()
+                except Exception as err:  # noqa: BLE001  (the stream has begun: the error is its last event)
+                    kind = "server_unavailable" if isinstance(err, Cancelled) else "invalid_request_error"
+                    yield f"data: {json.dumps(wire.error_body(500, str(err), kind))}\n\n"
+                else:
+                    for index, out in enumerate(outs):
+                        yield event([last(index, out, streams[index].rest(out.text))])
+                    if usage:
+                        yield event([], usage=wire.usage(outs))
+                yield "data: [DONE]\n\n"
+            finally:
+                if not future.done():
+                    job.cancel()
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.get("/health")
     def health() -> dict:
         return {"status": "ok"}
 
-    @app.post("/v1/chat/completions")
-    def chat_completions(body: dict[str, Any]) -> Any:
-        if (bad := check(body)) is not None:
-            return bad
+    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "palaestra"}]}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    async def chat_completions(body: wire.ChatRequest, request: Request) -> Any:
+        admit(body)
+        tools = body.tool_dicts()
         try:
-            params = _sampling_params(body)
-            messages, tools = body.get("messages"), body.get("tools")
-            if not isinstance(messages, list) or not messages:
-                return error(400, "'messages' must be a non-empty list")
-            try:
-                prompt = client.render(messages, tools=tools)
-            except Exception as err:  # noqa: BLE001  (a template error is the request's fault)
-                return error(400, f"cannot render messages with the chat template: {str(err).splitlines()[0]}")
-            outs = batcher.generate([prompt], params)
-        except (LLMError, ValueError, TypeError) as err:
-            return error(400, str(err))
-        want = bool(body.get("logprobs"))
-        choices = [_chat_choice(i, out, client, bool(tools), want) for i, out in enumerate(outs)]
+            prompt = client.render([m.for_template() for m in body.messages], tools=tools)
+        except Exception as err:  # noqa: BLE001  (a template error is the request's fault)
+            message = f"cannot render messages with the chat template: {str(err).splitlines()[0]}"
+            raise RequestError(400, message, param="messages") from None
+        top = (body.top_logprobs or 0) if body.logprobs else 0
+        params = body.sampling(top)
+        job = Job(model.prompt_ids([prompt], params, limits), params)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if body.stream:
+            header: dict[str, Any] = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model_name,
+            }
+            first = [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for i in range(params.n)
+            ]
+
+            def piece(i: int, text: str) -> dict:
+                return {"index": i, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+
+            def last(i: int, out, rest: str) -> dict:
+                message, finish = wire.chat_message(out, bool(tools))
+                if tools:
+                    delta = {k: v for k, v in message.items() if k != "role"}
+                    for k, call in enumerate(delta.get("tool_calls", [])):
+                        call["index"] = k
+                else:
+                    delta = {"content": rest} if rest else {}
+                logprobs = wire.chat_logprobs(model.tokenizer, out, top) if body.logprobs else None
+                return {
+                    "index": i,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                    "text": out.text,
+                    "token_ids": out.token_ids,
+                }
+
+            header["prompt_token_ids"] = job.prompts[0]
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            # with tools the turn is parsed whole, so it arrives in the last chunk
+            return stream(job, header, first, piece, last, usage, pieces=not tools)
+        outs = await outcome(request, job)
+        choices = [
+            wire.chat_choice(i, out, model.tokenizer, bool(tools), bool(body.logprobs), top)
+            for i, out in enumerate(outs)
+        ]
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "id": rid,
             "object": "chat.completion",
-            "created": int(time.time()),
+            "created": created,
             "model": model_name,
             "choices": choices,
-            "usage": _usage(outs),
+            "usage": wire.usage(outs),
             "prompt_token_ids": outs[0].prompt_token_ids,
         }
 
-    @app.post("/v1/completions")
-    def completions(body: dict[str, Any]) -> Any:
-        if (bad := check(body)) is not None:
-            return bad
-        try:
-            params = _sampling_params(body)
-            prompts = _prompts(body.get("prompt"))
-            outs = batcher.generate(prompts, params)
-        except (LLMError, ValueError, TypeError) as err:
-            return error(400, str(err))
-        want = body.get("logprobs") is not None and body.get("logprobs") is not False
-        choices = [_completion_choice(i, out, client, want) for i, out in enumerate(outs)]
+    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    async def completions(body: wire.CompletionRequest, request: Request) -> Any:
+        admit(body)
+        want = body.wants_logprobs()
+        top = body.logprobs if want and not isinstance(body.logprobs, bool) else 0
+        params = body.sampling(top)
+        job = Job(model.prompt_ids(body.prompt_list(), params, limits), params)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if body.stream:
+            header: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+
+            def piece(i: int, text: str) -> dict:
+                return {"index": i, "text": text, "logprobs": None, "finish_reason": None}
+
+            def last(i: int, out, rest: str) -> dict:
+                choice = wire.completion_choice(i, out, model.tokenizer, want, top)
+                return {**choice, "text": rest}
+
+            return stream(job, header, [], piece, last, usage)
+        outs = await outcome(request, job)
         return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
+            "id": rid,
             "object": "text_completion",
-            "created": int(time.time()),
+            "created": created,
             "model": model_name,
-            "choices": choices,
-            "usage": _usage(outs),
+            "choices": [wire.completion_choice(i, out, model.tokenizer, want, top) for i, out in enumerate(outs)],
+            "usage": wire.usage(outs),
         }
 
     return app
 
 
-def _sampling_params(body: dict) -> SamplingParams:
-    """OpenAI's defaults: temperature 1, top_p 1, max_tokens 16."""
-    stop = body.get("stop") or []
-    given = lambda key, default: body[key] if body.get(key) is not None else default
-    return SamplingParams(
-        temperature=float(given("temperature", 1.0)),
-        top_p=float(given("top_p", 1.0)),
-        max_tokens=int(body.get("max_completion_tokens") or given("max_tokens", 16)),
-        stop=[stop] if isinstance(stop, str) else list(stop),
-        n=int(given("n", 1)),
-        seed=body.get("seed"),
-        logprobs=True,  # cheap to compute; returned when the request asks
-    )
+def _choices(job: Job) -> int:
+    return len(job.prompts) * job.params.n
 
 
-def _prompts(prompt: Any) -> list:
-    """OpenAI's prompt forms: a string, a list of strings, a list of token ids, a list of token-id lists."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(t, int) for t in prompt):
-            return [prompt]
-        if all(isinstance(p, str) for p in prompt):
-            return list(prompt)
-        if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
-            return list(prompt)
-    raise ValueError("'prompt' must be a string, a list of strings, a list of token ids, or a list of such lists")
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(fn, *args)
 
 
-def _token_strings(client: LLMClient, ids: list[int]) -> list[str]:
-    tok = getattr(client, "tokenizer", None)
-    return [tok.decode([i]) for i in ids] if tok is not None else [f"token_id:{i}" for i in ids]
+async def _disconnected(request) -> None:
+    """Returns once the client has gone away (the body is already read, so only a disconnect can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
-def _chat_choice(index: int, out: Completion, client: LLMClient, tools: bool, want_logprobs: bool) -> dict:
-    message: dict[str, Any] = {"role": "assistant", "content": out.text}
-    finish = out.finish_reason
-    parsed = parse_response(out.text)
-    if tools and parsed.calls and parsed.error is None:
-        calls = [c.to_openai(f"call_{uuid.uuid4().hex[:24]}") for c in parsed.calls]
-        message = {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}
-        if parsed.thinking is not None:
-            message["reasoning_content"] = parsed.thinking
-        finish = "tool_calls" if finish == "stop" else finish
-    logprobs = None
-    if want_logprobs and out.logprobs is not None:
-        tokens = _token_strings(client, out.token_ids)
-        logprobs = {
-            "content": [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in zip(tokens, out.logprobs)
-            ]
-        }
-    return {
-        "index": index,
-        "message": message,
-        "finish_reason": finish,
-        "logprobs": logprobs,
-        "text": out.text,
-        "token_ids": out.token_ids,
-        "prompt_token_ids": out.prompt_token_ids,
-    }
-
-
-def _completion_choice(index: int, out: Completion, client: LLMClient, want_logprobs: bool) -> dict:
-    logprobs = None
-    if want_logprobs and out.logprobs is not None:
-        tokens = _token_strings(client, out.token_ids)
-        offsets, pos = [], 0
-        for t in tokens:
-            offsets.append(pos)
-            pos += len(t)
-        logprobs = {"tokens": tokens, "token_logprobs": out.logprobs, "top_logprobs": None, "text_offset": offsets}
-    return {
-        "index": index,
-        "text": out.text,
-        "finish_reason": out.finish_reason,
-        "logprobs": logprobs,
-        "token_ids": out.token_ids,
-        "prompt_token_ids": out.prompt_token_ids,
-    }
-
-
-def _usage(outs: list[Completion]) -> dict:
-    prompt = sum(len(o.prompt_token_ids) for o in outs)
-    completion = sum(len(o.token_ids) for o in outs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def serve_in_subprocess(model: str = "tiny", device: str = "cpu", threads: int = 1, timeout_s: float = 120.0):
-    """Run ``palaestra serve MODEL`` on a free loopback port in a child process; yields its base URL (``.../v1``).
-
-    For tests and local teachers; the process is terminated on exit.
-    """
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "palaestra.shared.cli", "serve", model, "--port", str(port), "--device", device]
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    tail = log.read().decode(errors="replace").strip().splitlines()[-1:]
-                    raise LLMError(f"palaestra serve {model} exited with {proc.returncode}: {' '.join(tail)}")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise LLMError(f"palaestra serve {model} did not answer within {timeout_s:.0f} s") from None
-                    time.sleep(0.2)
-            yield f"http://127.0.0.1:{port}/v1"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def serve(config: LLMConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Load `config`'s model and serve it until interrupted."""
+def uvicorn_server(app, host: str, port: int):
+    """A uvicorn server for `app` whose exit signal first cancels every generation (SIGTERM ends it in seconds)."""
     import uvicorn
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.state.batcher.close()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    return Server(config)
+
+
+def serve(
+    config: LLMConfig,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    limits: ServeLimits | None = None,
+) -> None:
+    """Load `config`'s model and serve it until SIGTERM or SIGINT."""
+    _server_stack()
+    api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    if warning := exposure_warning(host, api_key):
+        print(warning, file=sys.stderr, flush=True)
     client = make_client(config)
-    app = create_app(client, config.model)
+    app = create_app(client, config.model, limits, api_key)
     print(f"palaestra serve: {config.model} ({config.backend}) on http://{host}:{port}/v1", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn_server(app, host, port).run()
