@@ -39,7 +39,11 @@ class TrainBatch:
         )
 
 
-def build_batch(trajs: list[Trajectory], pad_id: int, think_ids: tuple[int, int] | None) -> TrainBatch:
+ThinkMarkers = tuple[int | tuple[int, ...], int | tuple[int, ...]]
+"""(``<think>``, ``</think>``): each one token id or the ids it tokenizes to."""
+
+
+def build_batch(trajs: list[Trajectory], pad_id: int, think_ids: ThinkMarkers | None) -> TrainBatch:
     seqs = [t.to_sequence() for t in trajs]
     width = max(len(s.input_ids) for s in seqs)
     n = len(seqs)
@@ -59,23 +63,30 @@ def build_batch(trajs: list[Trajectory], pad_id: int, think_ids: tuple[int, int]
     return TrainBatch(input_ids, attention, loss_mask, turn_index, think)
 
 
-def _think_span(ids: list[int], mask: list[int], think_ids: tuple[int, int]) -> list[bool]:
-    """True on model tokens strictly between a <think> and its </think>."""
-    open_id, close_id = think_ids
-    inside, out = False, []
-    for tok, m in zip(ids, mask):
-        if not m:
-            inside = False
-            out.append(False)
-        elif tok == open_id:
-            inside = True
-            out.append(False)
-        elif tok == close_id:
-            inside = False
-            out.append(False)
+def _think_span(ids: list[int], mask: list[int], think_ids: ThinkMarkers) -> list[bool]:
+    """True on model tokens strictly between a <think> and its </think>.
+
+    A marker is one token id or a sequence of ids (a tokenizer without a ``<think>`` token, e.g. SmolLM2's,
+    spells it ``<``, ``think``, ``>``). A prompt that ends inside an open ``<think>`` (a thinking chat template,
+    e.g. Qwen3's, opens it in the generation prompt) starts the response inside the span; a think block
+    that a model turn leaves open ends with that turn."""
+    open_seq, close_seq = (_marker(m) for m in think_ids)
+    inside, out, i = False, [False] * len(ids), 0
+    while i < len(ids):
+        if i and mask[i - 1] and not mask[i]:
+            inside = False  # the environment speaks: a think span the model left open is over
+        for marker, state in ((open_seq, True), (close_seq, False)):
+            if tuple(ids[i : i + len(marker)]) == marker:
+                inside, i = state, i + len(marker)
+                break
         else:
-            out.append(inside)
+            out[i] = inside and bool(mask[i])
+            i += 1
     return out
+
+
+def _marker(marker: int | tuple[int, ...]) -> tuple[int, ...]:
+    return (marker,) if isinstance(marker, int) else tuple(marker)
 
 
 def token_advantages(values: list[np.ndarray], turn_index: torch.Tensor) -> torch.Tensor:

@@ -339,10 +339,14 @@ class Trainer:
         return path
 
 
-def _think_token_ids(tokenizer) -> tuple[int, int] | None:
+def _think_token_ids(tokenizer):
+    """``<think>`` and ``</think>`` as token ids, or as the id sequences they tokenize to (no such tokens)."""
     ids = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
     unk = tokenizer.unk_token_id
-    return None if any(i is None or i == unk for i in ids) else (ids[0], ids[1])
+    if not any(i is None or i == unk for i in ids):
+        return ids[0], ids[1]
+    seqs = [tuple(tokenizer.encode(m, add_special_tokens=False)) for m in ("<think>", "</think>")]
+    return (seqs[0], seqs[1]) if all(seqs) else None
 
 
 def _with_lora(model, cfg: LoraConfig):

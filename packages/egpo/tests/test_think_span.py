@@ -1,0 +1,86 @@
+"""The chain-of-thought span that EGPO's entropy term reads (`palaestra.shared.rl.batch`), for thinking templates.
+
+A chat template that opens ``<think>`` in the generation prompt (Qwen3's thinking models) leaves the model's
+response without an opening tag; a tokenizer without a ``<think>`` token (SmolLM2) spells it in several
+tokens. In both cases the span must not come out empty, or EGPO silently becomes GRPO.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from palaestra.shared.rl.advantages import AdvantageInput, AdvantageStep, compute_advantages
+from palaestra.shared.rl.batch import build_batch, think_entropy
+from palaestra.shared.rollout.trajectory import Trajectory, Turn
+
+OPEN, CLOSE = 7, 8  # single-token markers
+PROMPT = [1, 2, 3]
+
+
+def traj(prompt, response, reward, group="g"):
+    return Trajectory("fc", "agent", group, turns=[Turn("agent", list(prompt), list(response), reward=reward)])
+
+
+def expected_span(seq_ids, mask, open_seq, close_seq):
+    """Independent route: find the markers in the decoded-as-string row and mark what lies between."""
+    text = " ".join(f"<{t}>" for t in seq_ids)  # one "word" per token
+    o, c = " ".join(f"<{t}>" for t in open_seq), " ".join(f"<{t}>" for t in close_seq)
+    out = [False] * len(seq_ids)
+    pos = 0
+    while True:
+        start = text.find(o, pos)
+        if start < 0:
+            break
+        end = text.find(c, start)
+        first = text[: start + len(o)].count("<")
+        last = text[:end].count("<") if end >= 0 else len(seq_ids)
+        for k in range(first, last):
+            out[k] = bool(mask[k])
+        pos = end if end >= 0 else len(text)
+    return out
+
+
+def test_prompt_that_opens_think_starts_the_span_at_the_response():
+    # Qwen3 thinking: "...<|im_start|>assistant\n<think>\n" is the prompt; the model writes "reasoning</think>..."
+    prompt = [*PROMPT, OPEN, 4]
+    response = [20, 21, 22, CLOSE, 30, 31]
+    batch = build_batch([traj(prompt, response, 1.0)], pad_id=0, think_ids=(OPEN, CLOSE))
+    seq = [*prompt, *response]
+    mask = [0] * len(prompt) + [1] * len(response)
+    want = expected_span(seq, mask, (OPEN,), (CLOSE,))
+    assert sum(want) == 3  # the three reasoning tokens
+    assert batch.think_mask[0].tolist() == want[1:]  # target positions: j scores token j+1
+
+
+def test_closed_think_in_the_prompt_and_multi_token_markers():
+    open_seq, close_seq = (40, 41, 42), (43, 41, 42)  # "<", "think", ">" / "</", "think", ">"
+    # a non-thinking template closes the block in the prompt: nothing of the response is thinking
+    closed = [*PROMPT, *open_seq, 5, *close_seq]
+    response = [20, 21, 30]
+    b = build_batch([traj(closed, response, 1.0)], 0, (open_seq, close_seq))
+    assert not b.think_mask.any()
+    # the model opens and closes it itself, in several tokens each
+    response = [*open_seq, 20, 21, 22, 23, *close_seq, 30]
+    b = build_batch([traj(PROMPT, response, 1.0)], 0, (open_seq, close_seq))
+    seq, mask = [*PROMPT, *response], [0] * 3 + [1] * len(response)
+    assert b.think_mask[0].tolist() == expected_span(seq, mask, open_seq, close_seq)[1:]
+    assert int(b.think_mask.sum()) == 4
+
+
+def test_egpo_bonus_is_not_silently_zero_with_a_thinking_template():
+    prompt = [*PROMPT, OPEN]
+    trajs = [traj(prompt, [20 + i, 21, CLOSE, 30], r) for i, r in enumerate([1.0, 0.0, 1.0, 0.0])]
+    batch = build_batch(trajs, 0, (OPEN, CLOSE))
+    entropy = torch.rand(batch.loss_mask.shape) + 0.5
+    h = think_entropy(entropy, batch, "think")
+    assert np.isfinite(h).all()
+    adv_in = AdvantageInput.from_trajectories(trajs, h, think_entropy(entropy, batch, "response"))
+    grpo = compute_advantages([AdvantageStep("grpo")], adv_in)
+    egpo = compute_advantages(
+        [AdvantageStep("grpo"), AdvantageStep("entropy_clipped", {"lam": 0.4, "alpha": 2.0})], adv_in
+    )
+    for a, e, hi in zip(grpo, egpo, h):  # A + λ·clip(H, -|A|/α, |A|/α), computed here by hand
+        bound = abs(a[0]) / 2.0
+        assert e[0] == np.float64(a[0] + 0.4 * min(max(hi, -bound), bound))
+        assert e[0] != a[0]
