@@ -33,7 +33,13 @@ SENTENCES = [
     "Great progress on the project!",
 ]
 WORDS = ["report", "budget", "notes", "summary", "alpha", "draft", "update"]
+FREE_TEXT_PARAMS = {"keyword", "query", "comment", "text", "body", "note"}
 TEXT_PARAMS = {"content", "message", "comment_content", "title", "description", "resolution", "messages"}
+
+
+def _value_like(value: Any) -> bool:
+    """An id, a name, a number, a token: not a sentence (a status message echoed back is no argument)."""
+    return not (isinstance(value, str) and (len(value) > 40 or value.count(" ") > 2))
 
 
 def tokens(name: str) -> set[str]:
@@ -56,6 +62,21 @@ def _described(key: str, described: set[str]) -> bool:
     """A response key named in the parameter's description ("The zipcode of the first city")."""
     k = tokens(key) - GENERIC_TOKENS - {"id"}
     return bool(k) and k <= described and len(key) > 3
+
+
+def compatible_key(param: str, pspec: dict, key: str) -> bool:
+    """Whether a response key can feed `param`: by name, or named in the parameter's description."""
+    return names_match(param, key) or _described(key, tokens(pspec.get("description", "") or ""))
+
+
+def unique_candidates(value: Any, outputs: list[tuple[str, Any]], param: str, pspec: dict) -> list | None:
+    """The distinct values at keys compatible with `param` in `outputs` if `value` is the only one, else None."""
+    want_list = isinstance(value, list)
+    seen: list = []
+    for key, v in outputs:
+        if isinstance(v, list) == want_list and compatible_key(param, pspec, key) and v not in seen:
+            seen.append(v)
+    return seen if seen == [value] else None
 
 
 def leaves(obj: Any, key: str = "", depth: int = 0, out: list | None = None) -> list[tuple[str, Any]]:
@@ -112,14 +133,23 @@ def candidates(
                 found.append((v, source))
 
     described = tokens(spec.get("description", "") or "")
-    add([v for k, v in reversed(prior_outputs) if names_match(pname, k) or _described(k, described)], "output")
+    text_param = pname in TEXT_PARAMS or pname in FREE_TEXT_PARAMS
+    if not text_param:  # free text is the user's to write; an echoed status message is not a value
+        add(
+            [
+                v
+                for k, v in reversed(prior_outputs)
+                if (names_match(pname, k) or _described(k, described)) and _value_like(v)
+            ],
+            "output",
+        )
     hint = env.spec.hints().get(f"{tool}.{pname}") or env.spec.hints().get(pname)
     if hint is not None:
         with contextlib.suppress(Exception):  # a broken hint only loses its candidates
             add(list(hint(env.instance, rng, chosen)), "hint")
     add(enum_values(spec), "enum")
-    if not any(src in ("hint", "enum") for _, src in found):
-        add([v for k, v in leaves(env.public_state()) if names_match(pname, k)], "state")
+    if not text_param and not any(src in ("hint", "enum") for _, src in found):
+        add([v for k, v in leaves(env.public_state()) if names_match(pname, k) and type_matches(v, kind)], "state")
     if not found:
         add(literals(spec, pname, rng), "literal")
     return found

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass, field
 
 from palaestra.datagen.envs import Execution, ToolEnv
@@ -37,7 +38,10 @@ class TurnTask:
     kind: str = "normal"
     """normal | miss_param | miss_func | param_given | func_added."""
     missing: str | None = None
-    """The withheld parameter or function (miss_param / miss_func)."""
+    """The withheld parameter (miss_param, param_given), what the withheld function does (miss_func), or its name
+    (func_added)."""
+    schema: dict | None = None
+    """func_added: the schema of the function that becomes available (shown in the system message)."""
 
     @property
     def expects_calls(self) -> bool:
@@ -108,6 +112,8 @@ def run_try(
                 }
             )
     passed, failure, truth = verify_turn(env_start, env, turn, executions)
+    if passed and turn.kind == "miss_param" and not asks_for(new[-1]["content"] if new else "", turn.missing or ""):
+        passed, failure = False, {"no_question": True}
     if user and hint:  # the kept conversation carries the original request, not the hint
         user = _user_message(turn, None)
     return TryResult(([user] if user else []) + new, env, calls, executions, passed, failure, truth)
@@ -115,9 +121,18 @@ def run_try(
 
 def _user_message(turn: TurnTask, hint: str | None) -> dict | None:
     if turn.kind == "func_added":
-        return {"role": "system", "content": f"A new function is now available: {turn.missing}."}
+        schema = json.dumps(turn.schema) if turn.schema else turn.missing
+        return {"role": "system", "content": f"A new function is now available: {schema}"}
     text = turn.query + (f"\n\n(Hint from a reviewer: {hint})" if hint else "")
     return {"role": "user", "content": text}
+
+
+def asks_for(reply: str, param: str) -> bool:
+    """Whether a reply asks a question that names the parameter (its words, e.g. ``file name``)."""
+    answer = reply.split("</think>")[-1].lower()
+    words = " ".join(re.findall(r"[a-z0-9]+", answer))
+    want = " ".join(re.findall(r"[a-z0-9]+", re.sub(r"([a-z])([A-Z])", r"\1 \2", param).lower().replace("_", " ")))
+    return "?" in answer and bool(want) and f" {want} " in f" {words} "
 
 
 def canonical(output) -> str:

@@ -10,19 +10,25 @@ reads it directly). Fields of a row:
   ``{"id", "type": "function", "function": {"name", "arguments"}}`` with
   ``arguments`` a JSON string of keyword arguments), ``tool_call_id`` (str or
   null), ``name`` (tool name or null). A ``system`` message inside the chat
-  marks the turn where a withheld function becomes available.
-- ``tools`` (str): JSON list of OpenAI tool schemas (all the environment's
-  functions; a JSON string because schemas differ from row to row).
+  marks the turn where a withheld function becomes available; it carries
+  that function's JSON schema.
+- ``tools`` (str): JSON list of OpenAI tool schemas: the environment's
+  functions available from the first turn (a function withheld for a
+  miss_func turn is not listed; the system message adds it). A JSON string
+  because schemas differ from row to row.
 - ``turns`` (list): per user turn ``{"kind", "query", "ground_truth",
   "hidden_steps"}``; ``kind`` in normal | miss_param | param_given |
   miss_func | func_added; ``ground_truth`` is a list of calls in BFCL syntax
   (``name(key=value, ...)``), empty where the right answer is not to call.
+  ``missing`` (miss_param / param_given: the parameter; miss_func /
+  func_added: the function) and ``missing_value`` (param_given) where they apply.
 - ``ground_truth`` (list of lists of str): the same, per turn (BFCL's format).
 - ``missed_function`` (list): ``{"turn", "functions"}``: functions withheld
   before that turn (BFCL's miss_func).
-- ``initial_config`` (str): JSON ``{class: scenario}``; ``involved_classes``
+- ``initial_config`` (str): JSON ``{class: config}``, drawn by
+  `initial_states` from ``provenance.state_seed``; ``involved_classes``
   (list of str): with the ground truth, a BFCL multi-turn test entry.
-- ``provenance``: ``env``, ``scenario``, ``seed``, ``round``,
+- ``provenance``: ``env``, ``state_seed``, ``seed``, ``round``,
   ``graph_version``, ``target``, ``roles`` (implementation per role),
   ``trace`` (JSON string: per turn the executed steps with outputs),
   ``advanced_tools`` (JSON string).
@@ -66,11 +72,11 @@ def make_row(item, spec, history, tools, turns, missed, traces, advanced, role_n
         "turns": turns,
         "ground_truth": [t["ground_truth"] for t in turns],
         "missed_function": missed,
-        "initial_config": json.dumps({bfcl_class: spec.scenarios[item["scenario"] % len(spec.scenarios)]}),
+        "initial_config": json.dumps({bfcl_class: spec.initial_state(item["scenario"])}),
         "involved_classes": [bfcl_class],
         "provenance": {
             "env": spec.name,
-            "scenario": item["scenario"],
+            "state_seed": item["scenario"],
             "seed": item["seed"],
             "round": item["round"],
             "graph_version": graph_version,

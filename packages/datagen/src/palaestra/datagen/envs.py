@@ -24,21 +24,34 @@ then name it in ``datagen.generate``'s ``envs`` list. A doc that is not a
 valid function schema, or a doc without a matching method, is a `SchemaError`
 at registration. The BFCL environments come from the ``bfcl-eval`` package:
 classes in ``bfcl_eval.eval_checker.multi_turn_eval.func_source_code``, docs
-in ``bfcl_eval/data/multi_turn_func_doc``, scenarios = the distinct initial
-configs of BFCL's ``multi_turn_base`` entries.
+in ``bfcl_eval/data/multi_turn_func_doc``; their initial states are drawn by
+`palaestra.datagen.initial_states` (never BFCL's test configs).
+
+Error conventions (`is_error_response`): BFCL's environments signal a failed
+call in several ways, all of which make ``ok=False``: a dict with an
+``error`` key (every environment); a string, or list of strings, starting
+with "Error" (``TradingBot.get_watchlist``); a list of error dicts
+(``TicketAPI.get_user_tickets`` logged out); a ``*_status`` or ``success``
+key that is False (``authentication_status``, ``follow_status``,
+``booking_status``, ``verification_status``, ``success``, ...) outside the
+``*login_status`` queries; a ``verification_failure`` key; and the status
+texts "... not found", "No user is currently logged in", "Already ...".
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import inspect
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from palaestra.datagen.initial_states import generate_state
 from palaestra.datagen.schema import SchemaError, to_openai_tool, validate_tool_doc
 from palaestra.shared.registry import Registry, import_string
 
@@ -65,7 +78,9 @@ class ApiEnvSpec:
     docs: list[dict]
     """JSON-schema function docs, one per tool."""
     scenarios: list[dict] = field(default_factory=lambda: [{}])
-    """Initial configs for ``_load_scenario``; index 0 is the default."""
+    """Initial configs for ``_load_scenario`` (used when there is no `state_generator`)."""
+    state_generator: Any = None
+    """Optional ``fn(seed) -> config`` (or a ``"module:attr"`` string): a fresh initial state per sample."""
     arg_hints: Any = None
     """Optional ``{param_name: fn(instance, rng) -> candidate values}`` (or a ``"module:attr"`` string)."""
     bfcl_class: str | None = None
@@ -107,6 +122,14 @@ class ApiEnvSpec:
     def openai_tools(self, exclude: set[str] = frozenset()) -> list[dict]:
         return [to_openai_tool(d) for d in self.docs if d["name"] not in exclude]
 
+    def initial_state(self, seed: int) -> dict:
+        """The initial config for `seed`: drawn by `state_generator`, else one of `scenarios`."""
+        if self.state_generator is None:
+            return copy.deepcopy(self.scenarios[seed % len(self.scenarios)])
+        if isinstance(self.state_generator, str):
+            self.state_generator = import_string(self.state_generator)
+        return self.state_generator(seed)
+
     def hints(self) -> dict:
         if isinstance(self.arg_hints, str):
             self.arg_hints = import_string(self.arg_hints)
@@ -147,10 +170,9 @@ class ToolEnv:
     """A live environment instance at some state."""
 
     def __init__(self, spec: ApiEnvSpec, scenario: int | dict = 0):
+        """`scenario`: an initial config, or a seed for `ApiEnvSpec.initial_state`."""
         self.spec = spec
-        self.scenario = copy.deepcopy(
-            spec.scenarios[scenario % len(spec.scenarios)] if isinstance(scenario, int) else scenario
-        )
+        self.scenario = copy.deepcopy(spec.initial_state(scenario) if isinstance(scenario, int) else scenario)
         self.instance: Any = None
         self.reset()
 
@@ -186,7 +208,7 @@ class ToolEnv:
         except (Exception, SystemExit, RecursionError) as err:  # a broken env must not take the process down
             return Execution(name, arguments, {"error": f"{type(err).__name__}: {err}"}, False)
         output = jsonable(output)
-        failed = isinstance(output, dict) and "error" in output
+        failed = is_error_response(output)
         if not failed and not self.healthy():
             return Execution(name, arguments, {"error": "the call left the environment in a broken state"}, False)
         return Execution(name, arguments, output, not failed)
@@ -207,6 +229,27 @@ class ToolEnv:
     def public_state(self) -> dict:
         """Public attributes (what BFCL's state checker compares)."""
         return {k: v for k, v in vars(self.instance).items() if not k.startswith("_")}
+
+
+_STATUS_TEXT = re.compile(r"^(error\b|no user is currently logged in|already )|not found\b", re.IGNORECASE)
+
+
+def is_error_response(output: Any) -> bool:
+    """Whether a (JSON-able) response is a failure by any of the environments' conventions (module docstring)."""
+    if isinstance(output, str):
+        return bool(_STATUS_TEXT.search(output.strip()))
+    if isinstance(output, list):  # ["Error: ..."] or [{"error": ...}]
+        return bool(output) and all(isinstance(x, str | dict) and is_error_response(x) for x in output)
+    if not isinstance(output, dict):
+        return False
+    if "error" in output or "verification_failure" in output:
+        return True
+    for key, value in output.items():
+        if value is False and (key == "success" or (key.endswith("_status") and key != "login_status")):
+            return True
+        if key in ("status", "symbol", "message") and isinstance(value, str) and _STATUS_TEXT.search(value):
+            return True
+    return False
 
 
 @cache
@@ -246,21 +289,6 @@ def _bfcl_data_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "data"
 
 
-@cache
-def _bfcl_scenarios() -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {name: [] for name in BFCL_CLASSES}
-    seen: dict[str, set[str]] = {name: set() for name in BFCL_CLASSES}
-    with open(_bfcl_data_dir() / "BFCL_v4_multi_turn_base.json") as f:
-        for line in f:
-            entry = json.loads(line)
-            for cls, config in entry.get("initial_config", {}).items():
-                key = json.dumps(config, sort_keys=True)
-                if cls in out and key not in seen[cls]:
-                    seen[cls].add(key)
-                    out[cls].append(config)
-    return {k: v or [{}] for k, v in out.items()}
-
-
 def bfcl_spec(class_name: str) -> ApiEnvSpec:
     module, doc_file = BFCL_CLASSES[class_name]
     with open(_bfcl_data_dir() / "multi_turn_func_doc" / doc_file) as f:
@@ -269,7 +297,7 @@ def bfcl_spec(class_name: str) -> ApiEnvSpec:
         name=class_name,
         factory=f"{BFCL_MODULE}.{module}:{class_name}",
         docs=docs,
-        scenarios=_bfcl_scenarios()[class_name],
+        state_generator=functools.partial(generate_state, class_name),
         arg_hints=f"palaestra.datagen.bfcl_hints:{class_name}",
         bfcl_class=class_name,
     )

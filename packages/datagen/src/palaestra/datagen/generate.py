@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from palaestra.datagen.dataset import SampleWriter
+from palaestra.datagen.dataset import SampleWriter, read_rows
 from palaestra.datagen.envs import BFCL_CLASSES, get_env
 from palaestra.datagen.graph import ApiGraph
 from palaestra.datagen.pipeline import ItemConfig, RolesConfig, generate_item, make_roles
-from palaestra.datagen.run_stats import RunStats
+from palaestra.datagen.run_stats import RunStats, audit_rows
 from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
 from palaestra.shared.tracking import Tracker, scratch_dir
@@ -81,14 +81,13 @@ def plan_items(cfg: DataGenerationConfig, graph: ApiGraph) -> list[dict]:
         target = max(tools, key=lambda t: credit[env][t])
         credit[env][target] -= total
         seed = int(hashlib.sha1(f"{cfg.seed}-{cfg.round}-{i}".encode()).hexdigest()[:8], 16)
-        spec = get_env(env)
         items.append(
             {
                 "id": f"{cfg.name}-s{cfg.seed}-r{cfg.round}-{i}",
                 "env": env,
                 "target": target,
                 "seed": seed,
-                "scenario": seed % len(spec.scenarios),
+                "scenario": seed,
                 "round": cfg.round,
             }
         )
@@ -159,14 +158,23 @@ def generate(cfg: DataGenerationConfig, tracker: Tracker) -> dict:
     )
     stats = run_generation(cfg, graph, tracker)
     report = stats.report()
+    if cfg.output_path.exists():
+        report |= audit_rows(read_rows(cfg.output_path))
     out_dir = scratch_dir()
     for path in graph.save(out_dir):
         tracker.log_artifact(path, "graph")
     tracker.log_dict(report, "stats.json")
     tracker.log_metrics({f"stats/{k}": v for k, v in report.items() if isinstance(v, int | float)})
+    cfg.output_path.parent.joinpath("stats.json").write_text(json.dumps(report, indent=1))
     if cfg.log_samples and cfg.output_path.exists():
         tracker.log_artifact(cfg.output_path, "dataset")
-    print(f"datagen: {report['kept']} samples -> {cfg.output_path}")
+    c = report.get("contamination", {})
+    print(
+        f"datagen: {report['kept']} samples -> {cfg.output_path}; {report['calls_per_trace']:.2f} calls per trace, "
+        f"function coverage {report['function_coverage']:.3f}; contaminated {c.get('contaminated', 0)}, "
+        f"ungrounded kept {report.get('ungrounded_kept', 0)}, error-response steps "
+        f"{report.get('error_response_steps', 0)}; drops {report['drops']}"
+    )
     return {
         "kept": report["kept"],
         "dropped": report["dropped"],

@@ -87,7 +87,7 @@ def evaluate_student(rows: list[dict], student, graph) -> tuple[int, int]:
     failed_turns = turns_total = 0
     for row in rows:
         spec = get_env(row["provenance"]["env"])
-        env = ToolEnv(spec, row["provenance"]["scenario"])
+        env = ToolEnv(spec, json.loads(row["initial_config"])[row["involved_classes"][0]])
         tools = json.loads(row["tools"])
         traces = iter(json.loads(row["provenance"]["trace"]))
         history: list[dict] = []

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from palaestra.datagen import roles as R
+from palaestra.datagen.argfill import leaves
 from palaestra.datagen.chain import TurnTask, guided_chain
 from palaestra.datagen.envs import ToolEnv, get_env
 from palaestra.datagen.graph import ApiGraph
@@ -108,7 +109,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     """``{"sample": row | None, "drop": reason | None, "stats": {...}}``; never raises for bad model output."""
     rng = random.Random(item["seed"])
     spec = get_env(item["env"])
-    env = ToolEnv(spec, item["scenario"])
+    env = ToolEnv(spec, spec.initial_state(item["scenario"]))
     sampler_stats = SamplerStats()
     chain_stats: dict = {}
     n_turns = rng.randint(cfg.min_turns, cfg.max_turns)
@@ -129,11 +130,16 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     traces: list[dict] = []
     advanced: list[dict] = []
     missed: list[dict] = []
+    seen_outputs: list = []  # response entries of earlier turns (values there are candidates, not feeds)
 
-    def out(drop: str | None, sample=None):
+    def tools_now(hidden: set[str]) -> list[dict]:
+        return [x for x in all_tools if x["function"]["name"] not in hidden]
+
+    def out(drop: str | None, sample=None, problems=()):
         return {
             "sample": sample,
             "drop": drop,
+            "problems": list(problems),
             "llm_calls": (counter.calls - calls_at_start) if counter else 0,
             "stats": {"sampler": {"calls": sampler_stats.calls, "flows": sampler_stats.flows}, "chain": chain_stats},
         }
@@ -142,15 +148,23 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         last = t == n_turns - 1
         kind = last_kind if last else "normal"
         exclude = {withheld} if withheld and not last else set()
-        trace, _ = sample_trace(env, graph, target, rng, draw_length(rng), sampler_stats, exclude)
+        trace, _ = sample_trace(env, graph, target, rng, draw_length(rng), sampler_stats, exclude, seen_outputs)
+        seen_outputs += [pair for s in trace.steps for pair in leaves(s.output, "result")]
         if not trace.steps:
             return out("empty_trace")
+        if kind == "miss_func" and not (trace.target_hit and withheld in {s.name for s in trace.steps}):
+            return out("miss_func_target_not_reached")  # refusing would be wrong: the listed tools can do this turn
         tool = roles.tool_maker.make(trace, spec, rng)
         if tool is None:
             return out("tool_maker")
         omit = []
         if kind == "miss_param":
-            strings = [k for k, v in tool.inputs.items() if isinstance(v["value"], str)]
+            said = " ".join(m["content"] or "" for m in history)
+            strings = [
+                k
+                for k, v in tool.inputs.items()
+                if isinstance(v["value"], str) and len(v["value"]) >= 3 and v["value"].lower() not in said.lower()
+            ]
             omit = [rng.choice(strings)] if strings else []
             kind = kind if omit else "normal"
         query = roles.query_writer.write(tool, trace, spec, rng, omit)
@@ -158,22 +172,20 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
             return out("query_writer")
         if kind == "miss_param":
             value = tool.inputs[omit[0]]["value"]
+            param = tool.inputs[omit[0]]["param"]
+            words = param.replace("_", " ")
             tasks = [
-                TurnTask(query.text, trace, all_tools, "miss_param", omit[0]),
-                TurnTask(
-                    f"The {omit[0].replace('_', ' ')} is {R._value_text(value)}.", trace, all_tools, "param_given"
-                ),
+                TurnTask(query.text, trace, tools_now(exclude), "miss_param", param),
+                TurnTask(f"The {words} is {R._value_text(value)}.", trace, tools_now(exclude), "param_given", param),
             ]
         elif kind == "miss_func":
-            reduced = [x for x in all_tools if x["function"]["name"] != withheld]
             what = R.short_description(spec.doc(withheld)).lower()
             tasks = [
-                TurnTask(query.text, trace, reduced, "miss_func", what),
-                TurnTask("", trace, all_tools, "func_added", withheld),
+                TurnTask(query.text, trace, tools_now({withheld}), "miss_func", what),
+                TurnTask("", trace, all_tools, "func_added", withheld, schema=spec.doc(withheld)),
             ]
         else:
-            tools_now = [x for x in all_tools if x["function"]["name"] not in exclude]
-            tasks = [TurnTask(query.text, trace, tools_now)]
+            tasks = [TurnTask(query.text, trace, tools_now(exclude))]
         for task in tasks:
             result = guided_chain(roles, env, history, task, cfg.k_max, rng, cfg.max_steps, chain_stats)
             if result is None:
@@ -182,28 +194,44 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
             env = result.truth
             if task.kind == "func_added":
                 missed.append({"turn": len(turns), "functions": [withheld]})
-            turns.append(
-                {
-                    "kind": task.kind,
-                    "query": task.query if task.kind != "func_added" else "",
-                    "ground_truth": trace.calls if task.expects_calls else [],
-                    "hidden_steps": len(trace.hidden) if task.expects_calls else 0,
-                }
-            )
+            entry = {
+                "kind": task.kind,
+                "query": task.query if task.kind != "func_added" else "",
+                "ground_truth": trace.calls if task.expects_calls else [],
+                "hidden_steps": len(trace.hidden) if task.expects_calls else 0,
+            }
+            if task.kind in ("miss_param", "param_given"):
+                entry["missing"] = task.missing
+            if task.kind == "param_given":
+                entry["missing_value"] = tool.inputs[omit[0]]["value"]
+            if task.kind in ("miss_func", "func_added"):
+                entry["missing"] = withheld
+            turns.append(entry)
         traces.append(
             {
                 "target": trace.target,
                 "target_hit": trace.target_hit,
                 "steps": [
-                    {"name": s.name, "arguments": s.arguments, "output": s.output, "feeds": s.feeds}
+                    {
+                        "name": s.name,
+                        "arguments": s.arguments,
+                        "output": s.output,
+                        "feeds": s.feeds,
+                        "feed_keys": s.feed_keys,
+                    }
                     for s in trace.steps
                 ],
             }
         )
         advanced.append(tool.schema())
     from palaestra.datagen.dataset import make_row
+    from palaestra.datagen.grounding import verify_row
 
+    listed = tools_now({withheld} if withheld else set())
     row = make_row(
-        item, spec, history, all_tools, turns, missed, traces, advanced, roles.names(), graph.version, chain_stats
+        item, spec, history, listed, turns, missed, traces, advanced, roles.names(), graph.version, chain_stats
     )
+    problems = verify_row(row, spec)
+    if problems:
+        return out(f"grounding_{problems[0]}", problems=problems)
     return out(None, row)

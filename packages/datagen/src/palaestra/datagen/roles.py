@@ -75,6 +75,9 @@ def free_inputs(trace: Trace, spec) -> dict[str, dict]:
         for param, value in step.arguments.items():
             if param in step.feeds:
                 continue
+            pspec = props.get(param, {})
+            if "default" in pspec and (pspec["default"] == value or (pspec["default"] == "None" and value is None)):
+                continue  # a documented default: nothing the user has to say
             key = param
             n = 2
             while key in inputs and inputs[key]["value"] != value:
@@ -82,7 +85,6 @@ def free_inputs(trace: Trace, spec) -> dict[str, dict]:
                 n += 1
             if key in inputs:
                 continue
-            pspec = props.get(param, {})
             inputs[key] = {
                 "type": pspec.get("type", "string"),
                 "description": pspec.get("description", ""),
@@ -106,28 +108,73 @@ class DeterministicToolMaker:
 def _value_text(value: Any) -> str:
     if isinstance(value, str):
         return f"'{value}'"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, list):
         return ", ".join(_value_text(v) for v in value) if value else "nothing"
+    if isinstance(value, dict):
+        return ", ".join(f"{k.replace('_', ' ')} {_value_text(v)}" for k, v in value.items())
     return repr(value)
 
 
+def _words(name: str) -> str:
+    return re.sub(r"([a-z])([A-Z])", r"\1 \2", name).replace("_", " ").lower()
+
+
+def _detail(param: str, value: Any) -> str:
+    words = _words(param)
+    return f"{words}: {_value_text(value)}" if isinstance(value, bool) else f"{words} {_value_text(value)}"
+
+
+def goal_phrase(spec, step_name: str) -> str:
+    text = short_description(spec.doc(step_name))
+    return text[0].lower() + text[1:]
+
+
+OPENERS = ["Could you {g}?", "I'd like you to {g}.", "Please {g}.", "I need you to {g}.", "Can you help me {g}?"]
+JOINERS = [", and then ", "; after that, ", ", and once that is done, ", " and also "]
+CONTEXT = ["For reference: {d}.", "In case you need it, {d}.", "Details you may need: {d}."]
+
+
 class DeterministicQueryWriter:
+    """States the user's goals (the visible steps) with the values the user knows; hidden steps stay unsaid.
+
+    Phrasing varies by the sample's rng: several openers, joiners and ways to
+    give the values that no visible step takes directly (the inputs of hidden
+    steps, e.g. credentials for a login that the goal needs).
+    """
+
     name = "deterministic"
 
     def write(self, tool: AdvancedTool, trace: Trace, spec, rng: random.Random, omit: list[str] = ()) -> Query | None:
         visible = [i for i in range(len(trace.steps)) if i not in trace.hidden]
-        goals = [short_description(spec.doc(trace.steps[i].name)) for i in visible]
-        goal = "; then ".join(g[0].lower() + g[1:] for g in goals)
-        details = [f"{k.replace('_', ' ')} {_value_text(v['value'])}" for k, v in tool.inputs.items() if k not in omit]
-        text = f"Please {goal}."
-        if details:
-            text += " Use " + ", ".join(details) + "."
-        text += " " + rng.choice(NOISE)
+        by_step: dict[int, list[str]] = {}
+        for key, v in tool.inputs.items():
+            if key not in omit:
+                by_step.setdefault(v["step"], []).append(_detail(v["param"], v["value"]))
+        goals = []
+        for i in visible:
+            step = trace.steps[i]
+            details = by_step.pop(i, [])
+            for param, src in step.feeds.items():  # say what the value is, not how to get it
+                key = step.feed_keys.get(param, param)
+                inner = by_step.pop(src, [])
+                how = goal_phrase(spec, trace.steps[src].name) + (" with " + ", ".join(inner) if inner else "")
+                details.append(f"{_words(param)}: the {_words(key)} you get when you {how}")
+            g = goal_phrase(spec, step.name)
+            goals.append(g + (" (" + "; ".join(details) + ")" if details else ""))
+        joiner = rng.choice(JOINERS)
+        text = rng.choice(OPENERS).format(g=joiner.join(goals))
+        rest = [d for i in sorted(by_step) for d in by_step[i]]
+        if rest:
+            text += " " + rng.choice(CONTEXT).format(d=", ".join(rest))
+        if rng.random() < 0.5:
+            text += " " + rng.choice(NOISE)
         return Query(text, list(omit))
 
 
 class DeterministicReasoner:
-    """Follows the ground-truth trace; may skip hidden steps on the first try."""
+    """Follows the ground-truth trace and says why each call comes now; may skip hidden steps on the first try."""
 
     name = "deterministic"
 
@@ -135,25 +182,42 @@ class DeterministicReasoner:
         self.naive_first_try = naive_first_try
 
     def act(self, messages: list[dict], tools: list[dict], turn, try_index: int, rng: random.Random) -> str:
-        if turn.kind in ("miss_param", "miss_func"):
-            what = turn.missing or "information"
-            text = (
-                f"I need the {what.replace('_', ' ')} to do this; could you tell me?"
-                if turn.kind == "miss_param"
-                else f"None of the available functions can {what}; I cannot do that right now."
-            )
-            return format_calls([], thinking=f"The request cannot be completed as asked: {turn.kind}.", content=text)
+        spec_doc = {t["function"]["name"]: t["function"] for t in tools}
+        if turn.kind == "miss_param":
+            what = (turn.missing or "information").replace("_", " ")
+            text = f"I can do that, but I need the {what} first. Could you tell me the {what}?"
+            thinking = f"The request needs the {what}, and neither the request nor any earlier result gives it."
+            return format_calls([], thinking=thinking, content=text)
+        if turn.kind == "miss_func":
+            text = f"None of the available functions can {turn.missing}, so I cannot do this right now."
+            thinking = f"The request needs a function that can {turn.missing}; no listed function does that."
+            return format_calls([], thinking=thinking, content=text)
         done = _tool_results_since_user(messages)
-        plan = list(range(len(turn.trace.steps)))
+        steps = turn.trace.steps
+        plan = list(range(len(steps)))
         if try_index == 0 and turn.trace.hidden and rng.random() < self.naive_first_try:
             plan = [i for i in plan if i not in turn.trace.hidden]
         if done >= len(plan):
-            return format_calls([], thinking="All steps are done.", content="Done: " + turn.summary())
-        step = turn.trace.steps[plan[done]]
-        why = f"Step {done + 1} of {len(plan)}: call {step.name}"
-        if step.feeds:
-            why += " with " + ", ".join(f"{p} from step {i + 1}'s result" for p, i in step.feeds.items())
-        return format_calls([ToolCall(step.name, step.arguments)], thinking=why + ".")
+            return format_calls([], thinking="Every step the request needs is done.", content="Done: " + turn.summary())
+        i = plan[done]
+        step = steps[i]
+        why = []
+        consumers = [(j, p) for j, s in enumerate(steps) for p, src in s.feeds.items() if src == i and j in plan]
+        for j, param in consumers:
+            key = steps[j].feed_keys.get(param, param)
+            why.append(
+                f"{steps[j].name} needs the {_words(param)}, which is the {_words(key)} that {step.name} returns"
+            )
+        for param, src in step.feeds.items():
+            why.append(f"the {_words(param)} is the {_words(step.feed_keys.get(param, param))} from {steps[src].name}")
+        given = [p for p in step.arguments if p not in step.feeds]
+        if given and not consumers:
+            why.append(f"the request gives the {', '.join(_words(p) for p in given)}")
+        desc = spec_doc.get(step.name, {}).get("description", "")
+        lead = f"Next: {step.name}" + (f" ({desc.split('Tool description:')[-1].strip().rstrip('.')})" if desc else "")
+        return format_calls(
+            [ToolCall(step.name, step.arguments)], thinking=f"{lead}." + (f" {'; '.join(why)}." if why else "")
+        )
 
 
 def _tool_results_since_user(messages: list[dict]) -> int:

@@ -1,8 +1,13 @@
-"""Per-run statistics of a generation run (the report logged to MLflow).
+"""Per-run statistics of a generation run (the report logged to MLflow as ``stats.json``).
 
 calls per trace, hidden-step fraction, coverage of environments and
 functions, pass rate per try (of the tries made at index k, the share that
-passed), drops by reason, LLM calls per kept sample, throughput.
+passed), drops by reason (``drops``; a grounding drop is named after its
+first problem, ``grounding_problems`` counts every problem found), LLM calls
+per kept sample, throughput. `audit_rows` re-checks a finished file: the
+contamination check against BFCL's test entries, the groundedness verifier
+on every kept row (``ungrounded_kept``), error responses among ground-truth
+steps (``error_response_steps``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ class RunStats:
     duplicates: int = 0
     resumed: int = 0
     drops: dict[str, int] = field(default_factory=dict)
+    grounding_problems: dict[str, int] = field(default_factory=dict)
     tries: list[int] = field(default_factory=list)
     passes: list[int] = field(default_factory=list)
     llm_calls: int = 0
@@ -38,6 +44,8 @@ class RunStats:
                     k.append(0)
                 k[i] += n
         self.llm_calls += result.get("llm_calls", 0)
+        for problem in result.get("problems", []):
+            self.grounding_problems[problem] = self.grounding_problems.get(problem, 0) + 1
         if result["sample"] is None:
             self.dropped += 1
             self.drops[result["drop"]] = self.drops.get(result["drop"], 0) + 1
@@ -79,5 +87,31 @@ class RunStats:
                 out[f"pass_rate_try_{k + 1}"] = self.passes[k] / n if k < len(self.passes) else 0.0
         for reason, n in self.drops.items():
             out[f"drop_{reason}"] = n
+        out["drops"] = dict(sorted(self.drops.items()))
+        out["grounding_problems"] = dict(sorted(self.grounding_problems.items()))
         out["function_coverage_per_env"] = per_env
         return out
+
+
+def audit_rows(rows: list[dict]) -> dict:
+    """Contamination, groundedness and error-response counts over finished rows (for ``stats.json``)."""
+    from palaestra.datagen.contamination import ContaminationIndex
+    from palaestra.datagen.envs import get_env, is_error_response
+    from palaestra.datagen.grounding import verify_row
+
+    ungrounded = 0
+    problems: dict[str, int] = {}
+    error_steps = 0
+    for row in rows:
+        found = verify_row(row, get_env(row["provenance"]["env"]))
+        ungrounded += bool(found)
+        for p in found:
+            problems[p] = problems.get(p, 0) + 1
+        for trace in json.loads(row["provenance"]["trace"]):
+            error_steps += sum(is_error_response(s["output"]) for s in trace["steps"])
+    return {
+        "contamination": ContaminationIndex.from_bfcl().summary(rows),
+        "ungrounded_kept": ungrounded,
+        "ungrounded_kept_problems": problems,
+        "error_response_steps": error_steps,
+    }

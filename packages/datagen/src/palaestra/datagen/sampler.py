@@ -19,10 +19,13 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from palaestra.datagen.argfill import leaves
+from palaestra.datagen.argfill import compatible_key, leaves, unique_candidates
 from palaestra.datagen.envs import ToolEnv, call_string
 from palaestra.datagen.graph import ApiGraph, node, try_call
+from palaestra.datagen.schema import parameters
 
+P_PRODUCER_FIRST = 0.6
+"""Chance to call a tool whose output can feed the target right before it (a hidden step), when there is one."""
 LENGTH_WEIGHTS = {1: 0.04, 2: 0.12, 3: 0.24, 4: 0.26, 5: 0.16, 6: 0.1, 7: 0.05, 8: 0.03}
 """Trace length distribution (1-8 calls); with prerequisites and failures the mean lands near 3.5."""
 
@@ -34,6 +37,8 @@ class Step:
     output: Any
     feeds: dict[str, int] = field(default_factory=dict)
     """Parameter -> index of the earlier step whose response supplied its value."""
+    feed_keys: dict[str, str] = field(default_factory=dict)
+    """Parameter -> the response key it was read from."""
 
     @property
     def call(self) -> str:
@@ -77,6 +82,20 @@ class SamplerStats:
         self.flows += other.flows
 
 
+def _producers(graph: ApiGraph, env: str, target: str, legal: list[str], called: set, steps: list) -> list[str]:
+    """Legal tools, not called yet, with an output-to-input mapping edge into `target`."""
+    if steps and steps[-1].name in {p for p in legal if graph.g.has_edge(node(env, p), node(env, target))}:
+        return []  # one producer right before the target is enough
+    return [
+        p
+        for p in legal
+        if p != target
+        and p not in called
+        and graph.g.has_edge(node(env, p), node(env, target))
+        and "mapping" in graph.g.edges[node(env, p), node(env, target)]["kinds"]
+    ]
+
+
 def draw_length(rng: random.Random) -> int:
     return rng.choices(list(LENGTH_WEIGHTS), weights=list(LENGTH_WEIGHTS.values()))[0]
 
@@ -89,13 +108,19 @@ def sample_trace(
     length: int,
     stats: SamplerStats | None = None,
     exclude: set[str] = frozenset(),
+    prior_outputs: list[tuple[str, Any]] = (),
 ) -> tuple[Trace, ToolEnv]:
-    """A trace of up to `length` executed calls toward `target`, and the environment after it."""
+    """A trace of up to `length` executed calls toward `target`, and the environment after it.
+
+    `prior_outputs`: response entries of earlier turns of the same sample. They count as candidates
+    (a value there is not unique if an earlier turn returned another one) but never as feeds of this
+    trace: a value from them is one the user states.
+    """
     name = env.spec.name
     tools = [t for t in env.spec.tool_names if t not in exclude]
     steps: list[Step] = []
-    outputs: list[tuple[str, Any]] = []
-    origin: list[int] = []  # step index of each entry in `outputs`
+    outputs: list[tuple[str, Any]] = list(prior_outputs)
+    origin: list[int] = [-1] * len(outputs)  # step index of each entry in `outputs` (-1: an earlier turn)
     called: set[str] = set()
     hit = False
     blocked: set[str] = set()
@@ -105,7 +130,10 @@ def sample_trace(
         legal = [t for t in tools if set(graph.prerequisites(name, t)) <= called and t not in blocked]
         if not legal:
             break
-        if not hit and target in legal:
+        producers = [] if hit or target not in legal else _producers(graph, name, target, legal, called, steps)
+        if producers and len(steps) < length - 1 and rng.random() < P_PRODUCER_FIRST:
+            pick = rng.choice(producers)  # its result will feed the target: a hidden intermediate step
+        elif not hit and target in legal:
             pick = target
         elif not hit:
             fresh = [t for t in legal if t not in called] or legal
@@ -129,11 +157,13 @@ def sample_trace(
             continue
         blocked.clear()
         step = Step(pick, ex.arguments, ex.output)
+        props = parameters(env.spec.doc(pick))
         for param, value in ex.arguments.items():
-            found = _producer(value, outputs)
-            if found is not None:
+            found = _producer(value, outputs, param, props.get(param, {}))
+            if found is not None and origin[found] >= 0:
                 src = origin[found]
                 step.feeds[param] = src
+                step.feed_keys[param] = outputs[found][0]
                 if stats is not None:
                     stats.flows.append((name, steps[src].name, outputs[found][0], pick, param))
         env = new_env
@@ -148,15 +178,24 @@ def sample_trace(
     return Trace(name, target if target_hit else (steps[-1].name if steps else ""), steps, target_hit), env
 
 
-def _producer(value: Any, outputs: list) -> int | None:
-    """Index of the latest response entry holding `value` (only distinctive values: ids, tokens, names)."""
+def _producer(value: Any, outputs: list, param: str, pspec: dict) -> int | None:
+    """Index of the response entry that *produces* `value` for `param`, or None.
+
+    Only a distinctive value (an id, a token, a name; not a small number or a
+    flag) at a key that can feed the parameter (`compatible_key`), and only
+    when it is the one candidate there: a value picked from a list of several
+    is a choice the user must state, not an intermediate result.
+    """
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int | float) and abs(value) < 100:
         return None
     if isinstance(value, str) and len(value) < 3:
         return None
+    candidates = unique_candidates(value, outputs, param, pspec)
+    if candidates is None:
+        return None
     for i in range(len(outputs) - 1, -1, -1):
-        if outputs[i][1] == value:
+        if outputs[i][1] == value and compatible_key(param, pspec, outputs[i][0]):
             return i
     return None
