@@ -95,3 +95,25 @@ def test_learning_curve_carries_rates_and_reward_components():
         assert point["components"]["one"] == pytest.approx(point["episode_length"])
         assert point["components"]["near"] < 0
         assert point["episode_reward"] == pytest.approx(point["components"]["one"] + point["components"]["near"])
+
+
+def test_reflection_lists_each_component_with_max_mean_min():
+    from palaestra.aed.eureka import reflection
+
+    point = {"target_rate": 0.0, "attack_rate": 0.5, "episode_reward": 2.0, "episode_length": 4.0}
+    curve = [{**point, "components": {"near": 1.0}}, {**point, "components": {"near": 3.0}, "target_rate": 0.5}]
+    text = reflection(curve)
+    assert "component near: [1.00, 3.00], Max: 3.00, Mean: 2.00, Min: 1.00" in text
+    assert "target_rate: [0.00, 0.50], Max: 0.50, Mean: 0.25, Min: 0.00" in text
+
+
+def test_component_statistics_and_intervals_reach_the_llm():
+    components = (
+        "```python\ndef reward(state):\n    return {'near': -0.01 * state['rel']['dist'], "
+        "'crash': 10.0 * state['event']['victim_collision']}\n```"
+    )
+    llm = ScriptedLLM([components, VALID])
+    design_reward(llm, SPEC, TINY, rounds=2, samples=1, eval_episodes=2, seed=0, log_every=8)
+    feedback = llm.seen[1][-1]["content"]
+    assert "component near: [" in feedback and "component crash: [" in feedback and "Max: " in feedback
+    assert "every 8 training steps" in feedback and "95% CI" in feedback

@@ -7,7 +7,13 @@ answers with a ``reward(state)`` function in a python code block. Each
 candidate is checked (`sandbox.static_check`), probed in the sandbox on real
 states, then used to train an adversary briefly; its fitness is the rate of
 victim accidents of the target type per evaluation episode (ties: any
-accident). The best candidate over all rounds is kept.
+accident), reported with its 95% Wilson interval. The best candidate over all
+rounds is kept.
+
+Reflection as in Eureka: the reward may return named components (a dict);
+the feedback lists, for each component and for the success rates, the value
+every ``log_every`` training steps (the per-episode mean over the episodes
+that ended in that window) with its maximum, mean and minimum.
 
 If every candidate fails, the result says so (``fallback=True`` with the
 reasons) and the caller trains on the expert reward: the run never stops.
@@ -39,10 +45,15 @@ victim collides in this way; penalize the adversary crashing into others or leav
 
 Answer with one python code block that defines reward(state) and nothing else."""
 
-FEEDBACK_OK = """Training with your reward function {round_label} gave, over {episodes} evaluation episodes: \
-victim accidents per episode {asr:.2f}, of the target type {target_rate:.2f}, accident types {types}, \
+FEEDBACK_OK = """We trained an adversary with your reward function {round_label} and tracked the values of the \
+individual reward components and the success rates every {every} training steps, with the maximum, mean and \
+minimum values encountered:
+{series}
+Over {episodes} evaluation episodes: victim accidents per episode {asr:.2f} [95% CI {asr_lo:.2f}, {asr_hi:.2f}], \
+of the target type {target_rate:.2f} [95% CI {target_lo:.2f}, {target_hi:.2f}], accident types {types}, \
 mean episode return {mean_return:.2f}{errors}.
-Analyse which parts of the reward help or hurt, then write an improved reward(state) in one python code block."""
+Analyse which components help or hurt (e.g. one whose values barely change is not learned from; one that \
+dominates the others should be rescaled), then write an improved reward(state) in one python code block."""
 
 FEEDBACK_FAIL = """Your reward function could not be used: {reason}.
 Fix it (remember: only `math`, no imports, no attribute access except math.* and dict get/items/keys/values, \
@@ -82,8 +93,11 @@ def design_reward(
     temperature: float = 0.8,
     max_tokens: int = 768,
     log=None,
+    log_every: int | None = None,
 ) -> dict[str, Any]:
-    """Run the Eureka loop; return ``{"code", "fitness", "round", "history", "fallback", "reason"}``."""
+    """Run the Eureka loop; return ``{"code", "fitness", "round", "history", "fallback", "reason"}``.
+
+    ``log_every``: timesteps between the reflection's statistics (default: a tenth of the candidate's training)."""
     from palaestra.shared.llm import SamplingParams
 
     probes = probe_states(spec, seed=seed)
@@ -107,7 +121,8 @@ def design_reward(
             if reason is None:
                 cand = replace(spec, reward_code=code)
                 model = build_model(cand, settings, seed + r)
-                stats = train_adversary(model, settings.timesteps)
+                every = log_every or max(1, settings.timesteps // 10)
+                stats = train_adversary(model, settings.timesteps, log_every=every, target=spec.accident_type)
                 ev = evaluate(model, cand, eval_episodes, seed=seed + 10_000)
                 model.get_env().close()
                 target = ev["types"].get(spec.accident_type, 0) / max(1, eval_episodes)
@@ -115,6 +130,10 @@ def design_reward(
                     status="ok",
                     asr=ev["asr"],
                     target_rate=target,
+                    asr_ci=ev["asr_ci"],
+                    target_rate_ci=ev["target_rate_ci"],
+                    curve=stats["curve"],
+                    every=every,
                     types=ev["types"],
                     mean_return=ev["mean_return"],
                     reward_errors=stats["reward_errors"],
@@ -163,10 +182,36 @@ def _feedback(entry: dict, episodes: int) -> str:
     errors = f", reward errors {entry['reward_errors']}" if entry["reward_errors"] else ""
     return FEEDBACK_OK.format(
         round_label=f"(round {entry['round'] + 1})",
+        every=entry["every"],
+        series=reflection(entry["curve"]),
         episodes=episodes,
         asr=entry["asr"],
+        asr_lo=entry["asr_ci"][0],
+        asr_hi=entry["asr_ci"][1],
         target_rate=entry["target_rate"],
+        target_lo=entry["target_rate_ci"][0],
+        target_hi=entry["target_rate_ci"][1],
         types=entry["types"],
         mean_return=entry["mean_return"],
         errors=errors,
     )
+
+
+def reflection(curve: list[dict[str, Any]]) -> str:
+    """Eureka's reward reflection: one line per reward component and success rate, its values along training
+    (the learning curve of `train.train_adversary`) with their max, mean and min."""
+    series: dict[str, list[float]] = {}
+    for point in curve:
+        for name, value in point["components"].items():
+            series.setdefault(f"component {name}", []).append(value)
+    for key in ("target_rate", "attack_rate", "episode_reward", "episode_length"):
+        series[key] = [point[key] for point in curve]
+    lines = []
+    for name, values in series.items():
+        if values:
+            shown = ", ".join(f"{v:.2f}" for v in values)
+            lines.append(
+                f"{name}: [{shown}], Max: {max(values):.2f}, Mean: {sum(values) / len(values):.2f}, "
+                f"Min: {min(values):.2f}"
+            )
+    return "\n".join(lines) or "(no episode ended during training)"
