@@ -179,3 +179,26 @@ def test_real_mlflow_server_on_loopback(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_log_figure_per_step_keeps_every_plot(tracking, tmp_path):
+    from mlflow.artifacts import download_artifacts
+    from PIL import Image
+
+    from palaestra.shared.tracking import new_figure
+
+    with Tracker.start(CountConfig(job="test.count", tracking=tracking)) as tracker:
+        paths = []
+        for step, height in ((10, 0.2), (20, 0.8)):
+            fig, ax = new_figure(figsize=(3, 2), dpi=50)
+            ax.bar([0], [height])
+            paths.append(tracker.log_figure(fig, "win_rate", step=step))
+        paths.append(tracker.log_figure(new_figure(figsize=(2, 2), dpi=50)[0], "final"))
+        run_id = tracker.run_id
+    assert paths == ["figures/win_rate/step_000010.png", "figures/win_rate/step_000020.png", "figures/final.png"]
+    listed = {a.path for a in client(tracking).list_artifacts(run_id, "figures/win_rate")}
+    assert listed == set(paths[:2])
+    local = download_artifacts(run_id=run_id, artifact_path=paths[0], dst_path=str(tmp_path), tracking_uri=tracking.uri)
+    assert Image.open(local).size == (150, 100)  # 3x2 inches at 50 dpi: a real PNG of the figure
+    disabled = Tracker(TrackingConfig(enabled=False))
+    assert disabled.log_figure(new_figure()[0], "x", step=1) is None

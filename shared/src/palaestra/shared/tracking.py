@@ -10,6 +10,12 @@ tracking URI works too, including a remote ``mlflow server``.
 
 Ray workers log into their own child run: the driver creates it with
 `Tracker.child_run_id` and the worker attaches with `Tracker.attach`.
+
+Figures: `new_figure` makes a matplotlib figure without pyplot (no GUI
+backend, no global state to leak), `Tracker.log_figure` logs it through
+MLflow's own ``log_figure`` as ``figures/<name>.png``, or, given a step, as
+``figures/<name>/step_<step>.png`` so that plots of successive evaluations sit
+side by side instead of overwriting each other.
 """
 
 from __future__ import annotations
@@ -147,6 +153,22 @@ class Tracker:
     def log_dict(self, obj: Any, filename: str) -> None:
         self.log_text(json.dumps(obj, indent=2, default=str), filename)
 
+    def log_figure(self, figure: Any, name: str, step: int | None = None, close: bool = True) -> str | None:
+        """Log a matplotlib figure as a PNG artifact; return its artifact path (None when tracking is off).
+
+        ``figures/<name>.png``, or ``figures/<name>/step_<step:06d>.png`` with a `step` (one per evaluation).
+        `close` releases the figure's memory afterwards (pyplot figures are closed through pyplot).
+        """
+        artifact = f"figures/{name}.png" if step is None else f"figures/{name}/step_{step:06d}.png"
+        try:
+            if self.run_id is None:
+                return None
+            self._client().log_figure(self.run_id, figure, artifact)
+            return artifact
+        finally:
+            if close:
+                _close_figure(figure)
+
     # -- internals -------------------------------------------------------
     def _client(self):
         if self._mlflow_client is None:  # one client per tracker, not one per logging call
@@ -180,6 +202,24 @@ class Tracker:
                 **package_versions(),
             }
         )
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, **kwargs: Any) -> tuple[Any, Any]:
+    """``(figure, axes)`` from matplotlib's object API (no pyplot, works headless); kwargs go to ``Figure``."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as err:  # matplotlib comes with mlflow (the `tracking` extra)
+        raise ImportError("figures need matplotlib: pip install 'palaestra-shared[tracking]'") from err
+    figure = Figure(**kwargs)
+    return figure, figure.subplots(nrows, ncols)
+
+
+def _close_figure(figure: Any) -> None:
+    import sys
+
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:  # a pyplot figure stays alive in pyplot's registry until closed there
+        pyplot.close(figure)
 
 
 def _metric(key: str, value: float, step: int | None):
