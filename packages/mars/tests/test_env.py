@@ -201,3 +201,40 @@ def test_opening_moves_start_selfplay_from_varied_legal_positions():
     assert plain.state.history() == []
     with pytest.raises(ValueError, match="opening_moves"):
         GameEnv("tic_tac_toe", opening_moves=-1)
+
+
+def _random_game(env: GameEnv, seed: int):
+    """Play uniformly random legal actions to the end; return the last step."""
+    env.reset(seed)
+    rng = random.Random(seed)
+    step = None
+    while not env.done:
+        step = env.step_action(rng.choice(env.state.legal_actions()))
+    return step
+
+
+def test_draw_bonus_never_in_poker_even_on_a_split_pot():
+    """MARS's leduc/kuhn envs add no 0.1: a Leduc split pot (return 0 each) earns nothing extra."""
+    env = GameEnv("leduc_poker", Shaping(valid_turn_bonus=0.0, draw_bonus=0.1))
+    splits = 0
+    for seed in range(300):
+        step = _random_game(env, seed)
+        if list(env.state.returns()) == [0.0, 0.0]:
+            splits += 1
+            assert step.rewards == {"player_0": 0.0, "player_1": 0.0}
+    assert splits > 0  # the case was exercised
+
+
+def test_hanabi_draw_bonus_when_the_last_step_reward_is_zero():
+    """MARS's hanabi env: at the end, 0.1 to each seat whose last-step reward (OpenSpiel's state.rewards()) is 0."""
+    env = GameEnv("mini_hanabi", Shaping(valid_turn_bonus=0.0, draw_bonus=0.1))
+    paid = differs = 0
+    for seed in range(200):
+        step = _random_game(env, seed)
+        last = env.state.rewards()  # OpenSpiel: the reward of the last transition
+        for i, agent in enumerate(env.agents):
+            bonus = step.rewards[agent] - last[i]
+            assert bonus == pytest.approx(0.1 if last[i] == 0 else 0.0)
+            paid += last[i] == 0
+            differs += (last[i] == 0) != (env.state.returns()[i] == 0)
+    assert paid > 0 and differs > 0  # both rules exercised, and they disagree on some games

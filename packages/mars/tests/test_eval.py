@@ -38,6 +38,32 @@ def test_kuhn_equilibrium_exploitability(tmp_path):
         equilibrium_policy("tic_tac_toe", cache_dir=tmp_path)
 
 
+@pytest.mark.parametrize("game_name", ["tic_tac_toe", "connect_four"])
+def test_mcts_player_is_marss_bot(game_name):
+    """MARS's opponent (roll/agentic/env/*/env.py): MCTSBot(uct_c 2, 100 sims, RandomRolloutEvaluator(10),
+    solve=False) on one RandomState; ours picks the same moves from the same seed."""
+    import numpy as np
+    import pyspiel
+    from open_spiel.python.algorithms import mcts
+
+    from palaestra.mars.env import GameEnv
+
+    game = make_game(game_name)
+    player = MCTSPlayer(game, max_simulations=20, seed=3)
+    assert player.bot.solve is False and player.bot.evaluator.n_rollouts == 10
+    rng = np.random.RandomState(3)
+    reference = mcts.MCTSBot(
+        pyspiel.load_game(game_name), 2.0, 20, mcts.RandomRolloutEvaluator(10, rng), solve=False, random_state=rng
+    )
+    env = GameEnv(game_name)
+    env.reset(0)
+    for _ in range(3):
+        expected = reference.step(env.state)
+        text = player.act(env)
+        assert text.endswith(f"<answer>{game.action_string(env.state, env.current_player, expected)}</answer>")
+        env.step_action(expected)
+
+
 def test_mcts_beats_random_at_tic_tac_toe():
     game = make_game("tic_tac_toe")
     results = play_episodes("tic_tac_toe", [MCTSPlayer(game, max_simulations=100), RandomPlayer(1)], list(range(20)))

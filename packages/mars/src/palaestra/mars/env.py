@@ -12,7 +12,9 @@ exactly one of the legal action strings; anything else is a format loss that
 ends the game: the offender gets `Game.format_loss` (MARS: -1-10 board,
 -bet-10 poker, -score-10 Hanabi), the other agent 0. Rewards per step are the
 change in each player's OpenSpiel return, plus the shaping of `Shaping`
-(+0.05 per valid turn, a terminal return of 0 earns +0.1). Chance nodes are
+(+0.05 per valid turn; at the end +0.1 to a seat with a return of 0 in board
+games, never in poker, and in Hanabi when the last step's reward is 0, as
+MARS's env code does: `Game.pays_draw_bonus`). Chance nodes are
 sampled by the env from its seeded RNG, so ``reset(seed)`` fixes the deal.
 """
 
@@ -40,7 +42,7 @@ class Shaping:
     valid_turn_bonus: float = 0.05
     """Added to the acting agent's reward for every well-formed, legal turn."""
     draw_bonus: float = 0.1
-    """Added at the end of the game to each agent whose OpenSpiel return is 0."""
+    """Added at the end of the game by `Game.pays_draw_bonus` (board: return 0; poker: never; Hanabi: last step 0)."""
     format_penalty: float = 10.0
     """Extra penalty on a format loss, on top of losing (board -1, poker -bet, Hanabi -score)."""
     require_think: bool = True
@@ -181,7 +183,7 @@ class GameEnv(TextEnv):
         if self.done:
             returns = self.state.returns()
             for i, a in enumerate(self.agents):
-                if returns[i] == 0:
+                if self.game.pays_draw_bonus(returns[i], after[i] - before[i]):
                     rewards[a] += self.shaping.draw_bonus
             info.update(self._outcome(returns))
         return Step(rewards=rewards, terminated=self.done, info=info)

@@ -4,7 +4,8 @@ For each competitive game, the policy under test (an LLM checkpoint by
 default) plays first and second seat against each opponent that applies:
 
 - ``random``: uniform over legal actions;
-- ``mcts``: OpenSpiel MCTS (``mcts_uct_c`` 2, ``mcts_simulations``, random rollouts);
+- ``mcts``: OpenSpiel MCTS (``mcts_uct_c`` 2, ``mcts_simulations``, ``mcts_rollouts`` 10 random
+  rollouts, ``mcts_solve`` False: MARS's settings);
 - ``equilibrium``: CFR for Kuhn, CFR+ for Leduc (OpenSpiel's solvers; cached;
   their exploitability is logged as ``eval/<game>/equilibrium_exploitability``);
 - ``checkpoint``: a frozen LLM checkpoint (``opponent_llm``).
@@ -65,8 +66,10 @@ class EvalConfig(JobConfig):
     mcts_simulations: int = 100
     """MCTS simulations per move (MARS: 100 and 1000)."""
     mcts_uct_c: float = 2.0
-    mcts_rollouts: int = 1
-    """Random rollouts per MCTS leaf evaluation."""
+    mcts_rollouts: int = 10
+    """Random rollouts per MCTS leaf evaluation (MARS: 10)."""
+    mcts_solve: bool = False
+    """MCTS backs up proven wins/losses (MARS: False; True is measurably stronger)."""
     equilibrium_iterations: int = 0
     """CFR/CFR+ iterations (0: the defaults, 2000 CFR for Kuhn, 1000 CFR+ for Leduc)."""
     cache_dir: str = "outputs/mars/cache"
@@ -78,6 +81,11 @@ class EvalConfig(JobConfig):
     """A game longer than this stops (truncated)."""
     max_context_tokens: int = 4096
     """Context limit per conversation of an LLM player (the rollout engine's); beyond it the game is lost."""
+    exploitability: list[str] = field(default_factory=list)
+    """Games whose tabular policy is read off the LLM and scored exactly (`palaestra.mars.model_policy`):
+    ``eval/<game>/exploitability``; for small games (kuhn_poker: 12 information states)."""
+    exploitability_temperature: float = 1.0
+    """Temperature of the policy read for ``exploitability`` (1.0: the model's own distribution)."""
 
 
 def make_player(kind: str, cfg: EvalConfig, game, llm_config: LLMConfig | None = None, clients: dict | None = None):
@@ -87,7 +95,7 @@ def make_player(kind: str, cfg: EvalConfig, game, llm_config: LLMConfig | None =
     if kind == "random":
         return RandomPlayer(cfg.seed)
     if kind == "mcts":
-        return MCTSPlayer(game, cfg.mcts_uct_c, cfg.mcts_simulations, cfg.mcts_rollouts, cfg.seed)
+        return MCTSPlayer(game, cfg.mcts_uct_c, cfg.mcts_simulations, cfg.mcts_rollouts, cfg.seed, cfg.mcts_solve)
     if kind == "equilibrium":
         eq = equilibrium_policy(game.name, iterations=cfg.equilibrium_iterations or None, cache_dir=cfg.cache_dir)
         return TabularPolicyPlayer(eq.table, name=eq.solver, seed=cfg.seed)
@@ -117,6 +125,11 @@ def check_config(cfg: EvalConfig) -> None:
         raise ConfigError(f"policy: unknown policy {cfg.policy!r}; known: {', '.join(POLICIES)}")
     if cfg.episodes < 1:
         raise ConfigError("episodes must be at least 1")
+    for name in cfg.exploitability:
+        if name not in GAME_FACTORIES or make_game(name).kind != "poker":
+            raise ConfigError(f"exploitability: {name!r} is not a poker game (kuhn_poker, leduc_poker)")
+    if cfg.exploitability and cfg.policy != "llm":
+        raise ConfigError("exploitability reads the policy off an LLM: it needs policy: llm")
 
 
 def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None = None, clients: dict | None = None):
@@ -125,6 +138,8 @@ def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None =
     clients = {} if clients is None else clients
     metrics: dict[str, float] = {}
     records: list[dict[str, Any]] = []
+    for name in cfg.exploitability:
+        _exploitability(cfg, name, clients, metrics, records)
     for name in cfg.games:
         game = make_game(name)
         if game.cooperative and cfg.policy == "mcts":
@@ -159,12 +174,24 @@ def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None =
     if tracker is not None:
         tracker.log_metrics(metrics, step=step)
         out = scratch_dir()
-        (out / "eval_results.json").write_text(_json(records))
-        tracker.log_artifact(out / "eval_results.json")
-        plot = plot_results(records, out / "eval_plot.png")
+        suffix = "" if step is None else f"_step{step:05d}"  # one file per evaluation step, none overwritten
+        (out / f"eval_results{suffix}.json").write_text(_json(records))
+        tracker.log_artifact(out / f"eval_results{suffix}.json")
+        plot = plot_results([r for r in records if "exploitability" not in r], out / f"eval_plot{suffix}.png")
         if plot:
             tracker.log_artifact(plot)
     return metrics, records
+
+
+def _exploitability(cfg: EvalConfig, name: str, clients: dict, metrics: dict, records: list) -> None:
+    from palaestra.mars.model_policy import exploitability, read_policy, response_scorer
+
+    llm = make_player("llm", cfg, make_game(name), clients=clients)
+    tabular, table = read_policy(response_scorer(llm.client, cfg.exploitability_temperature), name, cfg.prompt)
+    value = exploitability(tabular, name)
+    metrics[f"eval/{name}/exploitability"] = value
+    records.append({"game": name, "opponent": "best_response", "exploitability": value, "policy": table})
+    print(f"{name:>14} exploitability {value:.4f} (uniform: 0.4583 in kuhn_poker)", flush=True)
 
 
 def _play(cfg: EvalConfig, game: str, policy, opponent, seat: int | None, seeds: list[int]):

@@ -89,6 +89,11 @@ class Game:
         """Reward to `player` whose response broke the format (MARS: -1-10 board, -bet-10 poker, -score-10 Hanabi)."""
         raise NotImplementedError
 
+    def pays_draw_bonus(self, final_return: float, last_step_reward: float) -> bool:
+        """Whether a seat gets the draw bonus at the end of the game (MARS's env code: board games on a 0 return;
+        poker never, a Leduc split pot included; Hanabi when the last step's reward is 0)."""
+        return final_return == 0
+
 
 # -- board games -----------------------------------------------------------------
 MARKS = ("X", "O")
@@ -207,6 +212,9 @@ class KuhnPoker(Game):
     def format_loss(self, state, player, penalty):
         return -float(self.contribution(state, player)) - penalty
 
+    def pays_draw_bonus(self, final_return, last_step_reward):
+        return False
+
 
 class LeducPoker(Game):
     RANKS = ("J", "Q", "K")
@@ -266,6 +274,9 @@ class LeducPoker(Game):
     def format_loss(self, state, player, penalty):
         return -float(self.contribution(state, player)) - penalty
 
+    def pays_draw_bonus(self, final_return, last_step_reward):
+        return False
+
 
 # -- Hanabi ------------------------------------------------------------------------
 COLOR_NAMES = ("Red (R)", "Yellow (Y)", "Green (G)", "White (W)", "Blue (B)")
@@ -315,6 +326,9 @@ class Hanabi(Game):
 
     def format_loss(self, state, player, penalty):
         return -float(state.returns()[player]) - penalty
+
+    def pays_draw_bonus(self, final_return, last_step_reward):
+        return last_step_reward == 0
 
 
 # -- the registry of games ---------------------------------------------------------

@@ -7,8 +7,8 @@ conversations in one batched generation call.
 
 - `RandomPlayer`: a uniformly random legal action.
 - `MCTSPlayer`: OpenSpiel's ``MCTSBot`` (UCT constant `uct_c`, `max_simulations`,
-  random-rollout evaluator). On poker it searches the true state, i.e. it sees
-  the hidden cards, as MARS's built-in MCTS opponent does.
+  random-rollout evaluator; MARS's 10 rollouts and ``solve=False`` by default). On poker it searches
+  the true state, i.e. it sees the hidden cards, as MARS's built-in MCTS opponent does.
 - `TabularPolicyPlayer`: samples a tabular policy by information state (CFR for
   Kuhn, CFR+ for Leduc; see `solvers`).
 - `LLMPlayer`: any `LLMClient` (a frozen checkpoint, a served model), temperature from config.
@@ -56,18 +56,29 @@ class MCTSPlayer(Player):
 
     name = "mcts"
 
-    def __init__(self, game, uct_c: float = 2.0, max_simulations: int = 100, rollout_count: int = 1, seed: int = 0):
+    def __init__(
+        self,
+        game,
+        uct_c: float = 2.0,
+        max_simulations: int = 100,
+        rollout_count: int = 10,
+        seed: int = 0,
+        solve: bool = False,
+    ):
+        """MARS's defaults (``roll/agentic/env/tictactoe/config.py``, ``connect_four/config.py``): uct_c 2,
+        10 random rollouts per leaf, ``solve=False`` (``solve=True`` backs up proven wins and is stronger)."""
         from open_spiel.python.algorithms import mcts
 
         self._mcts = mcts
         self.game, self.uct_c, self.max_simulations, self.rollout_count = game, uct_c, max_simulations, rollout_count
+        self.solve = solve
         self.reset(seed)
 
     def reset(self, seed: int) -> None:
         rng = np.random.RandomState(seed % 2**32)
         evaluator = self._mcts.RandomRolloutEvaluator(self.rollout_count, rng)
         self.bot = self._mcts.MCTSBot(
-            self.game.openspiel, self.uct_c, self.max_simulations, evaluator, solve=True, random_state=rng
+            self.game.openspiel, self.uct_c, self.max_simulations, evaluator, solve=self.solve, random_state=rng
         )
 
     def act(self, env: GameEnv) -> str:

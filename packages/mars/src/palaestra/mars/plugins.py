@@ -38,6 +38,8 @@ def mars_versus(
     shaping: dict[str, Any] | None = None,
     mcts_simulations: int = 100,
     mcts_uct_c: float = 2.0,
+    mcts_rollouts: int = 10,
+    mcts_solve: bool = False,
     equilibrium_cache: str = "outputs/mars/cache",
     seed: int = 0,
     prompt: str = "full",
@@ -50,7 +52,7 @@ def mars_versus(
     if opponent == "random":
         player = RandomPlayer(seed)
     elif opponent == "mcts":
-        player = MCTSPlayer(env.game, mcts_uct_c, mcts_simulations, seed=seed)
+        player = MCTSPlayer(env.game, mcts_uct_c, mcts_simulations, mcts_rollouts, seed, mcts_solve)
     elif opponent == "equilibrium":
         from palaestra.mars.solvers import equilibrium_policy
 

@@ -87,7 +87,7 @@ def legal_move_conversations(
     elif mover == "first":
         player = FirstLegalPlayer(random_fraction, seed, first_k)
     else:
-        player = MCTSPlayer(env.game, max_simulations=50, seed=seed)
+        player = MCTSPlayer(env.game, max_simulations=50, rollout_count=1, seed=seed, solve=True)
     other = RandomPlayer(seed + 1) if opponent == "random" else player
     rows = []
     for episode in range(episodes):

@@ -10,7 +10,7 @@ runs `Trainer`. Defaults follow MARS:
 - or against a fixed opponent (``mode: versus``, ``opponent``: random | mcts |
   equilibrium), the learner's seat alternating;
 - advantages ``turn_level`` (γ 1) then ``agent_norm`` (per seat and game);
-  PPO clip 0.2 with dual clip 3, k3 KL to the reference;
+  PPO clip 0.2 with dual clip 1 + 2ε = 1.4 (MARS's ``base_worker.py``), k3 KL 0.2 to the reference;
 - an SFT warm start on legal-move conversations generated from OpenSpiel
   (``sft_warmup.source: mars_legal_moves``) when ``sft_warmup.steps`` > 0.
 
@@ -59,6 +59,9 @@ class MarsEval:
     max_tokens: int = 64
     stop: list[str] = field(default_factory=lambda: ["</answer>"])
     mcts_simulations: int = 100
+    exploitability: list[str] = field(default_factory=list)
+    """Poker games whose policy is read off the model and scored exactly: ``eval/<game>/exploitability``."""
+    exploitability_temperature: float = 1.0
 
 
 @dataclass
@@ -86,7 +89,7 @@ class MarsTrainConfig(TrainConfig):
     advantages: list[AdvantageStep] = field(
         default_factory=lambda: [AdvantageStep("turn_level", {"gamma": 1.0}), AdvantageStep("agent_norm")]
     )
-    loss: LossConfig = field(default_factory=lambda: LossConfig(epsilon=0.2, dual_clip=3.0, kl_coef=0.2))
+    loss: LossConfig = field(default_factory=lambda: LossConfig(epsilon=0.2, dual_clip=1.4, kl_coef=0.2))
     eval: MarsEval = field(default_factory=MarsEval)
     eval_every: int = 0
     """Evaluate every N steps (0: only after the warm start and at the end)."""
@@ -125,6 +128,8 @@ def _eval_config(cfg: MarsTrainConfig) -> EvalConfig:
         seats=list(e.seats),
         episodes=e.episodes,
         mcts_simulations=e.mcts_simulations,
+        exploitability=list(e.exploitability),
+        exploitability_temperature=e.exploitability_temperature,
         shaping=cfg.shaping,
         prompt=cfg.prompt,
         seed=cfg.seed + 1,
