@@ -1,0 +1,160 @@
+"""One client's bad request never fails another's: validation before batching, per-job isolation in the batcher."""
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from palaestra.shared.llm import LLMConfig, LLMError, SamplingParams, make_client
+from palaestra.shared.llm.base import Completion
+from palaestra.shared.llm.serve import ServeLimits
+from palaestra.shared.llm.serve_batcher import Job, MicroBatcher
+from palaestra.shared.llm.serve_launch import serve_in_thread
+
+
+def post(url: str, body: dict | bytes, headers: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """An in-process server over its own tiny client (same weights as `tiny_llm`, which the tests compare with)."""
+    client = make_client(LLMConfig(model="tiny", device="cpu"))
+    with serve_in_thread(client, limits=ServeLimits(max_request_tokens=4096)) as url:
+        yield url
+
+
+@pytest.mark.server
+def test_concurrent_good_and_bad_requests_each_get_their_own_answer(server, tiny_llm):
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    seeded = SamplingParams(temperature=0.9, max_tokens=8, seed=3)
+    good = {
+        f"greedy{i}": ({"prompt": p, "max_tokens": 8, "temperature": 0}, greedy, p)
+        for i, p in enumerate(["Hello world", "The capital of France is", "1 + 1 =", "weather in Paris"])
+    }
+    good["ids"] = ({"prompt": [42, 399, 81], "max_tokens": 8, "temperature": 0}, greedy, [42, 399, 81])
+    good["seeded"] = ({"prompt": "Hello", "max_tokens": 8, "temperature": 0.9, "seed": 3}, seeded, "Hello")
+    # the references come first, from a direct generation on the test's own client (never concurrently)
+    expected = {name: tiny_llm.generate([prompt], params)[0].token_ids for name, (_, params, prompt) in good.items()}
+    bad = {
+        "out_of_vocab": ({"prompt": [5, 99999, 7], "max_tokens": 8, "temperature": 0}, "99999 is not in the vocab"),
+        "negative_id": ({"prompt": [5, -1], "max_tokens": 8, "temperature": 0}, "token id -1"),
+        "too_long": ({"prompt": [5] * 5000, "max_tokens": 8, "temperature": 0}, "context is 4096"),
+        "too_much_work": ({"prompt": "x", "max_tokens": 1000, "n": 8, "temperature": 0}, "allows 4096 per request"),
+        "empty_in_batch": ({"prompt": ["Hello", ""], "max_tokens": 8, "temperature": 0}, "prompt 1 is empty"),
+    }
+    results: dict = {}
+
+    def ask(name: str, body: dict) -> None:
+        results[name] = post(server + "/completions", body)
+
+    # every bad request is sent twice, so bad ones sit beside good ones in the queue whatever the timing
+    jobs = [(name, body) for name, (body, _, _) in good.items()]
+    jobs += [(f"{name}/{k}", body) for name, (body, _) in bad.items() for k in range(2)]
+    jobs.sort(key=lambda job: hash(job[0]) % 7)
+    threads = [threading.Thread(target=ask, args=job) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name in good:
+        status, body = results[name]
+        assert status == 200, (name, body)
+        assert body["choices"][0]["token_ids"] == expected[name], name
+    for name, (_, message) in bad.items():
+        for k in range(2):
+            status, body = results[f"{name}/{k}"]
+            assert status == 400 and message in body["error"]["message"], (name, body)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize(
+    "body, param, message",
+    [
+        ({"messages": [{"content": "hi"}]}, "messages.0.role", "Field required"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role", "Input should be"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.7}, "max_tokens", "got 2.7"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": True}, "max_tokens", "valid integer"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n", "greater than or equal to 1"),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": -0.5}, "temperature", "greater than"),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p", "greater than 0"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stop": [""]}, None, "stop strings must not be empty"),
+        ({"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 1}, None, "not supported"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs", ""),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, None, "needs logprobs=true"),
+        ({"messages": []}, "messages", "at least 1"),
+        ({"prompt": "hi", "max_tokens": 2.5}, "max_tokens", "got 2.5"),
+        ({"prompt": [1, 2.5]}, "prompt", ""),
+        ({"prompt": []}, None, "must not be empty"),
+        ({"prompt": "hi", "echo": True}, None, "echo is not supported"),
+    ],
+)
+def test_invalid_requests_are_400_with_an_openai_error_body(server, body, param, message):
+    endpoint = "/chat/completions" if "messages" in body else "/completions"
+    status, answer = post(server + endpoint, body)
+    assert status == 400, answer
+    error = answer["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == 400
+    assert message in error["message"] and "\n" not in error["message"]
+    if param is not None:
+        assert error["param"] == param
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_temperature_is_400(server, value):
+    # Python's JSON (and the server's) reads these literals; OpenAI's schema has no place for them
+    raw = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": %s}' % value.encode()
+    status, answer = post(server + "/chat/completions", raw)
+    assert status == 400 and answer["error"]["param"] == "temperature"
+    assert "finite" in answer["error"]["message"]
+
+
+@pytest.mark.server
+def test_unknown_model_is_404_and_malformed_json_is_400(server):
+    status, answer = post(server + "/completions", {"model": "gpt-9", "prompt": "x"})
+    assert (
+        status == 404 and answer["error"]["type"] == "model_not_found" and "serves 'tiny'" in answer["error"]["message"]
+    )
+    status, answer = post(server + "/completions", b"{not json")
+    assert status == 400 and "error" in answer
+
+
+class PoisonClient:
+    """Fails any batch that contains the prompt 'poison' (as a backend fails on one bad row); slow enough to merge."""
+
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+
+    def generate(self, prompts, params):
+        self.calls.append(list(prompts))
+        time.sleep(0.05)
+        if "poison" in prompts:
+            raise LLMError("prompt 'poison' is poisonous")
+        return [Completion(p.upper(), [], [], [], "stop") for p in prompts for _ in range(params.n)]
+
+
+def test_batcher_isolates_a_failing_job_from_its_batch():
+    client = PoisonClient()
+    batcher = MicroBatcher(client)
+    blocker = batcher.submit(Job(["first"], SamplingParams()))  # holds the worker so the rest queue up together
+    futures = {p: batcher.submit(Job([p], SamplingParams())) for p in ["a", "poison", "b", "c"]}
+    assert [c.text for c in blocker.result(timeout=10)] == ["FIRST"]
+    for prompt, future in futures.items():
+        if prompt == "poison":
+            with pytest.raises(LLMError, match="poisonous"):
+                future.result(timeout=10)
+        else:
+            assert [c.text for c in future.result(timeout=10)] == [prompt.upper()]
+    merged = [call for call in client.calls if len(call) > 1]
+    assert merged and "poison" in merged[0]  # they were merged once, then each ran alone
+    assert ["poison"] in client.calls and ["a"] in client.calls
+    assert batcher.active == 0
