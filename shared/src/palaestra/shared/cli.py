@@ -26,7 +26,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from palaestra.shared.config import to_yaml
-    from palaestra.shared.jobs import PipelineConfig, load_config, run_job, stage_configs
+    from palaestra.shared.jobs import PipelineConfig, load_config, run_job, stage_configs, summary_table
 
     cfg = load_config(args.config, args.overrides)
     if args.dry_run:
@@ -35,11 +35,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             for name, stage in stage_configs(cfg).items():
                 print(f"# --- stage {name} ---\n{to_yaml(stage)}", end="")
         return 0
+    from palaestra.shared.tracking import default_uri
+
     result = run_job(cfg)
-    scalars = {k: v for k, v in result.items() if isinstance(v, int | float | str) and k != "run_id"}
-    shown = dict(list(scalars.items())[:12])
-    more = f" (+{len(scalars) - len(shown)} more in MLflow)" if len(scalars) > len(shown) else ""
-    print(f"done: run {result.get('run_id')}: {shown}{more}")
+    name = cfg.tracking.run_name or cfg.job
+    rows = result.get("stages") or [{"stage": name, "job": cfg.job, **result}]
+    uri = (cfg.tracking.uri or default_uri()) if cfg.tracking.enabled else None
+    run = (
+        f"run {result['run_id']} in experiment '{cfg.tracking.experiment}'" if result.get("run_id") else "no MLflow run"
+    )
+    print(f"\ndone: {name} ({run})\n{summary_table(rows, uri)}")
     return 0
 
 

@@ -12,10 +12,19 @@ their heavy dependencies inside, so listing jobs stays instant.
 
 The built-in ``pipeline`` job runs a list of stages, each a job config of its
 own, as nested MLflow runs (the quickstart is one).
+
+A job's summary (the dict it returns) may carry two keys for people rather
+than for MLflow: ``headline``, one line with the job's headline figure and its
+interval (`format_headline` writes one), and ``artifacts``, where its files
+are. `run_job` adds ``artifacts`` (the run's MLflow artifact directory) when
+the job gives none and tags the run with the headline; a pipeline ends with
+`summary_table`: one line per stage (what ran, headline, artifacts) and the
+command that opens the MLflow UI.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,8 +105,51 @@ def run_job(cfg: JobConfig, run_name: str | None = None) -> dict:
             f"result/{k}": v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)
         }
         tracker.log_metrics(numeric)
+        if result.get("headline"):
+            tracker.set_tags({"palaestra.headline": result["headline"]})
         tracker.set_tags({"palaestra.status": "finished"})
-        return {"run_id": tracker.run_id, **result}
+        artifacts = result.get("artifacts") or tracker.artifact_dir()
+        return {"run_id": tracker.run_id, **result, **({"artifacts": str(artifacts)} if artifacts else {})}
+
+
+def format_headline(label: str, value: float, interval: tuple[float, float] | None = None, note: str = "") -> str:
+    """``label value [lo, hi] (note)``: a job's headline figure for the end-of-run table.
+
+    >>> format_headline("win rate vs random", 0.44, (0.41, 0.47), "95% Wilson, 500 episodes")
+    'win rate vs random 0.44 [0.41, 0.47] (95% Wilson, 500 episodes)'
+    """
+    text = f"{label} {_num(value)}"
+    if interval is not None:
+        text += f" [{_num(interval[0])}, {_num(interval[1])}]"
+    return f"{text} ({note})" if note else text
+
+
+def _num(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.2f}"
+
+
+def summary_table(rows: list[dict[str, Any]], tracking_uri: str | None = None) -> str:
+    """The stages of a pipeline, one line each (stage, job, headline, artifacts), then how to open MLflow."""
+    header = {"stage": "stage", "job": "job", "headline": "headline", "artifacts": "artifacts"}
+    table = [header, *({k: str(r.get(k) or "-") for k in header} for r in rows)]
+    widths = {k: max(len(r[k]) for r in table) for k in header}
+    lines = ["  ".join(r[k].ljust(widths[k]) for k in header).rstrip() for r in table]
+    if tracking_uri:
+        lines.append(f"MLflow UI: {mlflow_ui_command(tracking_uri)}  (then http://127.0.0.1:5000)")
+    return "\n".join(lines)
+
+
+def mlflow_ui_command(tracking_uri: str) -> str:
+    """The shell command that opens the MLflow UI on `tracking_uri` (the venv's ``mlflow`` when there is one)."""
+    import sys
+
+    exe = Path(sys.executable).parent / "mlflow"
+    with contextlib.suppress(ValueError):
+        exe = exe.relative_to(Path.cwd())
+    program = str(exe) if exe.exists() else "mlflow"
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"open {tracking_uri} (a running MLflow server)"
+    return f"{program} ui --backend-store-uri {tracking_uri}"
 
 
 @dataclass
@@ -116,12 +168,16 @@ class PipelineConfig(JobConfig):
 def pipeline(cfg: PipelineConfig, tracker: Tracker) -> dict:
     """Run a sequence of job configs as nested runs (e.g. the quickstart)."""
     stages = stage_configs(cfg)  # every stage resolves before the first one runs
-    results = {}
+    results: dict[str, Any] = {}
+    rows = []
     for name, stage_cfg in stages.items():
         print(f"== stage {name}: {stage_cfg.job}", flush=True)
         out = run_job(stage_cfg, run_name=name)
-        results.update({f"{name}/{k}": v for k, v in out.items() if k != "run_id"})
-    return results
+        results.update({f"{name}/{k}": v for k, v in out.items() if k not in ("run_id", "headline", "artifacts")})
+        row = {"stage": name, "job": stage_cfg.job, "headline": out.get("headline"), "artifacts": out.get("artifacts")}
+        rows.append(row)
+    tracker.log_dict(rows, "stages.json")
+    return {**results, "stages": rows}
 
 
 def stage_configs(cfg: PipelineConfig) -> dict[str, JobConfig]:

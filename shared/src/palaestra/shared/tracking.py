@@ -169,6 +169,21 @@ class Tracker:
             if close:
                 _close_figure(figure)
 
+    def artifact_dir(self) -> str | None:
+        """Where this run's artifacts are: a local directory (relative to the working directory when inside it),
+        or the artifact URI of a remote store; None when tracking is off."""
+        if self.run_id is None:
+            return None
+        uri = self._client().get_run(self.run_id).info.artifact_uri
+        if not uri.startswith("file:"):
+            return uri
+        from urllib.parse import unquote, urlparse
+
+        path = Path(unquote(urlparse(uri).path))
+        with contextlib.suppress(ValueError):
+            path = path.relative_to(Path.cwd())
+        return str(path)
+
     # -- internals -------------------------------------------------------
     def _client(self):
         if self._mlflow_client is None:  # one client per tracker, not one per logging call

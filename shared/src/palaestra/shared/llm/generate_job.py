@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from palaestra.shared.config import ConfigError, JobConfig, confined_path, output_file
-from palaestra.shared.jobs import job
+from palaestra.shared.jobs import format_headline, job
 from palaestra.shared.jsonl import read_jsonl
 from palaestra.shared.llm.base import LLMConfig, SamplingParams
+from palaestra.shared.stats import wilson_interval
 from palaestra.shared.tracking import Tracker
 
 
@@ -149,6 +150,10 @@ def generate(cfg: GenerateConfig, tracker: Tracker) -> dict:
         "output": str(out_path),
     }
     _print_samples(out_path)
+    lo, hi = wilson_interval(stops, max(1, generated * cfg.sampling.n))
+    note = f"{generated * cfg.sampling.n} completions, 95% Wilson; {summary['tokens_per_s']:.0f} tok/s"
+    summary["headline"] = format_headline("ended by a stop token", summary["stop_rate"], (lo, hi), note)
+    summary["artifacts"] = str(out_path)
     return summary
 
 
