@@ -62,3 +62,18 @@ def test_pipeline_ends_with_one_line_per_stage(tmp_path, tracking, capsys, monke
         [MlflowClient(tracking.uri).get_experiment_by_name("t").experiment_id], "tags.mlflow.runName = 'coin'"
     )
     assert runs[0].data.tags["palaestra.headline"].startswith("heads 0.75 [")
+
+
+def test_rl_train_headline():
+    from palaestra.shared.rl.jobs import train_headline
+
+    summary = {
+        "eval_before_reward_mean": 0.30,
+        "eval_before_reward_ci95": 0.08,
+        "eval_after_reward_mean": 0.95,
+        "eval_after_reward_ci95": 0.04,
+        "eval_after_trajectories": 128,
+    }
+    line = train_headline(summary)
+    assert line.startswith("eval reward 0.95 [0.91, 0.99] (before training 0.30 [0.22, 0.38]; 128 trajectories")
+    assert train_headline({"reward_first": 0.03, "reward_last": 0.09}).startswith("train reward 0.09 (first step 0.03")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from palaestra.shared.config import JobConfig
-from palaestra.shared.jobs import job
+from palaestra.shared.jobs import format_headline, job
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.sft import SFTOptions
@@ -19,7 +19,22 @@ def rl_train(cfg: TrainConfig, tracker: Tracker) -> dict:
     import palaestra.shared.rollout.tasks  # noqa: F401  (registers the built-in `task` env)
     from palaestra.shared.rl.trainer import Trainer
 
-    return Trainer(cfg, tracker).train()
+    summary = Trainer(cfg, tracker).train()
+    return {**summary, "headline": train_headline(summary)}
+
+
+def train_headline(summary: dict) -> str:
+    """The end-of-run line of a `Trainer.train` summary: eval reward before -> after with 95% intervals, or else
+    the training reward of the first and last steps."""
+    if "eval_after_reward_mean" in summary:
+        mean, ci = summary["eval_after_reward_mean"], summary["eval_after_reward_ci95"]
+        note = f"{summary['eval_after_trajectories']:.0f} trajectories, 95% CI"
+        if "eval_before_reward_mean" in summary:
+            b_mean, b_ci = summary["eval_before_reward_mean"], summary["eval_before_reward_ci95"]
+            note = f"before training {format_headline('', b_mean, (b_mean - b_ci, b_mean + b_ci)).strip()}; {note}"
+        return format_headline("eval reward", mean, (mean - ci, mean + ci), note)
+    first, last = summary.get("reward_first", float("nan")), summary.get("reward_last", float("nan"))
+    return format_headline("train reward", last, note=f"first step {first:.2f}; no eval: set eval_tasks")
 
 
 @dataclass
