@@ -23,10 +23,12 @@ losses and gradients add up to the unsplit ones exactly.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 REDUCTIONS = ("grpo", "dapo", "dr_grpo")
 
@@ -143,15 +145,59 @@ def _check_reduction(cfg: LossConfig) -> None:
         raise ValueError("dr_grpo needs loss.max_len > 0 (the constant normalizer)")
 
 
+LOGIT_CHUNK_ELEMENTS = 2**23
+"""Logits computed at once: positions x vocabulary (32 MiB in float32; 55 positions of a 151k vocabulary)."""
+
+
 def token_logprobs_and_entropy(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0, with_entropy: bool = True
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob of each next token under `model` (logits / temperature), and the entropy there; shape (B, L-1)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    """Log-prob of each next token under `model` (logits / temperature), and the entropy there; shape (B, L-1).
+
+    The decoder's hidden states go through the output head a chunk of positions at a time (about
+    `chunk_elements` logits each), in float32, so no (B, L, vocab) logits tensor exists. With gradients
+    and more than one chunk, each chunk is checkpointed: its logits are recomputed in the backward
+    instead of kept. Entropies are computed without gradient. Models with ``final_logit_softcapping``
+    get the cap applied as their own forward does.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: adapters stay active
+    head = base.get_output_embeddings()
+    hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+    batch, width, dim = hidden.shape
+    hidden = hidden.reshape(batch * width, dim)
+    targets = input_ids[:, 1:].reshape(-1)
+    score = functools.partial(
+        _chunk_scores,
+        head=head,
+        temperature=temperature,
+        softcap=getattr(base.config, "final_logit_softcapping", None),
+        with_entropy=with_entropy,
+    )
+    step = max(1, chunk_elements // head.out_features)
+    checkpointed = torch.is_grad_enabled() and hidden.requires_grad and len(targets) > step
+    logps, ents = [], []
+    for start in range(0, len(targets), step):
+        h, t = hidden[start : start + step], targets[start : start + step]
+        lp, ent = checkpoint(score, h, t, use_reentrant=False) if checkpointed else score(h, t)
+        logps.append(lp)
+        ents.append(ent)
+    logps_out = torch.cat(logps).reshape(batch, width)
+    return logps_out, torch.cat(ents).reshape(batch, width) if with_entropy else None
+
+
+def _chunk_scores(hidden, targets, *, head, temperature, softcap, with_entropy):
+    logits = head(hidden).float()
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
-    logps = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logps = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.no_grad():
