@@ -159,6 +159,22 @@ def verify_turn(env_start: ToolEnv, env_after: ToolEnv, turn: TurnTask, executio
     return False, {"missing_tools": missing, "state_mismatch": not state_ok}, truth
 
 
+def failure_kind(result: TryResult) -> str:
+    """Why a try failed, in one word (the drop reason of a sample whose tries all fail)."""
+    f = result.failure
+    if f.get("unexpected_calls"):
+        return "called_when_not_due"
+    if f.get("no_question"):
+        return "no_question"
+    if not result.calls:
+        return "no_call"
+    if any(not e.ok for e in result.executions):
+        return "failed_call"
+    if f.get("missing_tools"):
+        return "missing_results"
+    return "state_mismatch" if f.get("state_mismatch") else "unknown"
+
+
 def guided_chain(
     roles: Roles,
     env_start: ToolEnv,
@@ -179,6 +195,7 @@ def guided_chain(
         if result.passed:
             stats.setdefault("passes", [0] * k_max)[k] += 1
             return result
+        stats["last_failure"] = failure_kind(result)
         if k + 1 < k_max:
             from palaestra.datagen.roles import redact
 

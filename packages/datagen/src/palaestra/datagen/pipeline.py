@@ -156,7 +156,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
             return out("miss_func_target_not_reached")  # refusing would be wrong: the listed tools can do this turn
         tool = roles.tool_maker.make(trace, spec, rng)
         if tool is None:
-            return out("tool_maker")
+            return out(f"tool_maker:{getattr(roles.tool_maker, 'last_drop', None) or 'none'}")
         omit = []
         if kind == "miss_param":
             said = " ".join(m["content"] or "" for m in history)
@@ -169,7 +169,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
             kind = kind if omit else "normal"
         query = roles.query_writer.write(tool, trace, spec, rng, omit)
         if query is None or not query.text.strip():
-            return out("query_writer")
+            return out(f"query_writer:{getattr(roles.query_writer, 'last_drop', None) or 'empty'}")
         if kind == "miss_param":
             value = tool.inputs[omit[0]]["value"]
             param = tool.inputs[omit[0]]["param"]
@@ -189,7 +189,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         for task in tasks:
             result = guided_chain(roles, env, history, task, cfg.k_max, rng, cfg.max_steps, chain_stats)
             if result is None:
-                return out("unverified")
+                return out(f"unverified:{chain_stats.get('last_failure', 'unknown')}")
             history += result.messages
             env = result.truth
             if task.kind == "func_added":
