@@ -71,8 +71,10 @@ def test_attack_job_end_to_end(ray_local, tracking, tmp_path):
     assert (tmp_path / "markers" / "highway_rear_end.crashed").exists()
     assert 0.0 <= result["aed/highway/rear_end/asr"] <= 1.0
     assert 0.0 <= result["aed/highway/random/asr"] <= 1.0
-    for key in ("distinct_types", "type_entropy", "steps_to_first_success", "beats_random"):
+    for key in ("distinct_types", "type_entropy", "trajectory_diversity", "steps_to_first_success", "beats_random"):
         assert f"aed/highway/{key}" in result
+    for key in ("target_rate", "target_rate_lo", "random_target_rate_hi", "passive_target_rate", "beats_random_ci"):
+        assert f"aed/highway/rear_end/{key}" in result
 
     client = MlflowClient(tracking.uri)
     parent = client.get_run(result["run_id"])
@@ -87,6 +89,11 @@ def test_attack_job_end_to_end(ray_local, tracking, tmp_path):
     assert rear.info.status == "FINISHED" and "aed/highway/rear_end/asr" in rear.data.metrics
     files = {f.path for f in client.list_artifacts(rear.info.run_id, "videos")}
     assert files == {"videos/highway_rear_end.gif"}
+    assert {f.path for f in client.list_artifacts(rear.info.run_id, "policies")} == {
+        "policies/adversary_highway_rear_end.zip"
+    }
+    figures = " ".join(f.path for f in client.list_artifacts(result["run_id"], "figures"))
+    assert "highway_rates.png" in figures and "highway_learning_curves.png" in figures
     gif = imageio.mimread(client.download_artifacts(rear.info.run_id, "videos/highway_rear_end.gif", str(tmp_path)))
     assert len(gif) > 2 and gif[0].ndim == 3
     code = Path(client.download_artifacts(rear.info.run_id, "reward/rear_end.py", str(tmp_path))).read_text()

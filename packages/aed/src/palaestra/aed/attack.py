@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,36 +84,42 @@ def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker) -> di
         out["registered_reward"] = name
 
     model = build_model(spec, cfg.train, cfg.seed)
-    stats = train_adversary(model, cfg.train.timesteps, log=log)
+    stats = train_adversary(model, cfg.train.timesteps, log=log, log_every=cfg.log_every, target=accident_type)
     model.get_env().close()
+    policy = scratch_dir() / f"adversary_{scenario}_{accident_type}.zip"
+    model.save(str(policy))
+    tracker.log_artifact(policy, "policies")
     ev = evaluate(model, spec, cfg.eval_episodes, seed=cfg.seed + 50_000)
-    out.update(train={k: v for k, v in stats.items() if k != "accident_log"})
+    out.update(train={k: v for k, v in stats.items() if k not in ("accident_log", "accident_slots")})
     out["steps_to_first_success"] = stats["steps_to_first_success"]
     out.update({k: v for k, v in ev.items() if k != "accidents"})
+    out["accident_features"] = [a["features"] for a in ev["accidents"]]
     if stats["reward_errors"]:
         out["reward_errors"] = stats["reward_errors"]
         print(
             f"[aed] {prefix}: reward failed during training ({stats['reward_errors'][0]}); fell back to expert reward"
         )
     out.update(reward_provenance(out["reward_source"], stats))
-    metrics = {
-        "asr": ev["asr"],
-        "responsible_rate": ev["responsible_rate"],
-        "effective_asr": ev["effective_asr"],
-        "target_rate": ev["types"].get(accident_type, 0) / max(1, cfg.eval_episodes),
-        "steps_to_first_success": stats["steps_to_first_success"] or -1,
-    }
+    metrics: dict[str, float] = {"steps_to_first_success": stats["steps_to_first_success"] or -1}
+    for key in ("asr", "target_rate", "responsible_rate", "effective_asr"):
+        metrics[key] = ev[key]
+        metrics[f"{key}_lo"], metrics[f"{key}_hi"] = ev[f"{key}_ci"]
     if cfg.preference.enabled:
         pref = _preference(cfg, spec, model, stats, ev, tracker)
         out["preference"] = pref
         metrics.update({f"preference/{k}": v for k, v in pref.items() if isinstance(v, int | float)})
     log(metrics, cfg.train.timesteps)
-    tracker.log_dict({"accidents": ev["accidents"]}, f"accidents/{accident_type}.json")
+    tracker.log_dict({"spec": asdict(spec), "accidents": ev["accidents"]}, f"accidents/{accident_type}.json")
     if cfg.video:
         gif = scratch_dir() / f"{scenario}_{accident_type}.gif"
         shown = record_gif(model, spec, gif, seed=cfg.seed + 60_000, max_episodes=cfg.video_episodes)
         tracker.log_artifact(gif, "videos")
-        out["video_accident"] = bool(shown and shown["victim_collision"])
+        out["video_accident"] = bool(shown["victim_collision"])
+        out["video_shows"] = shown["shows"]
+        if shown["shows"] != "target":
+            print(
+                f"[aed] {prefix}: no {accident_type} accident in {cfg.video_episodes} video episodes ({shown['shows']})"
+            )
     return out
 
 
@@ -147,6 +153,11 @@ def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:
     except Exception as err:  # an unreachable LLM is a failed design, not a failed run
         result = {"code": None, "fallback": True, "history": [], "reason": f"LLM reward design failed: {err}"}
     tracker.log_dict(result["history"], f"eureka/{spec.accident_type}_history.json")
+    if result["history"]:
+        from palaestra.aed.report import design_figure
+
+        title = f"{spec.scenario}/{spec.accident_type}: reward design"
+        tracker.log_figure(design_figure(result["history"], title), f"{spec.accident_type}_reward_design")
     if result["fallback"]:
         print(f"[aed] {spec.scenario}/{spec.accident_type}: {result['reason']}; falling back to the expert reward")
         tracker.set_tags({f"aed.{spec.accident_type}.reward": "expert (LLM fallback)"})

@@ -87,6 +87,8 @@ class AttackConfig(JobConfig):
     train: TrainSettings = field(default_factory=TrainSettings)
     eval_episodes: int = 20
     """Evaluation episodes per policy (and for the random baseline)."""
+    log_every: int = 500
+    """Timesteps between two points of the learning curves."""
     random_baseline: bool = True
     """Also measure a uniformly random adversary in the same run."""
     passive_baseline: bool = False
@@ -141,7 +143,7 @@ def _tasks(cfg: AttackConfig) -> list[dict[str, Any]]:
 def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
     """Train one adversarial driving policy per accident type in parallel on Ray; ASR, responsibility, diversity."""
     from palaestra.aed.attack import attack_task
-    from palaestra.aed.evaluation import type_entropy
+    from palaestra.aed.report import aggregate, curves_figure, rates_figure
     from palaestra.aed.rewards import register_reward
     from palaestra.aed.sandbox import LazySandboxedReward
     from palaestra.shared.cluster import TaskFailure, parallel_map
@@ -173,46 +175,16 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
             res["registered_reward"] = register_reward(
                 f"aed/llm/{task['scenario']}/{task['accident_type']}", LazySandboxedReward(res["reward_code"])
             )
-    metrics: dict[str, float] = {}
+    metrics = aggregate(by_scenario)
     for scenario, items in by_scenario.items():
-        attacks = [r for r in items if r["kind"] == "attack"]
         types: dict[str, int] = {}
-        for r in attacks:
-            pre = f"aed/{scenario}/{r['accident_type']}"
-            metrics.update(
-                {
-                    f"{pre}/asr": r["asr"],
-                    f"{pre}/responsible_rate": r["responsible_rate"],
-                    f"{pre}/effective_asr": r["effective_asr"],
-                }
-            )
-            for t, n in r["types"].items():
-                types[t] = types.get(t, 0) + n
-            if "preference" in r and "responsible_rate_after" in r["preference"]:
-                p = r["preference"]
-                for key in ("responsible_rate", "effective_asr", "asr"):
-                    for when in ("before", "after"):
-                        for end in ("", "_lo", "_hi"):
-                            metrics[f"{pre}/{key}_{when}_pref{end}"] = p[f"{key}_{when}{end}"]
-        firsts = [r["steps_to_first_success"] for r in attacks if r["steps_to_first_success"] is not None]
-        metrics[f"aed/{scenario}/distinct_types"] = len([t for t, n in types.items() if n])
-        metrics[f"aed/{scenario}/type_entropy"] = type_entropy(types)
-        metrics[f"aed/{scenario}/steps_to_first_success"] = min(firsts) if firsts else -1
-        if attacks:
-            metrics[f"aed/{scenario}/mean_asr"] = sum(r["asr"] for r in attacks) / len(attacks)
-        passive = next((r for r in items if r["kind"] == "passive"), None)
-        if passive is not None:
-            for key in ("asr", "responsible_rate", "effective_asr"):
-                metrics[f"aed/{scenario}/passive/{key}"] = passive[key]
-                metrics[f"aed/{scenario}/passive/{key}_lo"], metrics[f"aed/{scenario}/passive/{key}_hi"] = passive[
-                    f"{key}_ci"
-                ]
-        rand = next((r for r in items if r["kind"] == "random"), None)
-        if rand is not None:
-            metrics[f"aed/{scenario}/random/asr"] = rand["asr"]
-            if attacks:
-                metrics[f"aed/{scenario}/beats_random"] = float(min(r["asr"] for r in attacks) > rand["asr"])
+        for r in items:
+            if r["kind"] == "attack":
+                for t, n in r["types"].items():
+                    types[t] = types.get(t, 0) + n
         summary[scenario] = {"types_found": types, "results": items}
+        tracker.log_figure(rates_figure(scenario, items), f"{scenario}_rates")
+        tracker.log_figure(curves_figure(scenario, items), f"{scenario}_learning_curves")
     tracker.log_metrics(metrics)
     tracker.log_dict({"summary": summary, "failures": failures}, "aed_summary.json")
     metrics["aed/failed_tasks"] = len(failures)

@@ -350,6 +350,9 @@ def _think_token_ids(tokenizer):
 
 
 def _with_lora(model, cfg: LoraConfig):
+    from palaestra.shared.extras import require
+
+    require("peft", "lora", "LoRA (lora.enabled)")
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 

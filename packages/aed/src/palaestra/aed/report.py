@@ -1,0 +1,140 @@
+"""The parent run's view of an ``aed.attack`` run: metrics per scenario and type, against the baselines, figures.
+
+`aggregate` turns the per-task results (one per accident type, plus the random
+and passive baselines, all evaluated on the same episode seeds) into metrics:
+
+- per type: the target-type success rate (accidents of the adversary's own
+  type per episode, the headline metric) and the any-type attack success rate,
+  each with its 95% Wilson interval (``_lo``, ``_hi``), beside the random and
+  passive adversaries' rates *of that same type*; ``beats_random`` compares
+  target-type rates (point estimates), ``beats_random_ci`` asks the intervals
+  not to overlap;
+- per scenario: diversity over what was found (distinct types, entropy over
+  types, `evaluation.trajectory_diversity` over all accidents), steps to
+  first success, and ``beats_random`` (every type's).
+
+`figures` draws what the paper would show: rates per type with intervals
+against the baselines, the learning curves, and the reward-design history.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from palaestra.aed.evaluation import trajectory_diversity, type_entropy, type_rate
+
+
+def aggregate(by_scenario: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """Metrics of the parent run (module docstring) from each scenario's task results."""
+    metrics: dict[str, float] = {}
+    for scenario, items in by_scenario.items():
+        attacks = [r for r in items if r["kind"] == "attack"]
+        baselines = {r["kind"]: r for r in items if r["kind"] in ("random", "passive")}
+        types: dict[str, int] = {}
+        beats, beats_ci = [], []
+        for r in attacks:
+            t = r["accident_type"]
+            pre = f"aed/{scenario}/{t}"
+            for key in ("asr", "target_rate", "responsible_rate", "effective_asr"):
+                metrics[f"{pre}/{key}"] = r[key]
+                metrics[f"{pre}/{key}_lo"], metrics[f"{pre}/{key}_hi"] = r[f"{key}_ci"]
+            for kind, base in baselines.items():
+                rate, (lo, hi) = type_rate(base, t)
+                metrics.update({f"{pre}/{kind}_target_rate": rate, f"{pre}/{kind}_target_rate_lo": lo})
+                metrics[f"{pre}/{kind}_target_rate_hi"] = hi
+            if "random" in baselines:
+                rate, (_, hi) = type_rate(baselines["random"], t)
+                beats.append(r["target_rate"] > rate)
+                beats_ci.append(r["target_rate_ci"][0] > hi)
+                metrics[f"{pre}/beats_random"], metrics[f"{pre}/beats_random_ci"] = float(beats[-1]), beats_ci[-1]
+            for name, n in r["types"].items():
+                types[name] = types.get(name, 0) + n
+            if "preference" in r and "responsible_rate_after" in r["preference"]:
+                p = r["preference"]
+                for key in ("responsible_rate", "effective_asr", "asr"):
+                    for when in ("before", "after"):
+                        for end in ("", "_lo", "_hi"):
+                            metrics[f"{pre}/{key}_{when}_pref{end}"] = p[f"{key}_{when}{end}"]
+        firsts = [r["steps_to_first_success"] for r in attacks if r["steps_to_first_success"] is not None]
+        features = [f for r in attacks for f in r.get("accident_features", [])]
+        metrics[f"aed/{scenario}/distinct_types"] = len([t for t, n in types.items() if n])
+        metrics[f"aed/{scenario}/type_entropy"] = type_entropy(types)
+        metrics[f"aed/{scenario}/trajectory_diversity"] = trajectory_diversity(features)
+        metrics[f"aed/{scenario}/steps_to_first_success"] = min(firsts) if firsts else -1
+        if attacks:
+            metrics[f"aed/{scenario}/mean_asr"] = sum(r["asr"] for r in attacks) / len(attacks)
+            metrics[f"aed/{scenario}/mean_target_rate"] = sum(r["target_rate"] for r in attacks) / len(attacks)
+        for kind, base in baselines.items():
+            for key in ("asr", "responsible_rate", "effective_asr"):
+                metrics[f"aed/{scenario}/{kind}/{key}"] = base[key]
+                metrics[f"aed/{scenario}/{kind}/{key}_lo"], metrics[f"aed/{scenario}/{kind}/{key}_hi"] = base[
+                    f"{key}_ci"
+                ]
+        if beats:
+            metrics[f"aed/{scenario}/beats_random"] = float(all(beats))
+            metrics[f"aed/{scenario}/beats_random_ci"] = float(all(beats_ci))
+    return metrics
+
+
+def rates_figure(scenario: str, items: list[dict[str, Any]]):
+    """Bar chart per accident type: target-type and any-type rates of the adversary, and the random and passive
+    adversaries' rate of that type, with 95% intervals."""
+    import numpy as np
+
+    from palaestra.shared.tracking import new_figure
+
+    attacks = [r for r in items if r["kind"] == "attack"]
+    baselines = {r["kind"]: r for r in items if r["kind"] in ("random", "passive")}
+    fig, ax = new_figure(figsize=(1.8 + 1.6 * max(1, len(attacks)), 3.2))
+    bars = [("target type", lambda r: (r["target_rate"], r["target_rate_ci"]))]
+    bars.append(("any type", lambda r: (r["asr"], r["asr_ci"])))
+    for kind in baselines:
+        bars.append((f"{kind} (target type)", lambda r, k=kind: type_rate(baselines[k], r["accident_type"])))
+    width = 0.8 / len(bars)
+    x = np.arange(len(attacks))
+    for i, (label, get) in enumerate(bars):
+        vals = [get(r) for r in attacks]
+        means = np.array([v for v, _ in vals])
+        err = np.clip(np.array([[v - lo, hi - v] for v, (lo, hi) in vals]).T, 0, None)
+        ax.bar(x + (i - (len(bars) - 1) / 2) * width, means, width, yerr=err, capsize=2, label=label)
+    ax.set_xticks(x, [r["accident_type"] for r in attacks])
+    ax.set_ylabel("accidents per episode")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{scenario}: attack rates (95% Wilson intervals)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def curves_figure(scenario: str, items: list[dict[str, Any]]):
+    """Learning curves per type: any-type and target-type attack rate, and episode reward, against timesteps."""
+    from palaestra.shared.tracking import new_figure
+
+    fig, (rates, rewards) = new_figure(1, 2, figsize=(8, 3))
+    for r in (r for r in items if r["kind"] == "attack"):
+        curve = r.get("train", {}).get("curve", [])
+        steps = [p["timesteps"] for p in curve]
+        (line,) = rates.plot(steps, [p["target_rate"] for p in curve], label=f"{r['accident_type']} target")
+        rates.plot(steps, [p["attack_rate"] for p in curve], "--", color=line.get_color(), label="any type")
+        rewards.plot(steps, [p["episode_reward"] for p in curve], color=line.get_color(), label=r["accident_type"])
+    rates.set(xlabel="timesteps", ylabel="accidents per training episode", title=f"{scenario}: learning curves")
+    rewards.set(xlabel="timesteps", ylabel="mean episode reward")
+    rates.legend(fontsize=7)
+    rewards.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def design_figure(history: list[dict[str, Any]], title: str):
+    """Reward-design history: each candidate's fitness by round (failed candidates at -0.05, marked x)."""
+    from palaestra.shared.tracking import new_figure
+
+    fig, ax = new_figure(figsize=(4, 3))
+    ok = [h for h in history if h["status"] == "ok"]
+    bad = [h for h in history if h["status"] != "ok"]
+    ax.scatter([h["round"] + 1 for h in ok], [h["fitness"] for h in ok], label="trained candidate")
+    ax.scatter([h["round"] + 1 for h in bad], [-0.05] * len(bad), marker="x", color="red", label="refused / failed")
+    ax.set(xlabel="round", ylabel="fitness (target rate + 0.1 any-type rate)", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

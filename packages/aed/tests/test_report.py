@@ -1,0 +1,79 @@
+"""The parent run's metrics: target-type rates against the baselines' rates of the same type, and diversity."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from palaestra.aed.evaluation import summarize
+from palaestra.aed.report import aggregate
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Independent re-implementation (Wilson 1927) for the check."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
+def accidents(**counts):
+    out = []
+    for t, n in counts.items():
+        out += [{"accident_type": t, "victim_responsible": False, "features": [float(len(out)), 0.0]} for _ in range(n)]
+    return out
+
+
+def result(kind, accident_type=None, episodes=100, **counts):
+    ev = summarize(accidents(**counts), episodes, target=accident_type)
+    ev = {k: v for k, v in ev.items() if k != "accidents"}
+    return {"kind": kind, "accident_type": accident_type, "steps_to_first_success": 10, **ev}
+
+
+def test_beats_random_compares_target_type_rates():
+    items = [
+        # rear_end adversary: many accidents, but mostly side-swipes: 6 rear-ends against the random's 8
+        result("attack", "rear_end", rear_end=6, side_swipe=60),
+        result("attack", "cut_in", cut_in=30, side_swipe=5),
+        result("random", rear_end=8, cut_in=2, side_swipe=20),
+        result("passive", rear_end=3),
+    ]
+    m = aggregate({"highway": items})
+    assert m["aed/highway/rear_end/asr"] == pytest.approx(0.66)  # beats random on any type (0.66 > 0.30) ...
+    assert m["aed/highway/rear_end/target_rate"] == pytest.approx(0.06)
+    assert m["aed/highway/rear_end/random_target_rate"] == pytest.approx(0.08)
+    assert m["aed/highway/rear_end/beats_random"] == 0.0  # ... but not on its own type
+    assert m["aed/highway/cut_in/beats_random"] == 1.0 and m["aed/highway/cut_in/beats_random_ci"] == 1.0
+    assert m["aed/highway/beats_random"] == 0.0
+    lo, hi = wilson(30, 100)
+    assert m["aed/highway/cut_in/target_rate_lo"] == pytest.approx(lo, abs=1e-6)
+    assert m["aed/highway/cut_in/target_rate_hi"] == pytest.approx(hi, abs=1e-6)
+    lo, hi = wilson(2, 100)
+    assert (m["aed/highway/cut_in/random_target_rate_lo"], m["aed/highway/cut_in/random_target_rate_hi"]) == (
+        pytest.approx(lo, abs=1e-6),
+        pytest.approx(hi, abs=1e-6),
+    )
+    assert m["aed/highway/cut_in/passive_target_rate"] == 0.0
+    assert m["aed/highway/distinct_types"] == 3
+    p = [6 / 101, 65 / 101, 30 / 101]
+    assert m["aed/highway/type_entropy"] == pytest.approx(-sum(x * math.log(x) for x in p))
+
+
+def test_trajectory_diversity_is_the_mean_pairwise_distance():
+    from palaestra.aed.evaluation import trajectory_diversity
+
+    # a 3-4-5 right triangle: pairwise distances 3, 4, 5
+    assert trajectory_diversity([[0.0, 0.0], [3.0, 0.0], [0.0, 4.0]]) == pytest.approx((3 + 4 + 5) / 3)
+    assert trajectory_diversity([[1.0]]) == 0.0
+
+
+def test_figures_draw_from_the_results(tmp_path):
+    from palaestra.aed.report import curves_figure, rates_figure
+
+    items = [result("attack", "cut_in", cut_in=30), result("random", cut_in=2)]
+    items[0]["train"] = {"curve": [{"timesteps": 500, "target_rate": 0.1, "attack_rate": 0.2, "episode_reward": 1.0}]}
+    fig = rates_figure("highway", items)
+    heights = sorted(round(p.get_height(), 2) for p in fig.axes[0].patches)
+    assert heights == [0.02, 0.3, 0.3]  # random's cut-in rate, the target and the any-type rate
+    assert len(curves_figure("highway", items).axes[0].lines) == 2
