@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import mlflow
@@ -77,3 +78,44 @@ def test_bfcl_multi_turn_env_for_training_plays_entry_by_seed():
                 break
             assert all(m["role"] in ("tool", "user") for m in env.observe("agent"))
         assert step.rewards == {"agent": 1.0} and step.info["multi_turn_valid"]
+
+
+def test_smollm2_cpu_arms_differ_in_the_advantage_key_only():
+    pipeline = load_config(EXPERIMENTS / "smollm2_cpu.yaml")
+    grpo, egpo = (_stage_config(pipeline, name, pipeline.stages[name]) for name in ("grpo", "egpo"))
+    same = {k for k in vars(grpo) if getattr(grpo, k) == getattr(egpo, k)}
+    assert set(vars(grpo)) - same == {"advantages", "output_dir", "tracking"}
+    sft = _stage_config(pipeline, "sft", pipeline.stages["sft"])
+    # RL starts from the model the SFT stage writes; every evaluation sees the same entries
+    assert egpo.llm.model == sft.save_dir
+    evals = [_stage_config(pipeline, n, pipeline.stages[n]) for n in ("baseline", "sft_eval")]
+    assert all(e.categories == list(egpo.eval.categories) and e.limit == egpo.eval.limit for e in evals)
+
+
+def test_fc_tasks_max_tools_and_first_turn_only(tmp_path):
+    from palaestra.egpo.train import fc_tasks
+
+    record = {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "t3", "arguments": "{}"}}]},
+            {"role": "tool", "content": "ok"},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "b"},
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "t1", "arguments": "{}"}}]},
+        ],
+        "tools": [{"name": f"t{i}", "parameters": {"type": "object", "properties": {}}} for i in range(6)],
+    }
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    every = fc_tasks(path=str(path))
+    assert [len(s["tools"]) for s in every] == [6, 6]
+    first = fc_tasks(path=str(path), first_turn_only=True, max_tools=2)
+    assert len(first) == 1 and [m["role"] for m in first[0]["messages"]][-1] == "user"
+    names = [t["function"]["name"] for t in first[0]["tools"]]
+    assert len(names) == 2 and "t3" in names  # the ground truth's tool is always offered
+    assert names == sorted(names, key=lambda n: int(n[1:]))  # in the record's order
+    again = fc_tasks(path=str(path), first_turn_only=True, max_tools=2)
+    assert again[0]["tools"] == first[0]["tools"]  # seeded: the same tools each time
+    with pytest.raises(ValueError, match="max_tools"):
+        fc_tasks(path=str(path), max_tools=-1)

@@ -9,7 +9,8 @@ Per category, every entry becomes an environment whose ``step`` decodes the resp
 The model plays them through the shared rollout engine (batched across entries). A ``policy`` other
 than ``model`` replaces the model by an oracle that answers with each entry's ground truth
 (``ground_truth``) or with a deliberately wrong answer (``wrong``): the harness check, through the
-same decode-and-score path. Logged: ``bfcl/<category>/accuracy``, summary scores, and a JSONL
+same decode-and-score path. Logged: ``bfcl/<category>/accuracy`` (with its 95% Wilson interval,
+``ci95_low`` / ``ci95_high``), summary scores, and a JSONL
 artifact per category with every sample's output, decoded calls and verdict.
 
 Summary scores, over the categories that ran (BFCL's leaderboard groups, without Java/JavaScript,
@@ -35,6 +36,7 @@ from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.rollout.env import Step, TextEnv
+from palaestra.shared.stats import wilson_interval
 from palaestra.shared.toolcall import ToolCall, format_calls, parse_response
 from palaestra.shared.tracking import Tracker
 
@@ -267,9 +269,18 @@ def evaluate_with_client(cfg: EvalConfig, client: Any, tracker: Tracker) -> dict
         records = [{"id": i, "category": category, **_record(r)} for i, r in zip(ids, results)]
         correct = sum(r["valid"] for r in records)
         accuracy[category], counts[category] = correct / max(len(records), 1), len(records)
-        tracker.log_metrics({f"bfcl/{category}/accuracy": accuracy[category], f"bfcl/{category}/n": len(records)})
+        low, high = wilson_interval(correct, len(records))
+        tracker.log_metrics(
+            {
+                f"bfcl/{category}/accuracy": accuracy[category],
+                f"bfcl/{category}/n": len(records),
+                f"bfcl/{category}/ci95_low": low,
+                f"bfcl/{category}/ci95_high": high,
+            }
+        )
         tracker.log_text("\n".join(json.dumps(r, default=str) for r in records) + "\n", f"bfcl/{category}.jsonl")
-        print(f"egpo.eval: {category}: {correct}/{len(records)} = {accuracy[category]:.2%}", flush=True)
+        interval = f"95% CI [{low:.2%}, {high:.2%}]"
+        print(f"egpo.eval: {category}: {correct}/{len(records)} = {accuracy[category]:.2%} {interval}", flush=True)
     summary = summary_scores(accuracy, counts)
     tracker.log_metrics(summary)
     return {**{f"bfcl/{c}/accuracy": a for c, a in accuracy.items()}, **summary}

@@ -41,24 +41,56 @@ def fc_tasks(
     with_answers: bool = False,
     seed: int = 0,
     compact_tools: bool = False,
+    max_tools: int = 0,
+    first_turn_only: bool = False,
 ) -> list[dict]:
     """Function-calling samples (``messages``, ``tools``, ``ground_truth``) for the ``task`` env and SFT.
 
     ``compact_tools``: list the tools as one short line each in the system prompt instead of the chat
     template's JSON block (about 400 tokens less per prompt; for tiny CPU runs). The reward then reads
-    the schemas from ``tool_docs``."""
+    the schemas from ``tool_docs``.
+    ``max_tools`` (0: all): offer at most this many tools per task: the ground truth's, then others of the
+    task's list drawn at random (seeded per task); the prompt stays in the chat template's JSON format and
+    shrinks from a whole environment's docs (1-3k tokens in datagen's output) to a few hundred tokens.
+    ``first_turn_only``: of a multi-turn record, keep only the task of its first user turn (the later ones
+    carry the whole conversation so far in their prompt)."""
     from palaestra.egpo.synthetic import synthetic_tasks
 
     tasks: list[FCTask] = []
     if path:
-        tasks += load_jsonl(path, limit)
+        tasks += [t for t in load_jsonl(path, limit) if not first_turn_only or _user_turns(t) == 1]
     if bfcl_category:
         tasks += load_bfcl(bfcl_category, limit)
     if synthetic:
         tasks += synthetic_tasks(synthetic, seed=seed)
     if not tasks:
         raise ValueError("fc_tasks: no tasks; set path (JSONL), bfcl_category or synthetic (a count)")
+    if max_tools < 0:
+        raise ValueError(f"fc_tasks: max_tools must be >= 0, got {max_tools}")
+    if max_tools:
+        tasks = [subset_tools(t, max_tools, seed) for t in tasks]
     return [task_sample(t, with_answers, compact_tools) for t in tasks]
+
+
+def _user_turns(task: FCTask) -> int:
+    return sum(m.get("role") == "user" for m in task.messages)
+
+
+def subset_tools(task: FCTask, max_tools: int, seed: int = 0) -> FCTask:
+    """`task` with its tools cut to the ground truth's plus random others, `max_tools` in all (at least the
+    ground truth's)."""
+    import dataclasses
+    import random
+
+    from palaestra.egpo.tasks import tool_doc
+
+    needed = {name for call in task.ground_truth for name in call}
+    keep = [t for t in task.tools if tool_doc(t).get("name") in needed]
+    others = [t for t in task.tools if tool_doc(t).get("name") not in needed]
+    random.Random(f"{seed}:{task.id}").shuffle(others)
+    keep += others[: max(0, max_tools - len(keep))]
+    order = {id(t): i for i, t in enumerate(task.tools)}
+    return dataclasses.replace(task, tools=sorted(keep, key=lambda t: order[id(t)]))
 
 
 def compact_signature(tool: dict) -> str:
