@@ -33,11 +33,13 @@ def post(url: str, body: dict, headers: dict | None = None, timeout: float = 60)
         return err.code, json.load(err), err.headers
 
 
-def open_request(url: str, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse | None]:
+def open_request(
+    url: str, body: dict, headers: dict | None = None
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse | None]:
     """Send `body` and, for a stream, wait for its first event; the caller disconnects by closing the connection."""
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-    conn.request("POST", parts.path, json.dumps(body), {"Content-Type": "application/json"})
+    conn.request("POST", parts.path, json.dumps(body), {"Content-Type": "application/json", **(headers or {})})
     if not body.get("stream"):
         return conn, None
     response = conn.getresponse()
@@ -132,9 +134,15 @@ def test_exposure_warning_names_the_fix():
 
 
 @pytest.mark.slow
-def test_sigterm_stops_a_busy_server_within_seconds():
-    with ServeProcess("tiny", ("--device", "cpu")) as server:
-        conn, response = open_request(server.url + "/completions", {**LONG, "stream": True})
+def test_sigterm_stops_a_busy_server_within_seconds(monkeypatch):
+    # also the command line's limits and key: --max-queue, and the key from PALAESTRA_API_KEY
+    monkeypatch.setenv("PALAESTRA_API_KEY", "k")
+    with ServeProcess("tiny", ("--device", "cpu", "--max-queue", "1")) as server:
+        assert post(server.url + "/completions", SHORT)[0] == 401
+        conn, response = open_request(
+            server.url + "/completions", {**LONG, "stream": True}, {"Authorization": "Bearer k"}
+        )
+        assert post(server.url + "/completions", SHORT, {"Authorization": "Bearer k"})[0] == 503
         server.proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         code = server.proc.wait(timeout=30)

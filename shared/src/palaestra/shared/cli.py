@@ -77,9 +77,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from palaestra.shared.llm.base import LLMConfig
-    from palaestra.shared.llm.serve import serve
+    from palaestra.shared.llm.serve import ServeLimits, serve
 
-    serve(LLMConfig(backend=args.backend, model=args.model, device=args.device), host=args.host, port=args.port)
+    limits = ServeLimits(max_queue=args.max_queue, max_request_tokens=args.max_request_tokens)
+    config = LLMConfig(backend=args.backend, model=args.model, device=args.device)
+    serve(config, host=args.host, port=args.port, api_key=args.api_key, limits=limits)
     return 0
 
 
@@ -118,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--backend", default="transformers")
     serve.add_argument("--device", default="auto")
+    serve.add_argument("--api-key", default=None, help="require it as a Bearer token (default: $PALAESTRA_API_KEY)")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests waiting or running at once (503 beyond)")
+    serve.add_argument("--max-request-tokens", type=int, default=32768, help="prompts x n x max_tokens per request")
     serve.set_defaults(fn=cmd_serve)
     plan = sub.add_parser("plan", help="per-device memory estimate of an RL config; exit 0 when it fits")
     plan.add_argument("config", help="path to the YAML config")
