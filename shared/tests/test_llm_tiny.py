@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from palaestra.shared.llm.tiny import GAME_TOKENS, TOOL_TOKENS, build_tiny, build_tokenizer
+from palaestra.shared.llm.tiny import TOKEN_SETS, TOOL_TOKENS, build_tiny, build_tokenizer, extra_tokens, tiny_path
 from palaestra.shared.toolcall import ToolCall, format_calls, parse_response
 
 TOOLS = [
@@ -37,13 +37,29 @@ def test_tokenizer_roundtrips_text_and_keeps_tool_tokens_whole():
     tok = build_tokenizer()
     text = 'Héllo wörld 12345 {"name": "get_weather", "arguments": {"city": "Paris"}} ✓'
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
-    for token in [*TOOL_TOKENS, *GAME_TOKENS, "<|im_start|>", "<|im_end|>", "<|endoftext|>"]:
+    for token in [*TOOL_TOKENS, *extra_tokens(), "<|im_start|>", "<|im_end|>", "<|endoftext|>"]:
         ids = tok.encode(token, add_special_tokens=False)
         assert len(ids) == 1 and tok.convert_ids_to_tokens(ids[0]) == token
     # decoding for users keeps <think>/<tool_call> (they are not "special") but drops <|im_end|>
     ids = tok.encode("<think>x</think><|im_end|>", add_special_tokens=False)
     assert tok.decode(ids, skip_special_tokens=True) == "<think>x</think>"
     assert tok.encode("2026", add_special_tokens=False).__len__() == 4  # digits one by one
+
+
+def test_registered_token_sets_become_single_tokens_and_key_the_cache(tmp_path, monkeypatch):
+    """The core knows no package's tokens: a package registers a token set (here the test) and gets one token each."""
+    monkeypatch.setenv("PALAESTRA_CACHE", str(tmp_path))
+    before = tiny_path(0)
+    word = "<ZQ-TEST-MOVE>"
+    assert len(build_tokenizer().encode(word, add_special_tokens=False)) > 1
+    TOKEN_SETS.register("zz_test_tokens", lambda: [word])
+    try:
+        assert word in extra_tokens()
+        tok = build_tokenizer()
+        assert len(tok.encode(word, add_special_tokens=False)) == 1
+        assert tiny_path(0) != before  # another tokenizer, another cache entry
+    finally:
+        TOKEN_SETS.unregister("zz_test_tokens")
 
 
 def test_template_renders_assistant_turns_exactly_as_format_calls():

@@ -6,38 +6,47 @@
   ``<|im_end|>``, ``<|endoftext|>`` and the tool-use tokens ``<think>``,
   ``</think>``, ``<tool_call>``, ``</tool_call>``, ``<tool_response>``,
   ``</tool_response>`` (added tokens, not "special": decoding keeps them, as
-  Qwen's tokenizer does), and one added token per tic-tac-toe and connect-four
-  action string (``<X(1,2)>``, ``<O(3)>``: see `GAME_TOKENS`);
+  Qwen's tokenizer does), and the single-token strings that installed packages
+  register in `TOKEN_SETS` (mars: one token per board-game action);
 - model: `Qwen3ForCausalLM`, random-initialized from ``seed`` (same seed, same
   weights; the tokenizer does not depend on the seed);
 - the project's chat template (`chat_template.jinja`).
 
 `load_tiny(seed)` builds it once (about 1-2 s) and caches it as an HF directory
 under ``$PALAESTRA_CACHE`` (default ``~/.cache/palaestra``), keyed by seed and
-`TINY_VERSION`; later calls load the cache.
+`TINY_VERSION` and the registered token sets; later calls load the cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+from palaestra.shared.registry import Registry
 
 TINY_VERSION = "3"
 """Bump when the corpus, tokenizer or architecture changes (invalidates the cache)."""
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-# One token per board-game action string (MARS's tic-tac-toe and connect-four actions). A multi-token action
-# such as <X(1,2)> makes a legal move an in-context lookup (the column digit must come from the listed item whose
-# row digit was just written) that a random-init 2M model does not learn in a CPU budget (packages/mars/README.md);
-# as one token, picking any listed action is a copy, so SFT gives a stochastic legal policy that self-play can
-# improve. Pretrained models (smollm2-135m, Qwen) keep their own tokenizers and do the lookup themselves.
-GAME_TOKENS = [f"<{m}({r},{c})>" for m in "XO" for r in range(3) for c in range(3)] + [
-    f"<{m}({c})>" for m in "XO" for c in range(7)
-]
+TOKEN_SETS: Registry[Callable[[], list[str]]] = Registry("tiny token set", "palaestra.tiny_tokens")
+"""Strings a package wants as single tokens of `tiny` (name -> function returning them). A multi-token
+string can make copying it an in-context lookup that a random-init 2M model does not learn in a CPU budget."""
+
+
+def extra_tokens() -> list[str]:
+    """The registered token sets, in name order, without repeats."""
+    tokens: list[str] = []
+    for name in sorted(TOKEN_SETS.names()):
+        tokens += [t for t in TOKEN_SETS.get(name)() if t not in tokens]
+    return tokens
+
+
 VOCAB_SIZE = 2048
 CONTEXT_LENGTH = 4096
 
@@ -122,20 +131,21 @@ def build_tokenizer():
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    extra = extra_tokens()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS) - len(GAME_TOKENS),
+        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS) - len(extra),
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=2,
         show_progress=False,
     )
     tok.train_from_iterator(build_corpus(), trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS + GAME_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS + extra])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -184,7 +194,9 @@ def build_tiny(seed: int = 0, tokenizer=None):
 
 def tiny_path(seed: int = 0) -> Path:
     """The cached HF directory of `tiny` for `seed`, built on first use."""
-    path = cache_dir() / f"tiny-v{TINY_VERSION}-seed{seed}"
+    extra = extra_tokens()
+    digest = f"-t{hashlib.sha1(chr(0).join(extra).encode()).hexdigest()[:8]}" if extra else ""
+    path = cache_dir() / f"tiny-v{TINY_VERSION}{digest}-seed{seed}"
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return path
     model, tokenizer = build_tiny(seed)
