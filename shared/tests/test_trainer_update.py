@@ -73,3 +73,50 @@ def test_micro_batched_gradients_equal_the_unsplit_ones(tiny_llm, reduction):
     assert m_split["loss"] == pytest.approx(m_whole["loss"], rel=1e-6)
     assert m_split["clip_fraction"] == pytest.approx(m_whole["clip_fraction"], rel=1e-6)
     assert m_whole["clip_fraction"] > 0
+
+
+def saved_elements(model, batch) -> int:
+    """Elements of the tensors autograd keeps for the backward of one forward through the decoder."""
+    count = [0]
+
+    def pack(t):
+        count[0] += t.numel()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    return count[0]
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_llm):
+    import copy
+
+    model = copy.deepcopy(tiny_llm.model).double().train()
+    batch = make_batch(model.config.vocab_size)
+    old, ref, adv = (x.double() for x in inputs(batch))
+    cfg = LossConfig(kl_coef=0.1, reduction="dapo")
+    idx = torch.arange(len(batch))
+    plain, _ = grads_of(model, batch, idx, cfg, 30, old, ref, adv)
+    saved_plain = saved_elements(model, batch)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert saved_elements(model, batch) * 10 < saved_plain  # the layers' activations are not kept
+    checkpointed, _ = grads_of(model, batch, idx, cfg, 30, old, ref, adv)
+    assert set(plain) == set(checkpointed)
+    for k in plain:
+        assert torch.linalg.norm(checkpointed[k] - plain[k]) <= 1e-10 * torch.linalg.norm(plain[k]), k
+
+
+def test_learner_dtype_settings_are_validated():
+    from palaestra.shared.config import ConfigError
+    from palaestra.shared.llm import LLMConfig
+    from palaestra.shared.rl.config import LearnerConfig, learner_dtypes
+
+    assert learner_dtypes(LearnerConfig(), LLMConfig(), "cpu") == "float32"
+    assert learner_dtypes(LearnerConfig(), LLMConfig(), "cuda") == "bfloat16"
+    assert learner_dtypes(LearnerConfig(compute_dtype="float32"), LLMConfig(), "cuda") == "float32"
+    with pytest.raises(ConfigError, match="bfloat16 needs a GPU"):
+        learner_dtypes(LearnerConfig(compute_dtype="bfloat16"), LLMConfig(), "cpu")
+    with pytest.raises(ConfigError, match="float32 master weights"):
+        learner_dtypes(LearnerConfig(), LLMConfig(dtype="bfloat16"), "cuda")
+    with pytest.raises(ConfigError, match="unknown dtype 'fp8'"):
+        learner_dtypes(LearnerConfig(compute_dtype="fp8"), LLMConfig(), "cuda")

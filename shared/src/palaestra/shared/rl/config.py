@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from palaestra.shared.config import JobConfig, registry_kwargs, registry_name
+from palaestra.shared.config import ConfigError, JobConfig, registry_kwargs, registry_name
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.loss import LossConfig
@@ -68,6 +68,34 @@ class LearnerConfig:
     """Token budget of a micro-batch (rows x longest row, padding included): each minibatch is split into
     micro-batches of at most this many tokens whose gradients add up to one optimizer step; old/reference
     log-prob scoring uses the same budget (0: no split)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward (the model's own activation
+    checkpointing, non-reentrant): the same gradients for far less activation memory."""
+    compute_dtype: str = "auto"
+    """auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16. The learner's weights stay float32
+    (the master copy the optimizer updates); bfloat16 runs forward and backward under autocast."""
+
+
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def learner_dtypes(learner: LearnerConfig, llm: LLMConfig, device_type: str) -> str:
+    """The learner's compute dtype on `device_type` (cpu | cuda); a clear error for a setting that cannot hold."""
+    if learner.compute_dtype not in COMPUTE_DTYPES:
+        raise ConfigError(
+            f"learner.compute_dtype: unknown dtype {learner.compute_dtype!r}; known: {', '.join(COMPUTE_DTYPES)}"
+        )
+    if llm.dtype not in ("auto", "float32"):
+        raise ConfigError(
+            f"llm.dtype: the learner keeps float32 master weights (got {llm.dtype!r}); "
+            "set learner.compute_dtype=bfloat16 for bfloat16 compute"
+        )
+    dtype = learner.compute_dtype
+    if dtype == "auto":
+        return "bfloat16" if device_type == "cuda" else "float32"
+    if dtype == "bfloat16" and device_type != "cuda":
+        raise ConfigError(f"learner.compute_dtype: bfloat16 needs a GPU (the learner is on {device_type})")
+    return dtype
 
 
 @dataclass

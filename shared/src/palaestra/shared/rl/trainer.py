@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import math
 import random
@@ -81,6 +82,7 @@ import torch
 from tqdm import tqdm
 
 from palaestra.shared.llm.base import make_client
+from palaestra.shared.llm.hf_backend import resolve_device
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages
 from palaestra.shared.rl.batch import build_batch, score_batch, think_entropy, token_advantages
@@ -90,6 +92,7 @@ from palaestra.shared.rl.config import (  # re-exported: packages import the con
     OptimConfig,
     TrainConfig,
     WorkersConfig,
+    learner_dtypes,
 )
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.update import accumulate_gradients
@@ -127,9 +130,15 @@ class Trainer:
                 f"the learner needs llm.backend=transformers (got {cfg.llm.backend!r}); put vllm under workers.llm"
             )
         self.cfg, self.tracker = cfg, tracker or Tracker(cfg.tracking)
-        self.client = make_client(cfg.llm)
+        learner_dtypes(cfg.learner, cfg.llm, resolve_device(cfg.llm.device).type)  # fail before loading
+        # float32 master weights; bfloat16 compute (GPU) under autocast
+        self.client = make_client(dataclasses.replace(cfg.llm, dtype="float32"))
         self.tokenizer = self.client.tokenizer
         self.model = self.client.model
+        self.device = next(self.model.parameters()).device
+        self.compute_dtype = getattr(torch, learner_dtypes(cfg.learner, cfg.llm, self.device.type))
+        if cfg.learner.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.lora.enabled:
             self.model = _with_lora(self.model, cfg.lora)
         self.ckpt_dir = Path(cfg.output_dir) / "checkpoints"
@@ -209,10 +218,11 @@ class Trainer:
         # 2. old log-probs and entropies (3. reference log-probs)
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.think_ids)
         mb = cfg.minibatch_size or len(batch)
-        old_logps, entropy = score_batch(
-            self.model, batch, cfg.rollout.temperature, cfg.learner.micro_batch_tokens, max_rows=mb
-        )
-        ref_logps = self._reference_logps(batch, mb) if cfg.loss.kl_coef else None
+        with self._autocast():
+            old_logps, entropy = score_batch(
+                self.model, batch, cfg.rollout.temperature, cfg.learner.micro_batch_tokens, max_rows=mb
+            )
+            ref_logps = self._reference_logps(batch, mb) if cfg.loss.kl_coef else None
         # 4. advantages
         adv_in = AdvantageInput.from_trajectories(
             trajs, think_entropy(entropy, batch, "think"), think_entropy(entropy, batch, "response")
@@ -221,7 +231,8 @@ class Trainer:
         advantages = token_advantages(values, batch.turn_index)
         # 5. PPO epochs over minibatches
         self.model.train()
-        updates = self._update(batch, old_logps, ref_logps, advantages, entropy, mb)
+        with self._autocast():
+            updates = self._update(batch, old_logps, ref_logps, advantages, entropy, mb)
         self.model.eval()
         self.step += 1
         # 6. weight sync
@@ -302,6 +313,11 @@ class Trainer:
         metrics = {"reward_mean": mean, "reward_ci95": ci, "trajectories": len(rewards)}
         self.tracker.log_metrics({f"eval/{k}": v for k, v in metrics.items()}, step=self.step)
         return metrics
+
+    def _autocast(self):
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     @torch.no_grad()
     def _reference_logps(self, batch, mb: int) -> torch.Tensor:
