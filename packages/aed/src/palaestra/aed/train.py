@@ -39,11 +39,11 @@ class AdversarySpec:
     """Weight of the dense preference reward (the model's verdict on the contact that would happen now)."""
 
 
-def make_env(spec: AdversarySpec, render: bool = False):
+def make_env(spec: AdversarySpec, render: bool = False, reward_fn=None):
+    """The `AdversaryEnv` of `spec`; ``reward_fn`` replaces the spec's reward (e.g. a replay needs none)."""
     from palaestra.aed.env import AdversaryEnv
 
-    reward_fn = None
-    if spec.reward_code:
+    if reward_fn is None and spec.reward_code:
         from palaestra.aed.sandbox import SandboxedReward
 
         reward_fn = SandboxedReward(spec.reward_code)
