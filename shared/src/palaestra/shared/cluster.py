@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from palaestra.shared.config import ClusterConfig
+from palaestra.shared.extras import require
 
 
 @dataclass
@@ -31,7 +32,7 @@ class TaskFailure:
 
 def init(cfg: ClusterConfig | None = None):
     """Connect to Ray (once per process); return the `ray` module."""
-    import ray
+    ray = require("ray", "ray", "Ray workers (cluster, rollout workers, parallel maps)")
 
     cfg = cfg or ClusterConfig()
     if ray.is_initialized():

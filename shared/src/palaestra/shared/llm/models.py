@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from palaestra.shared.extras import require
 from palaestra.shared.llm.base import LLMError
 from palaestra.shared.llm.tiny import cache_dir, chat_template, tiny_path
 
@@ -90,6 +91,7 @@ def smollm2_path() -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    require("gguf", "smollm2", "smollm2-135m (reading its GGUF file)")
     gguf = smollm2_gguf()
     print(f"converting {gguf.name} to safetensors in {path} (once)", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -28,6 +28,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from palaestra.shared.extras import require
 from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams, _per_conversation
 from palaestra.shared.toolcall import ToolCall, format_calls
 
@@ -39,8 +40,7 @@ class OpenAIClient(LLMClient):
     """Chat requests in flight at once."""
 
     def __init__(self, config: LLMConfig) -> None:
-        import openai
-
+        openai = require("openai", "openai", "the openai LLM backend")
         self.config = config
         self.base_url = config.base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         self._openai = openai
