@@ -32,6 +32,7 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from typing import cast
 
 import torch
 from transformers import (
@@ -131,7 +132,7 @@ class _StepHookCriteria(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         stop = self.hook(self.positions, input_ids[:, -1].tolist())
         flags = stop if stop is not None else [False] * input_ids.shape[0]
-        return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
+        return cast(torch.BoolTensor, torch.tensor(flags, dtype=torch.bool, device=input_ids.device))
 
 
 class _StopOnStrings(StoppingCriteria):

@@ -33,7 +33,6 @@ With a backend that generates in one piece (vLLM, openai), the text arrives in
 the last chunk too.
 """
 
-
 import asyncio
 import ipaddress
 import json
@@ -108,7 +107,7 @@ class _Model:
         except LLMError:  # a proxied remote model without a local tokenizer: prompts pass through as given
             self.tokenizer = None
         self.context = getattr(client, "context_length", None)
-        self.vocab = len(self.tokenizer) if self.tokenizer is not None else None
+        self.vocab = len(self.tokenizer) if self.tokenizer is not None else 0
         embeddings = getattr(getattr(client, "model", None), "get_input_embeddings", None)
         if self.vocab is not None and embeddings is not None:
             self.vocab = min(self.vocab, embeddings().num_embeddings)
@@ -212,7 +211,11 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
         events: asyncio.Queue = asyncio.Queue()
         streams = [wire.TextStream(model.tokenizer, model.end_ids, job.params.stop) for _ in range(_choices(job))]
         if pieces and model.tokenizer is not None:
-            job.on_token = lambda i, t: loop.call_soon_threadsafe(events.put_nowait, (i, t))
+
+            def on_token(index: int, token: int) -> None:
+                loop.call_soon_threadsafe(events.put_nowait, (index, token))
+
+            job.on_token = on_token
         future = batcher.submit(job)
         future.add_done_callback(lambda _: _call_soon(loop, events.put_nowait, None))
 
@@ -321,7 +324,7 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
     async def completions(body: wire.CompletionRequest, request: Request) -> Any:
         admit(body)
         want = body.wants_logprobs()
-        top = body.logprobs if want and not isinstance(body.logprobs, bool) else 0
+        top = body.logprobs if isinstance(body.logprobs, int) and not isinstance(body.logprobs, bool) else 0
         params = body.sampling(top)
         job = Job(model.prompt_ids(body.prompt_list(), params, limits), params)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
