@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from palaestra.datagen.envs import Execution, ToolEnv
+from palaestra.datagen.grounding import param_words
 from palaestra.datagen.roles import Roles
 from palaestra.datagen.sampler import Trace
 from palaestra.shared.toolcall import ToolCall, parse_response
@@ -131,7 +132,7 @@ def asks_for(reply: str, param: str) -> bool:
     """Whether a reply asks a question that names the parameter (its words, e.g. ``file name``)."""
     answer = reply.split("</think>")[-1].lower()
     words = " ".join(re.findall(r"[a-z0-9]+", answer))
-    want = " ".join(re.findall(r"[a-z0-9]+", re.sub(r"([a-z])([A-Z])", r"\1 \2", param).lower().replace("_", " ")))
+    want = param_words(param)
     return "?" in answer and bool(want) and f" {want} " in f" {words} "
 
 

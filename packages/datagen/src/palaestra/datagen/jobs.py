@@ -1,3 +1,3 @@
 """Jobs of palaestra-datagen (registered through the `palaestra.jobs` entry point)."""
 
-from palaestra.datagen import generate, mine  # noqa: F401  (import registers the jobs)
+from palaestra.datagen import export, generate, mine  # noqa: F401  (import registers the jobs)

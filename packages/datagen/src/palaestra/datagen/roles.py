@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from palaestra.datagen.grounding import param_words
 from palaestra.datagen.sampler import Trace
 from palaestra.datagen.schema import parameters, to_openai_tool
 from palaestra.shared.toolcall import ToolCall, format_calls
@@ -184,7 +185,7 @@ class DeterministicReasoner:
     def act(self, messages: list[dict], tools: list[dict], turn, try_index: int, rng: random.Random) -> str:
         spec_doc = {t["function"]["name"]: t["function"] for t in tools}
         if turn.kind == "miss_param":
-            what = (turn.missing or "information").replace("_", " ")
+            what = param_words(turn.missing or "information")
             text = f"I can do that, but I need the {what} first. Could you tell me the {what}?"
             thinking = f"The request needs the {what}, and neither the request nor any earlier result gives it."
             return format_calls([], thinking=thinking, content=text)

@@ -15,11 +15,12 @@ import json
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-_NUMPY_ARRAY_GLOBALS = [np.zeros(1).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+_NUMPY_ARRAY_GLOBALS: list[Any] = [np.zeros(1).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 """What unpickling a numpy array needs (``_reconstruct``, the array and dtype classes), and nothing else."""
 
 

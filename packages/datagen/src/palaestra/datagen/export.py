@@ -1,0 +1,206 @@
+"""The ``datagen.export`` job: samples -> OpenAI messages with a ``tools`` list (TRL) and ShareGPT, plus a dataset card.
+
+Reads ``<output_dir>/datagen/<name>/samples.jsonl`` (or ``input``) and writes next to it, in ``export/``:
+
+- ``openai.jsonl``: ``{"id", "env", "messages", "tools"}`` per sample; ``tools`` a list of OpenAI tool
+  schemas, ``messages`` OpenAI chat messages whose tool calls carry ``arguments`` as an object (the form
+  Hugging Face chat templates and TRL's ``SFTTrainer`` take: ``datasets.load_dataset("json", ...)`` then
+  ``SFTTrainer(train_dataset=...)``); assistant text keeps its ``<think>...</think>``. The message that adds a
+  withheld function (miss_func) has role ``added_function_role``: ``system`` (default; it carries the
+  function's schema) or ``user``, for chat templates that refuse a system message after the first turn.
+- ``sharegpt.jsonl``: ``{"id", "conversations", "tools"}`` in LLaMA-Factory's function-calling form:
+  ``human`` / ``gpt`` / ``function_call`` (JSON ``{"name", "arguments"}``, a list for parallel calls) /
+  ``observation`` turns, alternating; ``tools`` a JSON string. A ``function_call`` turn cannot hold text, so
+  the reasoning before a call is kept only in ``openai.jsonl``; the function added mid-conversation becomes a
+  ``human`` turn.
+- ``README.md``: the dataset card (schema, counts, environments, statistics, provenance, contamination).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from palaestra.datagen.dataset import read_rows
+from palaestra.shared.config import ConfigError, JobConfig
+from palaestra.shared.jobs import job
+from palaestra.shared.tracking import Tracker
+
+FORMATS = ("openai", "sharegpt")
+
+
+@dataclass
+class ExportConfig(JobConfig):
+    """Export a generated dataset for training."""
+
+    job: str = "datagen.export"
+    name: str = "default"
+    """The dataset: ``<output_dir>/datagen/<name>/samples.jsonl``."""
+    input: str | None = None
+    """Or an explicit samples file."""
+    formats: list[str] = field(default_factory=lambda: list(FORMATS))
+    """openai | sharegpt."""
+    added_function_role: str = "system"
+    """Role of the message that adds a withheld function: system | user."""
+
+    @property
+    def input_path(self) -> Path:
+        return Path(self.input) if self.input else Path(self.output_dir) / "datagen" / self.name / "samples.jsonl"
+
+
+def openai_record(row: dict, added_function_role: str = "system") -> dict:
+    """One sample as ``{"id", "env", "messages", "tools"}`` (see the module docstring)."""
+    messages = []
+    for m in row["messages"]:
+        out = {"role": m["role"], "content": m["content"] or ""}
+        if m["role"] == "system" and messages:
+            out["role"] = added_function_role
+        if m.get("tool_calls"):
+            out["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])},
+                }
+                for c in m["tool_calls"]
+            ]
+        if m["role"] == "tool":
+            out["tool_call_id"] = m["tool_call_id"]
+            out["name"] = m["name"]
+        messages.append(out)
+    tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
+    return {"id": row["id"], "env": row["provenance"]["env"], "messages": messages, "tools": tools}
+
+
+def sharegpt_record(row: dict) -> dict:
+    """One sample in LLaMA-Factory's ShareGPT function-calling form (see the module docstring)."""
+    turns: list[dict] = []
+
+    def add(who: str, value: str) -> None:
+        if turns and turns[-1]["from"] == who and who in ("observation", "human"):
+            turns[-1]["value"] += "\n" + value  # parallel results in one observation turn
+        else:
+            turns.append({"from": who, "value": value})
+
+    for m in row["messages"]:
+        if m["role"] in ("user", "system"):
+            add("human", m["content"] or "")
+        elif m["role"] == "tool":
+            add("observation", m["content"] or "")
+        elif m.get("tool_calls"):
+            calls = [
+                {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+                for c in m["tool_calls"]
+            ]
+            add("function_call", json.dumps(calls[0] if len(calls) == 1 else calls))
+        else:
+            add("gpt", m["content"] or "")
+    tools = row["tools"] if isinstance(row["tools"], str) else json.dumps(row["tools"])
+    return {"id": row["id"], "conversations": turns, "tools": tools}
+
+
+def dataset_card(rows: list[dict], stats: dict, source: Path, files: list[str]) -> str:
+    """A dataset card (README.md) for the exported files."""
+    envs = Counter(r["provenance"]["env"] for r in rows)
+    kinds = Counter(t["kind"] for r in rows for t in r["turns"])
+    calls = sum(r["difficulty"]["num_calls"] for r in rows)
+    hidden = sum(r["difficulty"]["hidden_steps"] for r in rows)
+    roles = Counter(json.dumps(r["provenance"]["roles"], sort_keys=True) for r in rows)
+    c = stats.get("contamination", {})
+    yaml_files = "\n".join(f"- config_name: {f.split('.')[0]}\n  data_files: {f}" for f in files)
+    lines = [
+        "---",
+        "license: apache-2.0",
+        "task_categories: [text-generation]",
+        "tags: [function-calling, tool-use, multi-turn, synthetic]",
+        f"configs:\n{yaml_files}",
+        "---",
+        "",
+        f"# {source.parent.name}: verified multi-turn tool-use conversations",
+        "",
+        "Synthesized by `palaestra.datagen` (HardGen + FunReason-MT structure) on executable environments"
+        " (BFCL's eight multi-turn API classes, from `bfcl-eval`, Apache-2.0). Every sample was executed and"
+        " verified by replay; every argument of every ground-truth call is grounded (stated by the user,"
+        " produced by an earlier call's output as the only candidate, or a documented default).",
+        "",
+        "## Files",
+        "",
+        *[f"- `{f}`" for f in files],
+        "",
+        "`openai.jsonl`: `id`, `env`, `messages` (OpenAI chat; tool calls with `arguments` as an object;"
+        " assistant text starts with `<think>...</think>`), `tools` (list of OpenAI tool schemas). Load with"
+        ' `datasets.load_dataset("json", data_files="openai.jsonl")` and pass it to TRL\'s `SFTTrainer`.'
+        " `sharegpt.jsonl`: `id`, `conversations` (human / gpt / function_call / observation), `tools`"
+        " (JSON string), LLaMA-Factory's function-calling form; reasoning before calls is only in the OpenAI file.",
+        "",
+        "## Counts",
+        "",
+        f"- samples: {len(rows)}; user turns: {sum(kinds.values())}; ground-truth calls: {calls}"
+        f" ({calls / max(1, len(rows)):.2f} per sample); hidden (intermediate) steps: {hidden}",
+        "- turns by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
+        "- environments: " + ", ".join(f"{e} {n}" for e, n in sorted(envs.items())),
+        "",
+        "## Statistics of the generation run",
+        "",
+    ]
+    for key in ("kept", "dropped", "calls_per_trace", "hidden_step_fraction", "function_coverage", "env_coverage"):
+        if key in stats:
+            v = stats[key]
+            lines.append(f"- {key}: {v:.3f}" if isinstance(v, float) else f"- {key}: {v}")
+    if stats.get("drops"):
+        lines.append("- drops by reason: " + ", ".join(f"{k} {n}" for k, n in stats["drops"].items()))
+    lines += [
+        f"- ungrounded kept samples: {stats.get('ungrounded_kept', 'n/a')};"
+        f" error responses among ground-truth steps: {stats.get('error_response_steps', 'n/a')}",
+        "",
+        "## Provenance",
+        "",
+        f"- source: `{source}`; each row's `id` names the run, seed, round and item",
+        "- initial states: drawn per sample by `palaestra.datagen.initial_states` (never a BFCL test config)",
+        "- roles (tool maker, query writer, reasoner, critic): "
+        + "; ".join(f"{json.loads(k)} x{n}" for k, n in roles.items()),
+        "",
+        "## Contamination check (BFCL test entries)",
+        "",
+        f"- checked {c.get('checked', 'n/a')} samples: {c.get('contaminated', 'n/a')} contaminated"
+        f" ({c.get('config_identical', 'n/a')} with an initial config identical to a BFCL multi-turn test config,"
+        f" {c.get('query_ngram_overlap', 'n/a')} sharing a {c.get('ngram', 8)}-word n-gram with a BFCL test query)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+@job("datagen.export", ExportConfig)
+def export(cfg: ExportConfig, tracker: Tracker) -> dict:
+    """Export samples to OpenAI messages + tools (TRL) and ShareGPT, with a dataset card."""
+    unknown = [f for f in cfg.formats if f not in FORMATS]
+    if unknown or cfg.added_function_role not in ("system", "user"):
+        raise ConfigError(f"formats must be among {FORMATS} and added_function_role system | user (got {cfg})")
+    source = cfg.input_path
+    if not source.is_file():
+        raise ConfigError(f"datagen.export: no samples file at {source} (run datagen.generate first)")
+    rows = read_rows(source)
+    stats_path = source.parent / "stats.json"
+    if stats_path.is_file():
+        stats = json.loads(stats_path.read_text())
+    else:
+        from palaestra.datagen.run_stats import audit_rows
+
+        stats = audit_rows(rows)
+    out = source.parent / "export"
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for fmt in cfg.formats:
+        name = f"{fmt}.jsonl"
+        with open(out / name, "w") as f:
+            for row in rows:
+                rec = openai_record(row, cfg.added_function_role) if fmt == "openai" else sharegpt_record(row)
+                f.write(json.dumps(rec) + "\n")
+        files.append(name)
+    (out / "README.md").write_text(dataset_card(rows, stats, source, files))
+    for name in [*files, "README.md"]:
+        tracker.log_artifact(out / name, "export")
+    print(f"datagen.export: {len(rows)} samples -> {out} ({', '.join(files)}, README.md)")
+    return {"samples": len(rows), "output": str(out)}
