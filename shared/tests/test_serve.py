@@ -8,6 +8,8 @@ import pytest
 from palaestra.shared.llm import LLMConfig, LLMError, SamplingParams, make_client
 
 pytestmark = pytest.mark.server
+pytest.importorskip("fastapi")  # the serve extra
+pytest.importorskip("openai")  # the openai extra
 
 TOOLS = [
     {

@@ -27,6 +27,7 @@ def post(url: str, body: dict | bytes, headers: dict | None = None, timeout: flo
 @pytest.fixture(scope="module")
 def server():
     """An in-process server over its own tiny client (same weights as `tiny_llm`, which the tests compare with)."""
+    pytest.importorskip("fastapi")  # the serve extra
     client = make_client(LLMConfig(model="tiny", device="cpu"))
     with serve_in_thread(client, limits=ServeLimits(max_request_tokens=4096)) as url:
         yield url
@@ -158,3 +159,16 @@ def test_batcher_isolates_a_failing_job_from_its_batch():
     assert merged and "poison" in merged[0]  # they were merged once, then each ran alone
     assert ["poison"] in client.calls and ["a"] in client.calls
     assert batcher.active == 0
+
+
+def test_missing_serving_stack_names_the_extra(monkeypatch):
+    import sys
+
+    from palaestra.shared.extras import MissingExtraError
+    from palaestra.shared.llm.serve import create_app
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # as if the serve extra were not installed
+    with pytest.raises(
+        MissingExtraError, match=r"palaestra serve needs fastapi: pip install 'palaestra-shared\[serve\]'"
+    ):
+        create_app(PoisonClient(), "tiny")  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from palaestra.shared.llm.serve import ServeLimits, exposure_warning
 from palaestra.shared.llm.serve_launch import ServeProcess, serve_in_thread
 
 pytestmark = pytest.mark.server
+pytest.importorskip("fastapi")  # the serve extra
 
 LONG = {"prompt": "Hello", "max_tokens": 3500, "temperature": 0}
 """About 30 s of generation for tiny on one CPU thread (3500 decode steps), unless cancelled."""
@@ -108,7 +109,7 @@ def test_work_per_request_is_capped(small_server):
 
 
 def test_api_key(client):
-    import openai
+    openai = pytest.importorskip("openai")
 
     with serve_in_thread(client, api_key="s3cret") as url:
         status, body, _ = post(url + "/completions", SHORT)

@@ -11,11 +11,13 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-import psutil
 import pytest
 
 from palaestra.shared.llm import SamplingParams
 from palaestra.shared.llm.serve_launch import ServeProcess
+
+psutil = pytest.importorskip("psutil")
+pytest.importorskip("fastapi")  # the serve extra
 
 REQUESTS, CONCURRENCY = 200, 16
 RSS_GROWTH_BOUND_MB = 64

@@ -1,12 +1,13 @@
 """Streaming (server-sent events) through the official `openai` client, and top_logprobs checked by a forward pass."""
 
-import openai
 import pytest
 import torch
 
 from palaestra.shared.llm import LLMConfig, SamplingParams, make_client
 from palaestra.shared.llm.serve_launch import serve_in_thread
-from palaestra.shared.llm.serve_protocol import TextStream
+
+openai = pytest.importorskip("openai")  # the openai extra
+pytest.importorskip("fastapi")  # the serve extra
 
 CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
@@ -117,6 +118,8 @@ def test_top_logprobs_match_a_forward_pass(api, tiny_llm):
 
 
 def test_text_stream_pieces_add_up_and_never_split_a_character(tiny_llm):
+    from palaestra.shared.llm.serve_protocol import TextStream
+
     tok = tiny_llm.tokenizer
     text = "héllo wörld 日本語 ok <tool_call> done"
     ids = tok.encode(text, add_special_tokens=False)

@@ -44,6 +44,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from palaestra.shared.extras import require
 from palaestra.shared.llm.base import LLMClient, LLMConfig, LLMError, SamplingParams, make_client
 from palaestra.shared.llm.serve_batcher import Cancelled, Job, MicroBatcher, Overloaded
 
@@ -71,15 +72,10 @@ class RequestError(Exception):
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
-def _server_stack():
-    """fastapi, uvicorn and pydantic, or a one-line error naming the extra that installs them."""
-    try:
-        import fastapi  # noqa: F401
-        import pydantic  # noqa: F401
-        import uvicorn
-    except ImportError as err:
-        raise LLMError(f"palaestra serve needs '{err.name}': pip install 'palaestra-shared[serve]'") from None
-    return uvicorn
+def _server_stack() -> None:
+    """fastapi, uvicorn and pydantic are importable, or `MissingExtraError` names the ``serve`` extra."""
+    for module in ("fastapi", "uvicorn", "pydantic"):
+        require(module, "serve", "palaestra serve")
 
 
 def exposure_warning(host: str, api_key: str | None) -> str | None:
