@@ -208,6 +208,9 @@ class AdversaryEnv(gym.Env):
 
     def close(self):
         self.base.close()
+        for part in (self.classifier, self.reward_fn):
+            if hasattr(part, "close"):  # sandboxed recognizers / reward code hold processes
+                part.close()
 
     # -- episode bookkeeping ---------------------------------------------------
     def summary(self) -> dict[str, Any]:

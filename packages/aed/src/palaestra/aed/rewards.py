@@ -5,9 +5,11 @@ step (rewards of several adversaries are summed). `STATE_API` documents the
 state; the same text is what the LLM sees when it writes reward code.
 
 The expert rewards are the baseline: shaping toward the accident type's
-pre-crash geometry plus a bonus when the victim collides (larger when the
-contact is of the target type), and a penalty when the adversary crashes into
-someone else or leaves the road. They do not look at AV responsibility: the
+pre-crash geometry plus a bonus when the victim collides in a contact of the
+target type (nothing for other types: with a smaller bonus for any accident,
+the adversaries settled for the easiest type, side-swipes, whatever their
+target), and a penalty when the adversary crashes into someone else or leaves
+the road. They do not look at AV responsibility: the
 preference model adds that.
 
 Rewards are registered in ``palaestra.shared.rewards.REWARDS`` as
@@ -23,7 +25,7 @@ from collections.abc import Callable
 from palaestra.shared.rewards import REWARDS
 
 TAXONOMY: dict[str, str] = {
-    "rear_end": "the victim drives into the back of a vehicle ahead of it in its lane",
+    "rear_end": "a longitudinal collision within one lane: one vehicle drives into the back of the other",
     "side_swipe": "side contact while a vehicle changes lanes next to the victim",
     "cut_in": "a vehicle enters the victim's lane just ahead of it and the victim hits it",
     "merge_conflict": "collision at a lane merge (on-ramp joining the main road)",
@@ -68,7 +70,7 @@ component's statistics over training are reported back to you.
 def _collision_bonus(state: dict, target: str) -> float:
     event = state["event"]
     if event["victim_collision"]:
-        return 10.0 if event["accident_type"] == target else 3.0
+        return 10.0 if event["accident_type"] == target else 0.0
     if event["adv_crashed_other"] or not state["adv"]["on_road"]:
         return -3.0
     return 0.0
@@ -79,11 +81,12 @@ def _proximity(state: dict, scale: float = 40.0) -> float:
 
 
 def rear_end(state: dict) -> float:
-    """Get ahead of the victim in its lane, close, then slow down so that the victim runs into the back."""
+    """Share the victim's lane close to it (ahead: slow down so that it runs into the back; behind: close in)."""
     rel = state["rel"]
     shaping = _proximity(state)
-    if rel["same_lane"] and rel["long"] > 0:
-        shaping += 0.2 * max(0.0, 1.0 - abs(rel["long"] - 8.0) / 20.0) + 0.05 * max(0.0, rel["closing_speed"]) / 5
+    if rel["same_lane"]:
+        near = max(0.0, 1.0 - abs(abs(rel["long"]) - 8.0) / 20.0)
+        shaping += 0.2 * near + 0.05 * max(0.0, rel["closing_speed"]) / 5
     return shaping + _collision_bonus(state, "rear_end")
 
 

@@ -126,8 +126,8 @@ class RewardCodeError(RuntimeError):
         self.reason = reason
 
 
-def static_check(code: str) -> None:
-    """Refuse code outside the allow-list (raises `RewardCodeError`)."""
+def static_check(code: str, entry: str = "reward") -> None:
+    """Refuse code outside the allow-list, or without a top-level ``<entry>(arg)`` (raises `RewardCodeError`)."""
     if len(code) > 20_000:
         raise RewardCodeError(f"rejected: code is {len(code)} characters (limit 20000)")
     try:
@@ -160,15 +160,16 @@ def static_check(code: str) -> None:
                 raise RewardCodeError(f"rejected: attribute '.{node.attr}' is not allowed (line {node.lineno})")
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("__"):
             raise RewardCodeError(f"rejected: dunder string {node.value!r} (line {node.lineno})")
-    top = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "reward"]
+    top = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry]
     if not top or len(top[0].args.args) != 1:
-        raise RewardCodeError("rejected: the code must define a top-level function reward(state)")
+        arg = "state" if entry == "reward" else "record"
+        raise RewardCodeError(f"rejected: the code must define a top-level function {entry}({arg})")
 
 
 WORKER = r"""
 import ctypes, json, math, os, resource, sys
 mem, cpu, full, jail = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
-nobody, limit = int(sys.argv[6]), float(sys.argv[7])
+nobody, limit, entry = int(sys.argv[6]), float(sys.argv[7]), sys.argv[8]
 for name in filter(None, sys.argv[5].split(",")):  # tests only: modules an attacker wants, loaded before isolation
     __import__(name)
 root = os.getuid() == 0
@@ -202,7 +203,7 @@ safe = vars(builtins) if full else {n: getattr(builtins, n) for n in names}
 scope = {"__builtins__": safe, "math": math}
 try:
     exec(compile(code, "<reward>", "exec"), scope)
-    fn = scope["reward"]
+    fn = scope[entry]
     send({"ready": True, "isolation": iso})
 except MemoryError:
     send({"error": "memory limit exceeded while loading"}); sys.exit(0)
@@ -217,6 +218,12 @@ for line in sys.stdin:
         send({"error": "recursion too deep"}); continue
     except BaseException as err:
         send({"error": "raised %s: %s" % (type(err).__name__, str(err)[:200])}); continue
+    if entry == "recognize":  # an accident-type recognizer: a verdict
+        if isinstance(value, bool):
+            send({"ok": value})
+        else:
+            send({"error": "wrong return type: %s (expected bool)" % type(value).__name__})
+        continue
     parts = value if isinstance(value, dict) else {"": value}
     bad = [k for k, v in parts.items() if not isinstance(k, str) or type(v) not in (int, float)]
     if bad:
@@ -236,6 +243,8 @@ for line in sys.stdin:
 class SandboxedReward:
     """``reward(state)`` of checked code, evaluated in a resource-limited child process."""
 
+    entry = "reward"
+
     def __init__(
         self,
         code: str,
@@ -247,7 +256,7 @@ class SandboxedReward:
         _unsafe_preimport: tuple[str, ...] = (),
     ):
         if check:
-            static_check(code)
+            static_check(code, self.entry)
         self.code, self.timeout_s = code, timeout_s
         self.calls = 0
         self.closed = False
@@ -267,6 +276,7 @@ class SandboxedReward:
                 ",".join(_unsafe_preimport),
                 str(NOBODY),
                 repr(REWARD_LIMIT),
+                self.entry,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -337,6 +347,12 @@ class SandboxedReward:
 
     def __getstate__(self):
         raise TypeError("SandboxedReward holds a process; send its code and build it in the worker")
+
+
+class SandboxedRecognizer(SandboxedReward):
+    """``recognize(record) -> bool`` of an LLM-proposed accident type, sandboxed like a reward."""
+
+    entry = "recognize"
 
 
 class LazySandboxedReward:

@@ -29,6 +29,9 @@ class AdversarySpec:
     max_steps: int | None = None
     reward_code: str | None = None
     """LLM-written reward code (run sandboxed); None: the expert reward of the type."""
+    taxonomy: list[dict] | None = None
+    """The scenario's accident types (`proposals.AccidentType` dicts, LLM-proposed with recognizer code);
+    None: the fixed taxonomy (`attribution.classify`)."""
     preference_model: dict | None = None
     """A serialized `PreferenceModel` whose verdict filters accidents (ineffective ones earn nothing)."""
     effective_bonus: float = 0.0
@@ -47,6 +50,11 @@ def make_env(spec: AdversarySpec, render: bool = False, reward_fn=None):
         from palaestra.aed.sandbox import SandboxedReward
 
         reward_fn = SandboxedReward(spec.reward_code)
+    classifier = None
+    if spec.taxonomy:
+        from palaestra.aed.proposals import Taxonomy
+
+        classifier = Taxonomy(spec.scenario, spec.taxonomy)
     accident_filter = score = None
     if spec.preference_model:
         from palaestra.aed.preference import PreferenceModel
@@ -60,6 +68,7 @@ def make_env(spec: AdversarySpec, render: bool = False, reward_fn=None):
         victim_checkpoint=spec.victim_checkpoint,
         num_adversaries=spec.num_adversaries,
         reward_fn=reward_fn,
+        classifier=classifier,
         accident_filter=accident_filter,
         effective_bonus=spec.effective_bonus,
         ineffective_penalty=spec.ineffective_penalty,

@@ -1,0 +1,106 @@
+"""LLM-proposed accident types: parsing, checks in the sandbox, the fixed taxonomy as fallback, classification."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from palaestra.aed.attribution import CollisionRecord, classify
+from palaestra.aed.proposals import Taxonomy, check_type, expert_taxonomy, parse_types, propose_types
+from palaestra.shared.llm.base import Completion, LLMClient
+
+GOOD = {"name": "late_cut_in", "description": "cuts in", "recognizer": "def recognize(record):\n    return True\n"}
+
+
+class Answers(LLMClient):
+    def __init__(self, text: str):
+        self.text = text
+
+    def chat(self, conversations, params=None, tools=None):
+        return [Completion(self.text, [], None, [], "stop") for _ in conversations]
+
+
+def rec(**kw) -> CollisionRecord:
+    base = dict(
+        t=3.0, step=3, a_role="victim", b_role="adv0", striker="victim", long=5.0, lat=0.0, heading_diff=0.0,
+        a_speed=25.0, b_speed=20.0, a_lane="0-1-1", b_lane="0-1-1", a_lane_changing=False, b_lane_changing=False,
+        b_in_a_lane_s=3.0, a_in_b_lane_s=3.0, b_min_accel=-1.0, a_min_accel=0.0,
+    )  # fmt: skip
+    return CollisionRecord(**{**base, **kw})
+
+
+def test_parse_types_from_a_code_block_or_bare_json():
+    assert parse_types("Here:\n```json\n" + json.dumps([GOOD]) + "\n```") == [GOOD]
+    assert parse_types("types: " + json.dumps([GOOD, 3])) == [GOOD]
+    assert parse_types("no list here") == [] and parse_types("[not json") == []
+
+
+@pytest.mark.parametrize(
+    "item, reason",
+    [
+        ({**GOOD, "name": "Bad Name"}, "bad name"),
+        ({**GOOD, "name": "other"}, "reserved"),
+        ({**GOOD, "description": ""}, "no description"),
+        ({**GOOD, "recognizer": "import os\ndef recognize(record):\n    return True\n"}, "Import is not allowed"),
+        ({**GOOD, "recognizer": "def recognize(record):\n    return 1.0\n"}, "expected bool"),
+        ({**GOOD, "recognizer": "def reward(state):\n    return True\n"}, "recognize(record)"),
+        ({**GOOD, "recognizer": "def recognize(record):\n    return record['nope']\n"}, "KeyError"),
+    ],
+)
+def test_unusable_proposals_are_refused_with_a_reason(item, reason):
+    kept, why = check_type(item, set())
+    assert kept is None and reason in why
+
+
+def test_usable_proposals_are_kept_and_refused_ones_reported():
+    bad = {**GOOD, "name": "x_y", "recognizer": "def recognize(record):\n    return 'yes'\n"}
+    out = propose_types(Answers(json.dumps([GOOD, GOOD, bad])), "highway", n_types=3)
+    assert out["source"] == "llm" and [t.name for t in out["types"]] == ["late_cut_in"]
+    assert len(out["rejected"]) == 2 and "repeated" in out["rejected"][0] and "expected bool" in out["rejected"][1]
+
+
+def test_unusable_answer_falls_back_to_the_fixed_taxonomy():
+    out = propose_types(Answers("I cannot help with that."), "merge")
+    assert out["source"] == "expert_fallback" and "no JSON list" in out["reason"]
+    assert [t.name for t in out["types"]] == ["merge_conflict", "rear_end", "side_swipe"]
+    assert all(t.recognizer is None for t in out["types"])
+
+
+def test_scripted_types_classify_contacts_as_their_recognizers_say():
+    from palaestra.aed.scripted import ScriptedDesigner
+
+    out = propose_types(ScriptedDesigner(), "highway")
+    assert out["source"] == "llm" and len(out["types"]) == 4
+    taxonomy = Taxonomy("highway", [t.to_dict() for t in out["types"]])
+    try:
+        assert taxonomy(rec()) == "brake_check_rear_end"  # settled 3 s ahead in the lane
+        assert taxonomy(rec(b_in_a_lane_s=0.4)) == "late_cut_in"
+        assert taxonomy(rec(long=-5.0)) == "tailgater_rams_av"
+        assert taxonomy(rec(lat=2.5, long=1.0)) == "lane_change_sideswipe"
+        assert taxonomy(rec(heading_diff=1.6, lat=0.5)) == "other"  # no type of this list covers a crossing
+    finally:
+        taxonomy.close()
+
+
+def test_fixed_taxonomy_types_match_classify():
+    taxonomy = Taxonomy("highway", expert_taxonomy("highway"))
+    for record in (rec(), rec(b_in_a_lane_s=0.4), rec(lat=2.5)):
+        assert taxonomy(record) == classify(record, "highway")
+    assert taxonomy(rec(heading_diff=1.6)) == "side_swipe"
+
+
+def test_a_type_without_expert_reward_runs_on_its_llm_reward_alone():
+    from palaestra.aed.env import AdversaryEnv
+    from palaestra.aed.sandbox import SandboxedReward
+
+    with pytest.raises(ValueError, match="no expert reward"):
+        AdversaryEnv("highway", "late_cut_in", overrides={"vehicles_count": 6})
+    slow = "def reward(state):\n    while state['t'] >= 0:\n        pass\n    return 0.0\n"
+    env = AdversaryEnv(
+        "highway", "late_cut_in", reward_fn=SandboxedReward(slow, timeout_s=0.3), overrides={"vehicles_count": 6}
+    )
+    env.reset(seed=0)
+    _, reward, *_, info = env.step(1)
+    assert "timed out" in info["reward_error"] and env.reward_fn.__name__ == "generic_late_cut_in"
+    env.close()
