@@ -92,6 +92,12 @@ def test_concurrent_good_and_bad_requests_each_get_their_own_answer(server, tiny
         ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs", ""),
         ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, None, "needs logprobs=true"),
         ({"messages": []}, "messages", "at least 1"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": "yes"}},
+            "stream_options.include_usage",
+            "valid boolean",
+        ),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, None, ""),
         ({"prompt": "hi", "max_tokens": 2.5}, "max_tokens", "got 2.5"),
         ({"prompt": [1, 2.5]}, "prompt", ""),
         ({"prompt": []}, None, "must not be empty"),

@@ -5,7 +5,7 @@
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (messages, tools,
 temperature, top_p, max_tokens / max_completion_tokens, stop, n, seed,
-logprobs, top_logprobs, stream), ``POST /v1/completions`` (prompt as text,
+logprobs, top_logprobs (transformers backend), stream), ``POST /v1/completions`` (prompt as text,
 token ids, or a batch of either; logprobs as the number of top tokens; stream),
 ``GET /health``. The wire format (request models, choices, stream chunks) is in
 `serve_protocol`; generation runs in `serve_batcher.MicroBatcher`.
@@ -229,8 +229,10 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
                 try:
                     outs = future.result()
                 except Exception as err:  # noqa: BLE001  (the stream has begun: the error is its last event)
-                    kind = "server_unavailable" if isinstance(err, Cancelled) else "invalid_request_error"
-                    yield f"data: {json.dumps(wire.error_body(500, str(err), kind))}\n\n"
+                    status, kind = (
+                        (503, "server_unavailable") if isinstance(err, Cancelled) else (400, "invalid_request_error")
+                    )
+                    yield f"data: {json.dumps(wire.error_body(status, str(err), kind))}\n\n"
                 else:
                     for index, out in enumerate(outs):
                         yield event([last(index, out, streams[index].rest(out.text))])

@@ -129,7 +129,8 @@ class _SamplingRequest(_Model):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def sampling(self, top_logprobs: int) -> SamplingParams:
-        """OpenAI's defaults: temperature 1, top_p 1, max_tokens 16, n 1."""
+        """OpenAI's defaults: temperature 1, top_p 1, n 1; max_tokens 16 (the completions API's; chat keeps it too,
+        so a request that names no max_tokens stays small)."""
         return SamplingParams(
             temperature=float(self.temperature if self.temperature is not None else 1.0),
             top_p=float(self.top_p if self.top_p is not None else 1.0),
@@ -205,11 +206,15 @@ def error_body(status: int, message: str, kind: str = "invalid_request_error", p
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
+_MEMBER_TAGS = ("function-", "constrained-", "list[", "dict[")
+
+
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     """A one-line message and the parameter name for pydantic's errors (the first one, and how many more)."""
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    loc = [p for p in loc if not p.startswith(("function-after", "constrained-", "list[", "str", "int", "float"))]
+    # pydantic names the union member that failed ("str", "list[int]", "function-after[...]"): not a parameter
+    loc = [p for p in loc if p not in ("str", "int", "float", "bool") and not p.startswith(_MEMBER_TAGS)]
     param = ".".join(loc) or None
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     given = first.get("input")
