@@ -107,6 +107,11 @@ class ApiGraph:
     def weight(self, env: str, tool: str) -> float:
         return float(self.g.nodes[node(env, tool)]["weight"])
 
+    def edge_weight(self, env: str, a: str, b: str) -> float:
+        """The weight of edge a -> b (1.0 where there is no edge)."""
+        data = self.g.get_edge_data(node(env, a), node(env, b))
+        return float(data["weight"]) if data else 1.0
+
     # -- refinement from executions and evaluation -----------------------
     def record_execution(self, env: str, tool: str, ok: bool) -> None:
         data = self.g.nodes[node(env, tool)]

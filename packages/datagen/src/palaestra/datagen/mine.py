@@ -1,27 +1,38 @@
-"""The ``datagen.mine`` job: the closed loop (HardGen's failure tools).
+"""The ``datagen.mine`` job: the closed loop of HardGen (failure tools), with a student that learns.
 
-Each round: generate samples toward the graph's current weights
-(`generate.run_generation`), run a *student* on every turn of them (one try,
-no hint; any LLM backend, or a scripted student for offline runs), record
-per tool whether the student got its step (the first step whose
-ground-truth result is missing, or the last step when only the state is
-wrong, counts as a failure on that tool and on the edge from the previous
-step; steps after it are not scored), turn those failure rates into weights
-(``1 + boost * rate``), and sample the next round toward them. Logged per
-round: ``mine/student_failure_rate``, ``mine/weak_target_share`` (targets on
-tools whose weight is above 1), every tool's weight (``weight/<env>.<tool>``)
-and the graph (``round_<k>/graph.json`` + picture).
+Each round k:
 
-The scripted student (``student: scripted``) solves every turn except those
-whose ground truth uses a tool in ``weak_tools``: a stand-in for a model with
-known blind spots, so the loop's steering can be checked offline.
+1. generate samples toward the graph's current weights (`generate.run_generation`: targets drawn by node
+   weight, transitions by edge weight);
+2. split them by a hash of the sample id into a *mining* set and a *held-out* set (``heldout_fraction``);
+3. run the *student* on every turn of the mining set (one try, no hint; any LLM backend, or a scripted
+   student for offline runs) and record per tool whether it got its step (the first step whose
+   ground-truth result is missing, or the last step when only the state is wrong, is a failure on that
+   tool and on the edge from the previous step; later steps are not scored); turn the failure rates into
+   node and edge weights (``1 + boost * rate``): the next round samples toward them;
+4. train the student on the mining set: SFT through the shared `palaestra.shared.rl.sft.run_sft`
+   (assistant tokens only, the reasoner's system prompt and the row's tools; ``student_sft.steps``; an LLM
+   student on the transformers backend, which holds its weights);
+5. evaluate the student on the held-out set before and after that training.
+
+Logged per round (step k): ``mine/student_failure_rate`` (mining set, before training),
+``mine/heldout_failure_rate_before`` / ``_after``, ``mine/sft_loss_first`` / ``_last``,
+``mine/weak_target_share`` (targets on tools whose weight is above 1), ``mine/kept``, every tool's weight
+(``weight/<env>.<tool>``) and the graph (``round_<k>/graph.json`` + picture); ``rounds.json`` at the end.
+
+The scripted student (``student: scripted``) solves every turn except those whose ground truth uses a
+tool in ``weak_tools``: a stand-in for a model with known blind spots, so the loop's steering can be
+checked offline; it does not learn (step 4 is skipped).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from palaestra.datagen.chain import TurnTask, run_try
 from palaestra.datagen.dataset import read_rows
@@ -31,6 +42,7 @@ from palaestra.datagen.sampler import Step, Trace
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.llm.base import LLMConfig, SamplingParams
+from palaestra.shared.rl.sft import SFTOptions
 from palaestra.shared.toolcall import ToolCall, format_calls
 from palaestra.shared.tracking import Tracker, scratch_dir
 
@@ -52,6 +64,10 @@ class MineConfig(DataGenerationConfig):
     """Scripted student: tools it always gets wrong."""
     boost: float = 4.0
     """weight = 1 + boost * student failure rate."""
+    heldout_fraction: float = 0.25
+    """Share of each round's samples held out from mining and training (chosen by a hash of the sample id)."""
+    student_sft: SFTOptions = field(default_factory=lambda: SFTOptions(steps=0, batch_size=4, lr=1e-3))
+    """The student's SFT per round on the mining set (``data_path`` is set by the job; steps 0: no training)."""
 
 
 class ScriptedStudent:
@@ -80,7 +96,8 @@ def _last_user(messages) -> int:
 
 
 def evaluate_student(rows: list[dict], student, graph) -> tuple[int, int]:
-    """Run the student on each turn (from the ground-truth state); record per-tool failures in `graph`."""
+    """(failed turns, turns): the student on each turn from the ground-truth state; per-tool failures go to `graph`
+    (None: evaluation only)."""
     from palaestra.datagen.roles import Roles
 
     roles = Roles(None, None, student, None)
@@ -101,11 +118,15 @@ def evaluate_student(rows: list[dict], student, graph) -> tuple[int, int]:
                     [Step(s["name"], s["arguments"], s["output"]) for s in t["steps"]],
                     t["target_hit"],
                 )
-            task = TurnTask(turn["query"], trace, tools, turn["kind"])
+            schema = None
+            if turn["kind"] == "func_added":  # the withheld function joins the tools from this turn on
+                schema = spec.doc(turn["missing"])
+                tools = tools + spec.openai_tools(exclude={t["function"]["name"] for t in tools})
+            task = TurnTask(turn["query"], trace, tools, turn["kind"], turn.get("missing"), schema)
             result = run_try(roles, env, history, task, None, 0, random.Random(0), 12)
             turns_total += 1
             failed_turns += int(not result.passed)
-            if task.expects_calls:
+            if task.expects_calls and graph is not None:
                 missing = list(result.failure.get("missing_tools", []))
                 if not result.passed and not missing:
                     missing = [trace.steps[-1].name]
@@ -121,18 +142,41 @@ def evaluate_student(rows: list[dict], student, graph) -> tuple[int, int]:
     return failed_turns, turns_total
 
 
+def is_heldout(sample_id: str, fraction: float) -> bool:
+    return int(hashlib.sha1(sample_id.encode()).hexdigest()[:8], 16) / 16**8 < fraction
+
+
+def write_sft_data(rows: list[dict], path: Path) -> Path:
+    """The rows as SFT samples: the reasoner's system prompt, the chat, the tools (a list)."""
+    from palaestra.datagen.export import openai_record
+    from palaestra.datagen.llm_roles import prompt
+
+    system = {"role": "system", "content": prompt("reasoner_system")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for row in rows:
+            rec = openai_record(row)
+            f.write(json.dumps({"messages": [system, *rec["messages"]], "tools": rec["tools"]}) + "\n")
+    return path
+
+
 @job("datagen.mine", MineConfig)
 def mine(cfg: MineConfig, tracker: Tracker) -> dict:
-    """Closed loop: student failures on generated samples steer the next round's sampling."""
+    """Closed loop: mine the student's failures, reweight the graph, generate, train the student, evaluate."""
     if cfg.student not in ("llm", "scripted"):
         raise ConfigError(f"student: unknown kind {cfg.student!r} (llm | scripted)")
+    if not 0.0 < cfg.heldout_fraction < 1.0:
+        raise ConfigError(f"heldout_fraction must be in (0, 1), got {cfg.heldout_fraction}")
+    client = None
     if cfg.student == "scripted":
         student = ScriptedStudent(set(cfg.weak_tools))
     else:
         from palaestra.datagen.llm_roles import CountingClient, LLMReasoner
         from palaestra.shared.llm import make_client
 
-        student = LLMReasoner(CountingClient(make_client(cfg.student_llm), cfg.student_sampling))
+        client = make_client(cfg.student_llm)
+        student = LLMReasoner(CountingClient(client, cfg.student_sampling))
+    trainable = client is not None and hasattr(client, "model") and cfg.student_sft.steps > 0
     graph = build_graph(cfg.envs, cfg.seed)
     history = []
     base_name = cfg.name
@@ -140,32 +184,38 @@ def mine(cfg: MineConfig, tracker: Tracker) -> dict:
         cfg.round, cfg.name = k, f"{base_name}/round_{k}"
         stats = run_generation(cfg, graph, tracker, step_offset=k * cfg.num_samples)
         rows = read_rows(cfg.output_path) if cfg.output_path.exists() else []
+        heldout = [r for r in rows if is_heldout(r["id"], cfg.heldout_fraction)]
+        mining = [r for r in rows if not is_heldout(r["id"], cfg.heldout_fraction)]
         weak = {n for n, d in graph.g.nodes(data=True) if d["weight"] > 1.0}
         weak_share = sum(1 for r in rows if f"{r['provenance']['env']}.{r['provenance']['target']}" in weak)
-        failed, total = evaluate_student(rows, student, graph)
-        rate = failed / total if total else 0.0
+        failed, total = evaluate_student(mining, student, graph)
         weights = graph.update_weights(cfg.boost)
         metrics = {
-            "mine/student_failure_rate": rate,
+            "mine/student_failure_rate": failed / total if total else 0.0,
             "mine/kept": stats.kept,
             "mine/weak_target_share": weak_share / len(rows) if rows else 0.0,
             **{f"weight/{n}": w for n, w in weights.items()},
         }
+        before = evaluate_student(heldout, student, None)
+        metrics["mine/heldout_failure_rate_before"] = before[0] / before[1] if before[1] else 0.0
+        if trainable and mining:
+            from palaestra.shared.rl.sft import run_sft
+
+            data = write_sft_data(mining, cfg.output_path.parent / "sft_train.jsonl")
+            opts = dataclasses.replace(cfg.student_sft, data_path=str(data), seed=cfg.seed + k)
+            losses = run_sft(client.model, client.tokenizer, opts)
+            metrics |= {f"mine/sft_{key}": v for key, v in losses.items()}
+            after = evaluate_student(heldout, student, None)
+            metrics["mine/heldout_failure_rate_after"] = after[0] / after[1] if after[1] else 0.0
         tracker.log_metrics(metrics, step=k)
         out = scratch_dir()
         for path in graph.save(out):
             tracker.log_artifact(path, f"round_{k}")
-        history.append(
-            {
-                "round": k,
-                "failure_rate": rate,
-                "weak_target_share": metrics["mine/weak_target_share"],
-                "kept": stats.kept,
-            }
-        )
-        print(
-            f"mine round {k}: student failure rate {rate:.3f}, weak-target share "
-            f"{metrics['mine/weak_target_share']:.3f}, {stats.kept} samples"
-        )
+        record = {"round": k, "heldout_samples": len(heldout), "mining_samples": len(mining)}
+        record |= {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith("mine/")}
+        history.append(record)
+        print(f"mine round {k}: " + ", ".join(f"{key} {v:.3f}" if isinstance(v, float) else f"{key} {v}"
+                                              for key, v in record.items() if key != "round"))  # fmt: skip
     tracker.log_dict(history, "rounds.json")
-    return {"rounds": cfg.rounds, "final_failure_rate": history[-1]["failure_rate"] if history else 0.0}
+    (Path(cfg.output_dir) / "datagen" / base_name / "rounds.json").write_text(json.dumps(history, indent=1))
+    return {"rounds": cfg.rounds, "final_failure_rate": history[-1]["student_failure_rate"] if history else 0.0}

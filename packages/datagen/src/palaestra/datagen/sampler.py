@@ -1,8 +1,12 @@
 """Directed trace sampler toward a target tool (HardGen).
 
 legal(T) iff Prerequisite(T) ⊆ T_called. The target T_a is picked as soon
-as it is legal; before that, the legal tool nearest T_a in the API graph;
-after it, a random legal tool. Every call is executed on the live
+as it is legal (or, with probability `P_PRODUCER_FIRST`, right after a tool
+whose output can feed it, chosen by edge weight); before that, the legal
+tool nearest T_a in the API graph; after it, a random legal tool, weighted
+toward consumers of earlier results and by the weight of the edge from the
+previous call (the closed loop raises the weights of edges the student fails
+on). Every call is executed on the live
 environment (through forks: a call that fails is retried with other
 arguments, then the tool is set aside for this step). A trace is
 (C1, E1, ..., CM, EM), 1 to 8 calls.
@@ -132,7 +136,8 @@ def sample_trace(
             break
         producers = [] if hit or target not in legal else _producers(graph, name, target, legal, called, steps)
         if producers and len(steps) < length - 1 and rng.random() < P_PRODUCER_FIRST:
-            pick = rng.choice(producers)  # its result will feed the target: a hidden intermediate step
+            # its result will feed the target (a hidden intermediate step); edges the student fails on weigh more
+            pick = rng.choices(producers, weights=[graph.edge_weight(name, p, target) for p in producers])[0]
         elif not hit and target in legal:
             pick = target
         elif not hit:
@@ -142,10 +147,14 @@ def sample_trace(
         else:
             # a random legal tool, favouring those that consume an earlier result (HardGen's hidden steps)
             pool = [t for t in legal if t not in called] or legal
-            consumers = [
-                3.0 if any(graph.g.has_edge(node(name, c), node(name, t)) for c in called) else 1.0 for t in pool
+            # and the transitions the student fails on (edge weights from the closed loop)
+            last = steps[-1].name if steps else None
+            weights = [
+                (3.0 if any(graph.g.has_edge(node(name, c), node(name, t)) for c in called) else 1.0)
+                * (graph.edge_weight(name, last, t) if last else 1.0)
+                for t in pool
             ]
-            pick = rng.choices(pool, weights=consumers)[0]
+            pick = rng.choices(pool, weights=weights)[0]
         new_env, ex = try_call(env, pick, outputs, rng)
         if stats is not None:
             stats.record(name, pick, ex.ok)
