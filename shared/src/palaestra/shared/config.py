@@ -41,6 +41,7 @@ import difflib
 import inspect
 import re
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,7 @@ def _deep_merge(a: dict, b: dict) -> dict:
     return out
 
 
-def resolve(schema: type, data: dict[str, Any] | DictConfig, overrides: list[str] = ()) -> Any:
+def resolve(schema: type, data: dict[str, Any] | DictConfig, overrides: Sequence[str] = ()) -> Any:
     """Validate `data` plus dotlist `overrides` against dataclass `schema`; return an instance."""
     structured = OmegaConf.structured(schema)
     try:
@@ -156,7 +157,9 @@ def resolve(schema: type, data: dict[str, Any] | DictConfig, overrides: list[str
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A resolved config (dataclass) as plain containers."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    tree = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    assert isinstance(tree, dict)
+    return {str(k): v for k, v in tree.items()}
 
 
 def to_yaml(cfg: Any) -> str:
@@ -176,7 +179,7 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _check_overrides(overrides: list[str]) -> None:
+def _check_overrides(overrides: Sequence[str]) -> None:
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override {item!r} is not of the form key=value")
@@ -208,7 +211,7 @@ def _keys_at(schema: type, dotted: str) -> list[str]:
             node = node[int(part)] if isinstance(node, ListConfig) else node[part]
         except Exception:
             return []
-    return list(node.keys()) if isinstance(node, DictConfig) else []
+    return [str(k) for k in node] if isinstance(node, DictConfig) else []
 
 
 # -- checks at resolve time (markers on fields; see the module docstring) ----------------------------------------
@@ -241,6 +244,8 @@ class RegistryKwargs:
     def check(self, value: Any, owner: Any, key: str, root: Any) -> None:
         name = getattr(owner, self.name_field)
         marker = next(f.metadata.get(_CHECK) for f in dataclasses.fields(owner) if f.name == self.name_field)
+        if not isinstance(marker, RegistryName):
+            raise TypeError(f"registry_kwargs({self.name_field!r}): that field is not a registry_name field")
         registry = marker.get_registry()
         if not isinstance(name, str) or ":" in name or name not in registry or not isinstance(value, dict):
             return
@@ -327,7 +332,8 @@ def check_kwargs(target: Any, kwargs: dict[str, Any], what: str, key: str, root:
                 hint = f"; did you mean '{close[0]}'?" if close else f"; it takes: {', '.join(named) or 'nothing'}"
                 raise ConfigError(f"unknown key '{key}.{name}': {what} takes no argument '{name}'{hint}")
     try:
-        hints = typing.get_type_hints(target.__init__ if isinstance(target, type) else target, include_extras=True)
+        function = target.__init__ if isinstance(target, type) else target  # type: ignore[misc]
+        hints = typing.get_type_hints(function, include_extras=True)
     except Exception:  # unresolvable annotations: nothing more to check
         return
     for name, value in kwargs.items():

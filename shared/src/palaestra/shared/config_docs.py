@@ -115,10 +115,10 @@ def _default(f: dataclasses.Field, defaults: Any) -> Any:
 def _show(value: Any) -> str:
     if isinstance(value, enum.Enum):
         return value.name
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
     if isinstance(value, list):
-        value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
+        value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v for v in value]
     return "None" if value is None else str(value)
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ def job(name: str, config: type[JobConfig]) -> Callable:
     return decorator
 
 
-def load_config(source: str | Path | dict[str, Any], overrides: list[str] = ()) -> JobConfig:
+def load_config(source: str | Path | dict[str, Any], overrides: Sequence[str] = ()) -> JobConfig:
     """Resolve a config file (or mapping) plus ``key=value`` overrides into its job's dataclass."""
     data = read_yaml(source) if isinstance(source, str | Path) else dict(source)
     name = next((o.split("=", 1)[1] for o in overrides if o.startswith("job=")), data.get("job"))

@@ -126,7 +126,7 @@ class Registry(Generic[T]):
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
-        for ep in entry_points(group=self.entry_point_group):
+        for ep in entry_points(group=self.entry_point_group or ""):
             try:
                 ep.load()  # importing the module registers its entries
             except Exception as err:  # a broken plugin must not hide the others
@@ -154,4 +154,4 @@ def _definition_site(obj: object) -> tuple | None:
     code = getattr(obj, "__code__", None)
     if isinstance(obj, str) or code is None:
         return None
-    return obj.__module__, obj.__qualname__, code.co_filename, code.co_firstlineno
+    return obj.__module__, getattr(obj, "__qualname__", None), code.co_filename, code.co_firstlineno

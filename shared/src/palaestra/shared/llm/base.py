@@ -11,6 +11,7 @@ they are imported only when chosen.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -110,8 +111,11 @@ class LLMClient:
         tools: list[dict] | list[list[dict]] | None = None,
     ) -> list[Completion]:
         """Generate one assistant turn for each conversation (OpenAI-style messages)."""
+        per_conversation = typing.cast(list[list[dict]], tools) if _per_conversation(tools) else None
+        shared = None if per_conversation is not None else typing.cast(list[dict] | None, tools)
         prompts = [
-            self.render(conv, tools[i] if _per_conversation(tools) else tools) for i, conv in enumerate(conversations)
+            self.render(conv, per_conversation[i] if per_conversation is not None else shared)
+            for i, conv in enumerate(conversations)
         ]
         return self.generate(prompts, params)
 
@@ -149,4 +153,5 @@ LLM_BACKENDS.register("vllm", "palaestra.shared.llm.vllm_backend:VLLMClient")
 
 def make_client(cfg: LLMConfig) -> LLMClient:
     """The client of `cfg.backend` for `cfg.model`."""
-    return LLM_BACKENDS.get(cfg.backend)(cfg)
+    backend: Any = LLM_BACKENDS.get(cfg.backend)  # a subclass whose constructor takes the config
+    return backend(cfg)

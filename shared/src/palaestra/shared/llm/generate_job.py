@@ -19,6 +19,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from palaestra.shared.config import ConfigError, JobConfig, confined_path, output_file
 from palaestra.shared.jobs import format_headline, job
@@ -106,7 +107,7 @@ def generate(cfg: GenerateConfig, tracker: Tracker) -> dict:
             batch = items[start : start + cfg.batch_size]
             t0 = time.perf_counter()
             if cfg.chat or any("messages" in item for item in batch):
-                tools = [item.get("tools") for item in batch]
+                tools: list[list[dict]] = [item.get("tools") or [] for item in batch]  # [] renders as no tools
                 completions = client.chat(
                     [_conversation(item, cfg) for item in batch],
                     cfg.sampling,
@@ -140,7 +141,7 @@ def generate(cfg: GenerateConfig, tracker: Tracker) -> dict:
     client.close()
     tracker.log_artifact(out_path)
     generated = len(items) - done
-    summary = {
+    summary: dict[str, Any] = {
         "prompts": len(items),
         "generated_prompts": generated,
         "completion_tokens": total_tokens,
