@@ -3,8 +3,8 @@
 A job is a function ``run(cfg, tracker) -> dict`` with a config dataclass
 (a `JobConfig` subclass), registered by name::
 
-    @job("llm.generate", GenerateConfig)
-    def generate(cfg: GenerateConfig, tracker: Tracker) -> dict: ...
+    @job("llm.generate", LLMGenerateConfig)
+    def generate(cfg: LLMGenerateConfig, tracker: Tracker) -> dict: ...
 
 Packages add jobs through the ``palaestra.jobs`` entry-point group: each entry
 point names a module whose import registers its jobs. Job functions import

@@ -34,7 +34,7 @@ def _greedy() -> SamplingParams:
 
 
 @dataclass
-class GenerateConfig(JobConfig):
+class LLMGenerateConfig(JobConfig):
     """Generate completions for a list of prompts with any LLM backend."""
 
     llm: LLMConfig = field(default_factory=LLMConfig)
@@ -58,7 +58,7 @@ class GenerateConfig(JobConfig):
     """Continue an existing output file (skip the prompts it already has) instead of overwriting it."""
 
 
-def load_prompts(cfg: GenerateConfig) -> list[dict]:
+def load_prompts(cfg: LLMGenerateConfig) -> list[dict]:
     """Each prompt as ``{"prompt": str}`` or ``{"messages": [...], "tools": [...]}``."""
     items: list[dict] = [{"prompt": p} for p in cfg.prompts]
     if cfg.prompts_file:
@@ -77,15 +77,15 @@ def load_prompts(cfg: GenerateConfig) -> list[dict]:
     return items
 
 
-def _conversation(item: dict, cfg: GenerateConfig) -> list[dict]:
+def _conversation(item: dict, cfg: LLMGenerateConfig) -> list[dict]:
     if "messages" in item:
         return item["messages"]
     system = [{"role": "system", "content": cfg.system}] if cfg.system else []
     return [*system, {"role": "user", "content": item["prompt"]}]
 
 
-@job("llm.generate", GenerateConfig)
-def generate(cfg: GenerateConfig, tracker: Tracker) -> dict:
+@job("llm.generate", LLMGenerateConfig)
+def generate(cfg: LLMGenerateConfig, tracker: Tracker) -> dict:
     """Generate completions for prompts (config or file) into a JSONL artifact, with throughput metrics."""
     from tqdm import tqdm
 
