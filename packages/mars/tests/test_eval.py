@@ -11,9 +11,9 @@ from palaestra.mars.games import make_game
 from palaestra.mars.play import play_episodes
 from palaestra.mars.players import MCTSPlayer, RandomPlayer
 from palaestra.mars.solvers import equilibrium_policy, table_exploitability
-from palaestra.mars.stats import bootstrap_mean_interval, wilson_interval
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import load_config, run_job
+from palaestra.shared.stats import bootstrap_mean_interval, wilson_interval
 
 
 def test_wilson_interval_reference_values():

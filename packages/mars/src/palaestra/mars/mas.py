@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from palaestra.mars.stats import wilson_interval
 from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
 from palaestra.shared.jsonl import read_jsonl
 from palaestra.shared.llm import LLMConfig
+from palaestra.shared.stats import wilson_interval
 from palaestra.shared.tracking import Tracker, scratch_dir
 
 AGGREGATIONS = ("majority", "first")

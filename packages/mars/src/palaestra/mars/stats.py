@@ -1,39 +1,16 @@
-"""Rates and means with confidence intervals for evaluation results.
+"""Rates and means with confidence intervals for evaluation results (the intervals: `palaestra.shared.stats`).
 
-- `wilson_interval(k, n)`: the Wilson score interval of a binomial rate
-  (`palaestra.shared.stats`, re-exported here).
-- `bootstrap_mean_interval(values)`: a percentile bootstrap interval of a mean.
 - `summarize(results, seat)`: win / draw / loss / format-loss rates and the
   mean return of one seat over `EpisodeResult`s, each with its interval
   (``seat`` a list: each result's own seat, e.g. both seats pooled).
-
->>> lo, hi = wilson_interval(5, 10)
->>> round(lo, 3), round(hi, 3)
-(0.237, 0.763)
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from typing import Any
 
-from palaestra.shared.stats import Z95, wilson_interval
-
-__all__ = ["Z95", "bootstrap_mean_interval", "summarize", "wilson_interval"]
-
-
-def bootstrap_mean_interval(
-    values: Sequence[float], resamples: int = 1000, level: float = 0.95, seed: int = 0
-) -> tuple[float, float]:
-    if not values:
-        return 0.0, 0.0
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(resamples))
-    lo = means[int((1 - level) / 2 * resamples)]
-    hi = means[min(resamples - 1, int((1 + level) / 2 * resamples))]
-    return lo, hi
+from palaestra.shared.stats import bootstrap_mean_interval, wilson_interval
 
 
 def summarize(results: Sequence[Any], seat: int | Sequence[int]) -> dict[str, float]:
