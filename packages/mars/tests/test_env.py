@@ -175,7 +175,8 @@ def test_observations_hide_the_opponents_card():
     env.step(render_response("<BET>"))
     later = env.observe("player_0")
     assert len(later) == 1 and later[0]["role"] == "user"
-    assert "player_1 took action <BET>." in later[0]["content"]
+    assert "This is the other player's turn." in later[0]["content"]
+    assert "CHOSEN ACTION:\n<BET>\n" in later[0]["content"]
 
 
 def test_opening_moves_start_selfplay_from_varied_legal_positions():
@@ -238,3 +239,38 @@ def test_hanabi_draw_bonus_when_the_last_step_reward_is_zero():
             paid += last[i] == 0
             differs += (last[i] == 0) != (env.state.returns()[i] == 0)
     assert paid > 0 and differs > 0  # both rules exercised, and they disagree on some games
+
+
+def test_full_prompt_uses_marss_turn_framing():
+    """MARS's _format_messages: every turn is an "Information of Turn-k" block; an opponent's board-game turn shows
+    the board, legal actions and chosen action; a poker turn only the chosen action."""
+    env = GameEnv("tic_tac_toe", prompt="full")
+    env.reset(0)
+    first = env.observe("player_0")[1]["content"]
+    assert "RESPONSE INSTRUCTIONS:" in first and "Information of Turn-1:\n\nThis is your turn." in first
+    board_before = env.game.render_state(env.state, 1)
+    env.step(render_response("<X(1,1)>"))
+    text = env.observe("player_1")[1]["content"]
+    other = (
+        "Information of Turn-1:\n\nThis is the other player's turn. The game state, legal actions, as well as the "
+        f"chosen action of the other player for this turn are provided below.\n\nGAME STATE:\n{board_before}\n\n"
+        "LEGAL ACTIONS:\n<X(0,0)>, <X(0,1)>, <X(0,2)>, <X(1,0)>, <X(1,1)>, <X(1,2)>, <X(2,0)>, <X(2,1)>, <X(2,2)>."
+        "\n\nCHOSEN ACTION:\n<X(1,1)>\nInformation of Turn-2:\n\nThis is your turn."
+    )
+    assert other in text
+    env = GameEnv("kuhn_poker", prompt="full")
+    env.reset(0)
+    env.observe("player_0")
+    env.step(render_response("<BET>"))
+    text = env.observe("player_1")[1]["content"]
+    assert (
+        "Information of Turn-1:\n\nThis is the other player's turn. The game state for this turn is not available "
+        "to you. The chosen action of the other player for this turn is provided below.\n\nCHOSEN ACTION:\n<BET>\n"
+        "Information of Turn-2:\n\nThis is your turn."
+    ) in text
+    # compact prompts keep their short form (no turn framing)
+    env = GameEnv("kuhn_poker", prompt="compact")
+    env.reset(0)
+    env.observe("player_0")
+    env.step(render_response("<BET>"))
+    assert env.observe("player_1")[1]["content"].startswith("PLAYER INFORMATION:")

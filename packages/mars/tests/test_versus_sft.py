@@ -58,7 +58,7 @@ def test_sft_rows_are_legal_games():
                 assert error is None
                 # the move is among the legal actions listed in the observation just before it
                 prev = msgs[msgs.index(m) - 1]["content"]
-                assert action in prev.split("LEGAL ACTIONS:\n")[1]
+                assert action in prev.split("LEGAL ACTIONS:\n")[-1]
     with pytest.raises(ValueError, match="mover must be one of"):
         legal_move_conversations("kuhn_poker", 1, mover="alphazero")
     with pytest.raises(ValueError, match="opponent must be one of"):
@@ -74,10 +74,10 @@ def test_first_mover_against_random_records_one_varied_seat():
         msgs = row["messages"]
         for i, m in enumerate(msgs):
             if m["role"] == "assistant":
-                listed = msgs[i - 1]["content"].split("LEGAL ACTIONS:\n")[1]
+                listed = msgs[i - 1]["content"].split("LEGAL ACTIONS:\n")[-1]  # this turn's (after others' turns)
                 first = re.match(r"<[^>]*>", listed).group(0)
                 assert parse_answer(m["content"])[0] == first
-                boards.add(msgs[i - 1]["content"].split("LEGAL ACTIONS:")[0])
+                boards.add(msgs[i - 1]["content"].rsplit("LEGAL ACTIONS:", 1)[0])
     assert len(boards) > 20  # the random opponent makes the boards differ from game to game
 
 
@@ -89,7 +89,7 @@ def test_random_fraction_mixes_in_other_legal_moves():
             msgs = row["messages"]
             for i, m in enumerate(msgs):
                 if m["role"] == "assistant":
-                    listed = msgs[i - 1]["content"].split("LEGAL ACTIONS:")[1]
+                    listed = msgs[i - 1]["content"].split("LEGAL ACTIONS:")[-1]
                     hits.append(parse_answer(m["content"])[0] == re.search(r"<[^>]*>", listed).group(0))
         return sum(hits) / len(hits)
 
@@ -106,7 +106,7 @@ def test_first_k_mover_plays_one_of_the_first_k_listed_items():
         msgs = row["messages"]
         for i, m in enumerate(msgs):
             if m["role"] == "assistant":
-                listed = re.findall(r"<[^>]*>", msgs[i - 1]["content"].split("LEGAL ACTIONS:")[1])
+                listed = re.findall(r"<[^>]*>", msgs[i - 1]["content"].split("LEGAL ACTIONS:")[-1])
                 if len(listed) > 1:
                     positions.append(listed.index(parse_answer(m["content"])[0]))
     assert set(positions) == {0, 1}
@@ -131,3 +131,38 @@ def test_tiny_tokenizer_has_one_token_per_board_action(game):
     answer = len(tok.encode("<answer></answer>", add_special_tokens=False))
     for action in seen:
         assert len(tok.encode(f"<answer>{action}</answer>", add_special_tokens=False)) == answer + 1, action
+
+
+def test_equilibrium_mover_plays_cfr_and_mixes_in_random(tmp_path):
+    """With random_fraction 0 a dominated Kuhn move never appears (calling a bet with J), and the dominant one
+    always does (player_1 betting K after a pass); with random_fraction 1 J calls about half the time."""
+
+    def choices(fraction):
+        rows = legal_move_conversations(
+            "kuhn_poker",
+            300,
+            seed=5,
+            mover="equilibrium",
+            random_fraction=fraction,
+            prompt="compact",
+            equilibrium_cache=str(tmp_path),
+        )
+        out = {"J facing a bet": [], "K after a pass": []}
+        for row in rows:
+            msgs = row["messages"]
+            for i, m in enumerate(msgs):
+                if m["role"] != "assistant":
+                    continue
+                prev = msgs[i - 1]["content"]
+                card, betting = prev.split("Your card: ")[1][0], prev.split("Betting so far:")[1].split("Pot:")[0]
+                if card == "J" and betting.strip().endswith(": <BET>"):
+                    out["J facing a bet"].append(parse_answer(m["content"])[0])
+                if card == "K" and row["agent"] == "player_1" and betting.strip() == "player_0: <PASS>":
+                    out["K after a pass"].append(parse_answer(m["content"])[0])
+        return out
+
+    pure = choices(0.0)
+    assert pure["J facing a bet"] and set(pure["J facing a bet"]) == {"<PASS>"}
+    assert pure["K after a pass"] and set(pure["K after a pass"]) == {"<BET>"}
+    noisy = choices(1.0)["J facing a bet"]
+    assert 0.3 < noisy.count("<BET>") / len(noisy) < 0.7

@@ -99,7 +99,8 @@ class GameEnv(TextEnv):
             self.state.apply_action(self._rng.choice(self.state.legal_actions()))
             self._resolve_chance()
         self._greeted = {a: False for a in self.agents}
-        self._unseen: dict[str, list[str]] = {a: [] for a in self.agents}  # others' moves since a last acted
+        self._unseen: dict[str, list[dict]] = {a: [] for a in self.agents}  # others' moves since a last acted
+        self._moves = 0  # moves made so far by all agents: MARS's "Turn-k" counts them
         self.turns = {a: 0 for a in self.agents}
         self.format_loser: str | None = None
         self.done = self.state.is_terminal()
@@ -115,19 +116,25 @@ class GameEnv(TextEnv):
 
     def observe(self, agent: str) -> list[dict]:
         player = self.agents.index(agent)
-        parts = []
-        if self._unseen[agent] and self.game.kind != KIND_BOARD:
-            parts.append("\n".join(self._unseen[agent]))
-        self._unseen[agent] = []
+        unseen, self._unseen[agent] = self._unseen[agent], []
         legal = self.game.legal_action_strings(self.state)
         compact = self.prompt == "compact"
         note = "" if compact else self.game.action_note()
         state = self.game.render_state(self.state, player)
         if compact and self.game.kind == KIND_BOARD:
             state = state.split("\nThis is the current snapshot")[0]
-        parts.append(f"GAME STATE:\n{state}")
-        parts.append(f"LEGAL ACTIONS:\n{', '.join(legal)}." + (f" {note}" if note else ""))
-        turn = "\n\n".join(parts)
+        own = f"GAME STATE:\n{state}\n\nLEGAL ACTIONS:\n{', '.join(legal)}." + (f" {note}" if note else "")
+        if compact:
+            parts = [] if self.game.kind == KIND_BOARD or not unseen else [
+                "\n".join(f"{u['agent']} took action {u['action']}." for u in unseen)
+            ]
+            turn = "\n\n".join([*parts, own])
+        else:  # MARS's framing (roll/agentic/rollout/env_manager.py, _format_messages)
+            turn = "".join(self._other_turn(u) for u in unseen) + (
+                f"Information of Turn-{self._moves + 1}:\n\nThis is your turn. The game state and legal actions for "
+                "this turn are provided below. Please choose your action and strictly follow the given output "
+                f"format in the response instructions.\n\n{own}"
+            )
         if self._greeted[agent]:
             return [{"role": "user", "content": turn}]
         self._greeted[agent] = True
@@ -140,6 +147,20 @@ class GameEnv(TextEnv):
             f"RESPONSE INSTRUCTIONS:\n{self.response_instructions(legal[0])}\n\n{turn}"
         )
         return [{"role": "system", "content": self.game.system_prompt()}, {"role": "user", "content": first}]
+
+    def _other_turn(self, u: dict) -> str:
+        """Another agent's turn as MARS shows it: the full state for board games, the action alone otherwise."""
+        head = f"Information of Turn-{u['turn']}:\n\nThis is the other player's turn. "
+        if self.game.kind == KIND_BOARD:
+            return (
+                head + "The game state, legal actions, as well as the chosen action of the other player for this "
+                f"turn are provided below.\n\nGAME STATE:\n{u['state']}\n\nLEGAL ACTIONS:\n{', '.join(u['legal'])}."
+                f"\n\nCHOSEN ACTION:\n{u['action']}\n"
+            )
+        return (
+            head + "The game state for this turn is not available to you. The chosen action of the other player "
+            f"for this turn is provided below.\n\nCHOSEN ACTION:\n{u['action']}\n"
+        )
 
     def response_instructions(self, example: str) -> str:
         form = "<think>[your thoughts]</think><answer>[your action]</answer>"
@@ -168,6 +189,14 @@ class GameEnv(TextEnv):
         player = self.state.current_player()
         agent = agent_name(player)
         text = self.game.action_string(self.state, player, action_id)
+        self._moves += 1
+        for other in self.agents:
+            if other != agent:
+                seen = {"agent": agent, "turn": self._moves, "action": text}
+                if self.game.kind == KIND_BOARD and self.prompt != "compact":
+                    seen["state"] = self.game.render_state(self.state, self.agents.index(other))
+                    seen["legal"] = self.game.legal_action_strings(self.state)
+                self._unseen[other].append(seen)
         before = self.state.returns()
         self.state.apply_action(action_id)
         self._resolve_chance()
@@ -175,9 +204,6 @@ class GameEnv(TextEnv):
         rewards = {a: after[i] - before[i] for i, a in enumerate(self.agents)}
         rewards[agent] += self.shaping.valid_turn_bonus
         self.turns[agent] += 1
-        for other in self.agents:
-            if other != agent:
-                self._unseen[other].append(f"{agent} took action {text}.")
         info: dict[str, Any] = {"action": text, "action_id": action_id, "player": player}
         self.done = self.state.is_terminal()
         if self.done:

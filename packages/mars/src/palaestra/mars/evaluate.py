@@ -139,7 +139,7 @@ def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None =
     metrics: dict[str, float] = {}
     records: list[dict[str, Any]] = []
     for name in cfg.exploitability:
-        _exploitability(cfg, name, clients, metrics, records)
+        _exploitability(cfg, name, clients, metrics, records, tracker, step)
     for name in cfg.games:
         game = make_game(name)
         if game.cooperative and cfg.policy == "mcts":
@@ -183,13 +183,18 @@ def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None =
     return metrics, records
 
 
-def _exploitability(cfg: EvalConfig, name: str, clients: dict, metrics: dict, records: list) -> None:
+def _exploitability(cfg: EvalConfig, name: str, clients: dict, metrics: dict, records: list, tracker, step) -> None:
     from palaestra.mars.model_policy import exploitability, read_policy, response_scorer
 
     llm = make_player("llm", cfg, make_game(name), clients=clients)
     tabular, table = read_policy(response_scorer(llm.client, cfg.exploitability_temperature), name, cfg.prompt)
     value = exploitability(tabular, name)
     metrics[f"eval/{name}/exploitability"] = value
+    if tracker is not None:
+        from palaestra.mars.figures import policy_figure
+
+        actions = list(getattr(make_game(name), "ACTIONS", ()))  # poker action strings by action id
+        tracker.log_figure(policy_figure(name, table, actions, value), f"{name}_policy", step=step)
     records.append({"game": name, "opponent": "best_response", "exploitability": value, "policy": table})
     print(f"{name:>14} exploitability {value:.4f} (uniform: 0.4583 in kuhn_poker)", flush=True)
 

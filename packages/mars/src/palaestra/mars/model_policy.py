@@ -100,7 +100,7 @@ def information_state_prompts(game: str, prompt: str = "compact", shaping: Shapi
 def read_policy(
     score: Callable[[list[dict], list[str]], list[float]], game: str, prompt: str = "compact"
 ) -> tuple[Any, dict[str, list[float]]]:
-    """The model's `TabularPolicy` (legal actions normalized) and ``{info state: probabilities}``.
+    """The model's `TabularPolicy` (legal actions normalized) and ``{info state: probabilities by action id}``.
 
     ``score(conversation, responses)`` returns the log-probability of each response text."""
     from open_spiel.python import policy as policy_lib
@@ -114,7 +114,7 @@ def read_policy(
         row = tabular.policy_for_key(key)
         row[:] = 0.0
         row[legal] = probs
-        table[key] = probs.tolist()
+        table[key] = row.tolist()  # by action id, 0 for illegal actions
     return tabular, table
 
 

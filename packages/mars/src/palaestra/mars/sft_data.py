@@ -16,7 +16,10 @@ The mover picks the recorded moves:
   lookup that the 2M-parameter `tiny` model does not learn in a CPU budget
   (measured: see the mars README). ``first_k: 2`` keeps the policy stochastic,
   so that self-play explores and RL has a choice to learn;
-- ``mcts``: OpenSpiel MCTS (50 simulations).
+- ``mcts``: OpenSpiel MCTS (50 simulations);
+- ``equilibrium`` (poker): samples the cached CFR / CFR+ equilibrium (`solvers`); with
+  ``random_fraction`` a stochastic, card-aware, non-optimal policy (the Kuhn demonstration's
+  warm start: half equilibrium, half uniform).
 
 ``random_fraction`` mixes in uniformly random legal moves (with ``mover:
 first``: a policy that keeps some entropy for self-play to explore with, and
@@ -36,8 +39,25 @@ from typing import Any
 from palaestra.mars.env import GameEnv, Shaping, render_response
 from palaestra.mars.players import MCTSPlayer, Player, RandomPlayer
 
-MOVERS = ("random", "first", "mcts")
+MOVERS = ("random", "first", "mcts", "equilibrium")
 OPPONENTS = ("self", "random")
+
+
+class MixturePlayer(Player):
+    """`base` mixed with uniformly random legal actions: random with probability `random_fraction`."""
+
+    def __init__(self, base: Player, random_fraction: float, seed: int = 0):
+        self.base, self.random_fraction = base, random_fraction
+        self.rng = random.Random(seed)
+
+    def reset(self, seed: int) -> None:
+        self.base.reset(seed)
+        self.rng.seed(seed + 1)
+
+    def act(self, env: GameEnv) -> str:
+        if self.rng.random() < self.random_fraction:
+            return render_response(self.rng.choice(env.legal_actions()))
+        return self.base.act(env)
 
 
 class FirstLegalPlayer(Player):
@@ -71,6 +91,7 @@ def legal_move_conversations(
     first_k: int = 1,
     shaping: Shaping | None = None,
     prompt: str = "full",
+    equilibrium_cache: str = "outputs/mars/cache",
 ) -> list[dict[str, Any]]:
     """One row per recorded seat per episode: ``{"messages": [...], "game": ..., "agent": ...}``."""
     if mover not in MOVERS:
@@ -86,8 +107,14 @@ def legal_move_conversations(
         player: Player = RandomPlayer(seed)
     elif mover == "first":
         player = FirstLegalPlayer(random_fraction, seed, first_k)
-    else:
+    elif mover == "mcts":
         player = MCTSPlayer(env.game, max_simulations=50, rollout_count=1, seed=seed, solve=True)
+    else:
+        from palaestra.mars.players import TabularPolicyPlayer
+        from palaestra.mars.solvers import equilibrium_policy
+
+        table = equilibrium_policy(game, cache_dir=equilibrium_cache).table
+        player = MixturePlayer(TabularPolicyPlayer(table, seed=seed), random_fraction, seed)
     other = RandomPlayer(seed + 1) if opponent == "random" else player
     rows = []
     for episode in range(episodes):

@@ -32,8 +32,9 @@ from palaestra.mars.games import GAME_FACTORIES
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
+from palaestra.shared.rl.config import EnvSpec, TrainConfig
 from palaestra.shared.rl.loss import LossConfig
-from palaestra.shared.rl.trainer import EnvSpec, TrainConfig, Trainer
+from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.tracking import Tracker
 
 MODES = ("selfplay", "versus")
@@ -91,10 +92,7 @@ class MarsTrainConfig(TrainConfig):
     )
     loss: LossConfig = field(default_factory=lambda: LossConfig(epsilon=0.2, dual_clip=1.4, kl_coef=0.2))
     eval: MarsEval = field(default_factory=MarsEval)
-    eval_every: int = 0
-    """Evaluate every N steps (0: only after the warm start and at the end)."""
-    eval_before: bool = True
-    """Evaluate after the warm start, before RL (the starting point)."""
+    """The trainer's eval hook (every ``eval_every`` steps, before when ``eval_before``, and at the end)."""
 
 
 def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
@@ -146,25 +144,29 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
         cfg.sft_warmup.source = "mars_legal_moves"
         defaults = {"games": [g.game for g in cfg.games], "prompt": cfg.prompt}
         cfg.sft_warmup.source_kwargs = {**defaults, **cfg.sft_warmup.source_kwargs}
-    trainer = Trainer(cfg, tracker)
     eval_cfg = _eval_config(cfg)
-    clients = {repr(eval_cfg.llm): trainer.client}  # evaluate the very model being trained
-    summary: dict[str, float] = {}
-    first = evaluate(eval_cfg, tracker, step=trainer.step, clients=clients)[0] if cfg.eval_before else {}
-    if cfg.eval_every:
-        end = cfg.steps
-        while trainer.step < end:
-            cfg.steps = min(end, trainer.step + cfg.eval_every)
-            out = trainer.train()
-            if trainer.step < end:
-                evaluate(eval_cfg, tracker, step=trainer.step, clients=clients)
-        cfg.steps = end
-    else:
+
+    def game_eval(trainer: Trainer, step: int) -> dict[str, float]:
+        clients = {repr(eval_cfg.llm): trainer.client}  # evaluate the very model being trained
+        return evaluate(eval_cfg, tracker, step=step, clients=clients)[0]
+
+    with Trainer(cfg, tracker, eval_hook=game_eval) as trainer:
+        trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
         out = trainer.train()
-    last = evaluate(eval_cfg, tracker, step=trainer.step, clients=clients)[0]
-    summary.update({k: v for k, v in out.items() if isinstance(v, int | float)})
+    summary: dict[str, float] = {}
+    first = trainer.eval_history[0][1] if cfg.eval_before else {}
+    last = trainer.eval_history[-1][1]
+    if first and tracker is not None:
+        from palaestra.mars.figures import before_after_figure
+
+        figure = before_after_figure(first, last, 0, trainer.step)
+        if figure is not None:
+            tracker.log_figure(figure, "before_after")
+    summary.update({k: v for k, v in out.items() if isinstance(v, int | float) and not k.startswith("eval_")})
     for name, metrics in (("start", first), ("end", last)):
         for key, value in metrics.items():
-            if key.endswith(("/win_rate", "/win_rate_lo", "/win_rate_hi", "/format_loss_rate", "/mean_return")):
+            if key.endswith(
+                ("/win_rate", "/win_rate_lo", "/win_rate_hi", "/format_loss_rate", "/mean_return", "/exploitability")
+            ):
                 summary[f"{name}/{key}"] = value
     return summary
