@@ -161,3 +161,33 @@ def test_llm_rewards_through_a_served_model_fall_back_and_go_on(ray_local, tiny_
     assert res["reward_source"] == "expert_fallback"
     assert res["fallback_reason"].startswith("all 2 LLM reward candidates failed")
     assert 0.0 <= result["aed/highway/rear_end/asr"] <= 1.0
+
+
+@pytest.mark.slow
+def test_llm_proposed_types_train_on_their_llm_rewards(ray_local, tracking, tmp_path):
+    # the scripted backend (no model) proposes types outside the fixed taxonomy: each runs on its LLM reward alone
+    cfg = load_config(
+        {
+            "job": "aed.attack",
+            "taxonomy": "llm",
+            "proposals": {"n_types": 2},
+            "llm": {"backend": "aed_scripted", "model": "scripted"},
+            "env_overrides": {"vehicles_count": 6},
+            "max_steps": 4,
+            "eureka": {"rounds": 1, "samples": 1, "timesteps": 16, "eval_episodes": 1},
+            "train": {"timesteps": 20, "learning_starts": 8},
+            "eval_episodes": 2,
+            "video": False,
+            "tracking": vars(tracking),
+            "output_dir": str(tmp_path),
+        }
+    )
+    result = run_job(cfg)
+    results = {r.get("accident_type", r["kind"]): r for r in result["summary"]["highway"]["results"]}
+    assert set(results) == {"brake_check_rear_end", "late_cut_in", "random"}
+    for name in ("brake_check_rear_end", "late_cut_in"):
+        assert results[name]["reward_source"] == "llm" and f'"{name}"' in results[name]["reward_code"]
+        assert f"aed/highway/{name}/target_rate_lo" in result and f"aed/highway/{name}/random_target_rate" in result
+    # every accident found is named by the proposed recognizers (or 'other')
+    for r in results.values():
+        assert set(r["types"]) <= {"brake_check_rear_end", "late_cut_in", "other"}

@@ -29,11 +29,11 @@ def attack_task(task: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
     with Tracker.attach(cfg.tracking, task.get("run_id")) as tracker:
         if kind in ("random", "passive"):
-            return _baseline(cfg, scenario, kind, tracker)
-        return _attack_type(cfg, scenario, task["accident_type"], tracker)
+            return _baseline(cfg, scenario, kind, tracker, task.get("taxonomy"))
+        return _attack_type(cfg, scenario, task["accident_type"], tracker, task.get("taxonomy"))
 
 
-def _spec(cfg, scenario: str, accident_type: str):
+def _spec(cfg, scenario: str, accident_type: str, taxonomy: list[dict] | None = None):
     from palaestra.aed.train import AdversarySpec
 
     return AdversarySpec(
@@ -44,38 +44,43 @@ def _spec(cfg, scenario: str, accident_type: str):
         num_adversaries=cfg.num_adversaries,
         overrides=dict(cfg.env_overrides),
         max_steps=cfg.max_steps,
+        taxonomy=taxonomy,
     )
 
 
-def _baseline(cfg, scenario: str, kind: str, tracker: Tracker) -> dict[str, Any]:
+def _baseline(cfg, scenario: str, kind: str, tracker: Tracker, taxonomy=None) -> dict[str, Any]:
     from palaestra.aed.evaluation import IdlePolicy, evaluate
 
-    spec = _spec(cfg, scenario, (cfg.accident_types or ["rear_end"])[0])
+    spec = _spec(cfg, scenario, "rear_end", taxonomy)  # the reward plays no part in a baseline
     policy = IdlePolicy(cfg.num_adversaries) if kind == "passive" else None
     ev = evaluate(policy, spec, cfg.eval_episodes, seed=cfg.seed + 50_000)
     tracker.log_metrics({f"aed/{scenario}/{kind}/{k}": ev[k] for k in ("asr", "responsible_rate", "effective_asr")})
     return {"kind": kind, "scenario": scenario, **{k: v for k, v in ev.items() if k != "accidents"}}
 
 
-def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker) -> dict[str, Any]:
+def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker, taxonomy=None) -> dict[str, Any]:
     from palaestra.aed.evaluation import evaluate, record_gif
-    from palaestra.aed.rewards import expert_reward, register_reward
+    from palaestra.aed.rewards import EXPERT_REWARDS, generic_reward, register_reward
     from palaestra.aed.train import build_model, train_adversary
 
     prefix = f"aed/{scenario}/{accident_type}"
     log = lambda metrics, step: tracker.log_metrics({f"{prefix}/{k}": v for k, v in metrics.items()}, step)
-    spec = _spec(cfg, scenario, accident_type)
+    spec = _spec(cfg, scenario, accident_type, taxonomy)
+    has_expert = accident_type in EXPERT_REWARDS
     out: dict[str, Any] = {
         "kind": "attack",
         "scenario": scenario,
         "accident_type": accident_type,
-        "reward_source": "expert",
+        "reward_source": "expert" if has_expert else "generic",
     }
-    if cfg.rewards == "llm":
+    if cfg.rewards == "llm" or not has_expert:  # a type without an expert reward runs on its LLM reward alone
         out.update(_design(cfg, spec, tracker, log))
         if out["reward_source"] == "llm":
             spec = replace(spec, reward_code=out["reward_code"])
-    code = spec.reward_code or inspect.getsource(expert_reward(accident_type))
+        elif not has_expert:
+            out["reward_source"] = "generic_fallback"
+    fallback = EXPERT_REWARDS.get(accident_type) or generic_reward(accident_type)
+    code = spec.reward_code or inspect.getsource(fallback)
     tracker.log_text(code, f"reward/{accident_type}.py")
     if spec.reward_code:
         from palaestra.aed.sandbox import LazySandboxedReward

@@ -19,9 +19,9 @@ Rewards come from a function of the documented state (see
 ``accident_type``. A reward may return named components (a dict of floats,
 summed; their per-episode totals are reported for Eureka's reflection). If
 that function fails (e.g. sandboxed LLM code that is killed), the env says so
-in ``info["reward_error"]`` and switches to the expert reward (for a type
-without one, the generic reward of `rewards.generic_reward`) for the rest of
-its life: training goes on.
+in ``info["reward_error"]`` and switches to the expert reward for the rest of
+its life: training goes on. A type without an expert reward (LLM-proposed)
+runs on its LLM reward alone; its fallback is `rewards.generic_reward`.
 
 Accident types come from ``classifier`` (a `CollisionRecord` -> type name),
 by default `attribution.classify` over the fixed taxonomy; LLM-proposed types
@@ -101,8 +101,6 @@ class AdversaryEnv(gym.Env):
         self.render_mode = render_mode
         self.victim_kind, self.n_adv = victim, num_adversaries
         self.victim_policy = _load_policy(victim_checkpoint) if victim == "rl" else None
-        if reward_fn is None and accident_type not in EXPERT_REWARDS:
-            raise ValueError(f"accident type {accident_type!r} has no expert reward: give its (LLM) reward_fn")
         self.expert = EXPERT_REWARDS.get(accident_type) or generic_reward(accident_type)
         self.reward_fn = reward_fn or self.expert
         self.classifier = classifier or (lambda rec: classify(rec, self.scenario))

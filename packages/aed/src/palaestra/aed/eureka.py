@@ -101,11 +101,15 @@ def design_reward(
     from palaestra.shared.llm import SamplingParams
 
     probes = probe_states(spec, seed=seed)
+    described = {t["name"]: t["description"] for t in spec.taxonomy or []}
+    api = STATE_API
+    if spec.taxonomy:  # LLM-proposed types: state["event"]["accident_type"] takes their names
+        api += f"In this run state['event']['accident_type'] is one of: {', '.join(described)}, other.\n"
     task = TASK.format(
         type=spec.accident_type,
-        description=TAXONOMY.get(spec.accident_type, spec.accident_type),
+        description=described.get(spec.accident_type) or TAXONOMY.get(spec.accident_type, spec.accident_type),
         scenario=spec.scenario,
-        api=STATE_API,
+        api=api,
     )
     conversation = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
     history: list[dict] = []

@@ -63,12 +63,25 @@ class PreferenceConfig:
 
 
 @dataclass
+class ProposalConfig:
+    n_types: int = 4
+    """Accident types the LLM is asked for per scenario (one adversary is trained per usable type)."""
+    temperature: float = 0.7
+    max_tokens: int = 1536
+
+
+@dataclass
 class AttackConfig(JobConfig):
     job: str = "aed.attack"
     scenarios: list[str] = field(default_factory=lambda: ["highway"])
     """highway | merge | roundabout | intersection (palaestra.aed.scenarios)."""
     accident_types: list[str] = field(default_factory=list)
-    """Accident types to attack (one policy each); empty: each scenario's defaults (rewards.SCENARIO_TYPES)."""
+    """Accident types to attack (one policy each); empty: each scenario's defaults (rewards.SCENARIO_TYPES).
+    Ignored with taxonomy=llm."""
+    taxonomy: str = "expert"
+    """expert (the fixed taxonomy) | llm (per scenario the LLM proposes types with recognizers, through ``llm``;
+    the fixed taxonomy when its answer is unusable). A type without an expert reward gets an LLM reward."""
+    proposals: ProposalConfig = field(default_factory=ProposalConfig)
     victim: str = "idm"
     """idm (rule-based) | rl (a frozen SB3 policy from victim_checkpoint)."""
     victim_checkpoint: str | None = None
@@ -107,12 +120,15 @@ class AttackConfig(JobConfig):
     """Testing: each task kills its worker once, leaving a marker file here (Ray must retry it)."""
 
 
-def _tasks(cfg: AttackConfig) -> list[dict[str, Any]]:
+def _tasks(cfg: AttackConfig, proposed: dict[str, list[dict]] | None = None) -> list[dict[str, Any]]:
+    """One task per (scenario, type) and per baseline; ``proposed``: each scenario's LLM-proposed types."""
     from palaestra.aed.rewards import EXPERT_REWARDS, SCENARIO_TYPES
     from palaestra.aed.scenarios import get_scenario
 
     if cfg.rewards not in ("expert", "llm"):
         raise ConfigError(f"invalid value for 'rewards': {cfg.rewards!r} (expert | llm)")
+    if cfg.taxonomy not in ("expert", "llm"):
+        raise ConfigError(f"invalid value for 'taxonomy': {cfg.taxonomy!r} (expert | llm)")
     if cfg.victim not in ("idm", "rl"):
         raise ConfigError(f"invalid value for 'victim': {cfg.victim!r} (idm | rl)")
     if cfg.victim == "rl" and not (cfg.victim_checkpoint and Path(cfg.victim_checkpoint).exists()):
@@ -130,12 +146,15 @@ def _tasks(cfg: AttackConfig) -> list[dict[str, Any]]:
             get_scenario(scenario)
         except ValueError as err:
             raise ConfigError(f"'scenarios': {err}") from None
-        for t in cfg.accident_types or SCENARIO_TYPES[scenario]:
-            tasks.append({"kind": "attack", "scenario": scenario, "accident_type": t, "name": f"{scenario}/{t}"})
+        taxonomy = (proposed or {}).get(scenario)
+        names = [t["name"] for t in taxonomy] if taxonomy else cfg.accident_types or SCENARIO_TYPES[scenario]
+        common = {"scenario": scenario, "taxonomy": taxonomy}
+        for t in names:
+            tasks.append({"kind": "attack", "accident_type": t, "name": f"{scenario}/{t}", **common})
         if cfg.random_baseline:
-            tasks.append({"kind": "random", "scenario": scenario, "name": f"{scenario}/random"})
+            tasks.append({"kind": "random", "name": f"{scenario}/random", **common})
         if cfg.passive_baseline:
-            tasks.append({"kind": "passive", "scenario": scenario, "name": f"{scenario}/passive"})
+            tasks.append({"kind": "passive", "name": f"{scenario}/passive", **common})
     return tasks
 
 
@@ -148,7 +167,9 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
     from palaestra.aed.sandbox import LazySandboxedReward
     from palaestra.shared.cluster import TaskFailure, parallel_map
 
-    tasks = _tasks(cfg)
+    _tasks(cfg)  # the config's errors before any LLM call
+    proposed = _propose(cfg, tracker) if cfg.taxonomy == "llm" else None
+    tasks = _tasks(cfg, proposed)
     for task in tasks:
         task.update(
             cfg=cfg, run_id=tracker.child_run_id(task["name"], {"accident_type": task.get("accident_type", "random")})
@@ -189,6 +210,24 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
     tracker.log_dict({"summary": summary, "failures": failures}, "aed_summary.json")
     metrics["aed/failed_tasks"] = len(failures)
     return {**metrics, "failures": failures, "summary": summary}
+
+
+def _propose(cfg: AttackConfig, tracker: Tracker) -> dict[str, list[dict]]:
+    """Per scenario, the LLM's accident types (or the fixed taxonomy when its answer is unusable), logged."""
+    from palaestra.aed.proposals import propose_types
+    from palaestra.shared.llm import make_client
+
+    client = make_client(cfg.llm)
+    proposed = {}
+    for scenario in cfg.scenarios:
+        p = cfg.proposals
+        out = propose_types(client, scenario, p.n_types, p.temperature, p.max_tokens, seed=cfg.seed)
+        proposed[scenario] = [t.to_dict() for t in out["types"]]
+        tracker.log_dict({**out, "types": proposed[scenario]}, f"proposals/{scenario}.json")
+        tracker.set_tags({f"aed.{scenario}.taxonomy": out["source"]})
+        names = ", ".join(t["name"] for t in proposed[scenario])
+        print(f"[aed] {scenario}: accident types from {out['source']} ({cfg.llm.backend}): {names}")
+    return proposed
 
 
 @dataclass
