@@ -36,8 +36,9 @@ def ours(args) -> float:
     from palaestra.shared.config import TrackingConfig
     from palaestra.shared.llm.base import LLMConfig
     from palaestra.shared.rewards import REWARDS
+    from palaestra.shared.rl.config import EnvSpec, OptimConfig, TrainConfig
     from palaestra.shared.rl.loss import LossConfig
-    from palaestra.shared.rl.trainer import EnvSpec, OptimConfig, TrainConfig, Trainer
+    from palaestra.shared.rl.trainer import Trainer
     from palaestra.shared.rollout.engine import RolloutConfig
 
     if "bench_length" not in REWARDS:
@@ -57,6 +58,7 @@ def ours(args) -> float:
         steps=args.steps + 1,
     )
     trainer = Trainer(cfg)
+    trainer.prepare()
     trainer.train_step()  # warm-up
     t0 = time.perf_counter()
     for _ in range(args.steps):

@@ -11,8 +11,9 @@ from palaestra.shared.jobs import load_config, run_job
 from palaestra.shared.rewards import REWARDS
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import ADVANTAGES, AdvantageStep
+from palaestra.shared.rl.config import EnvSpec, LoraConfig, OptimConfig, TrainConfig, WorkersConfig
 from palaestra.shared.rl.loss import LossConfig
-from palaestra.shared.rl.trainer import EnvSpec, LoraConfig, OptimConfig, TrainConfig, Trainer, TrainingError
+from palaestra.shared.rl.trainer import Trainer, TrainingError
 from palaestra.shared.rollout.engine import RolloutConfig
 from palaestra.shared.rollout.env import ENVS, Step, TextEnv
 
@@ -64,6 +65,8 @@ def test_resume_continues_exactly(tmp_path):
     first.train()
     assert checkpoint.latest(tmp_path / "b" / "out" / "checkpoints").name == "step_000002"
     resumed = Trainer(small_config(tmp_path / "b", steps=4, resume=True))
+    assert resumed.step == 0  # the constructor only builds
+    resumed.prepare()
     assert resumed.step == 2
     resumed.train()
     a, b = weights(straight.model), weights(resumed.model)
@@ -196,3 +199,33 @@ def test_merged_lora_state_equals_peft_merge_and_unload():
     changed = [k for k in ours if not torch.equal(ours[k], original[k])]
     targets = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
     assert changed and all(k.endswith(targets) for k in changed)
+
+
+@pytest.mark.slow
+def test_ray_workers_with_eval_every_run_to_the_end(tmp_path, ray_local):
+    # train() used to close the workers: evaluating between chunks then divided by zero workers
+    cfg = small_config(
+        tmp_path,
+        envs=[EnvSpec("task", {"reward": "exact_answer"})],  # built in: the worker process knows it
+        steps=2,
+        eval_every=1,
+        eval_tasks=2,
+        workers=WorkersConfig(num_workers=1),
+        checkpoint_every=0,
+    )
+    hook_steps = []
+
+    def hook(trainer, step):
+        hook_steps.append(step)
+        return trainer.evaluate()
+
+    with Trainer(cfg, eval_hook=hook) as trainer:
+        trainer.prepare()
+        out = trainer.train()
+        assert trainer.step == 2 and hook_steps == [0, 1, 2]
+        assert [s for s, _ in trainer.eval_history] == [0, 1, 2]
+        assert out["eval_after_trajectories"] == 2 * 3  # eval tasks x group size, played by the worker
+        cfg.steps = 3  # train() may be called again: the workers are still there
+        trainer.train()
+        assert trainer.step == 3 and hook_steps == [0, 1, 2, 3]
+    assert trainer.rollouts is None  # closed by the context manager

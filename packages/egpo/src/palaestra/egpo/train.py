@@ -24,8 +24,8 @@ from typing import Any
 from palaestra.egpo.tasks import FCTask, load_bfcl, load_jsonl
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
+from palaestra.shared.rl.config import EnvSpec, TrainConfig
 from palaestra.shared.rl.loss import LossConfig
-from palaestra.shared.rl.trainer import EnvSpec, TrainConfig
 from palaestra.shared.rollout.env import ENVS
 from palaestra.shared.rollout.tasks import TASKS
 from palaestra.shared.toolcall import ToolCall, format_calls
@@ -178,8 +178,9 @@ def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
     """EGPO (or GRPO, by the advantage list) on function-calling tasks through the shared trainer."""
     from palaestra.shared.rl.trainer import Trainer
 
-    trainer = Trainer(cfg, tracker)
-    out = trainer.train()
+    with Trainer(cfg, tracker) as trainer:
+        trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
+        out = trainer.train()
     if cfg.eval.categories:
         from palaestra.egpo.eval import EvalConfig, evaluate_with_client
 

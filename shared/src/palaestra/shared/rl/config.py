@@ -131,5 +131,10 @@ class TrainConfig(JobConfig):
     log_samples: int = 4
     """Decoded responses logged as text per step."""
     eval_tasks: int = 0
-    """Tasks (reset seeds 0..eval_tasks-1, envs in turn) played ``rollout.group_size`` times before and after
-    training: ``eval/reward_mean`` with a 95% confidence interval (0: no evaluation)."""
+    """Tasks (reset seeds 0..eval_tasks-1, envs in turn) played ``rollout.group_size`` times by the default
+    evaluation: ``eval/reward_mean`` with a 95% confidence interval (0: none, unless a package's job
+    supplies its own eval hook)."""
+    eval_every: int = 0
+    """Evaluate every N steps (0: only before and after training)."""
+    eval_before: bool = True
+    """Evaluate before the first step (after the warm start): the starting point."""

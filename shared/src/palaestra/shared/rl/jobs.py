@@ -19,7 +19,9 @@ def rl_train(cfg: TrainConfig, tracker: Tracker) -> dict:
     import palaestra.shared.rollout.tasks  # noqa: F401  (registers the built-in `task` env)
     from palaestra.shared.rl.trainer import Trainer
 
-    summary = Trainer(cfg, tracker).train()
+    with Trainer(cfg, tracker) as trainer:
+        trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
+        summary = trainer.train()
     return {**summary, "headline": train_headline(summary)}
 
 

@@ -2,8 +2,8 @@
 
 How a package plugs in
 ----------------------
-Everything is chosen by registry name in a `TrainConfig`, so a package adds
-parts and writes a YAML config; it does not subclass the trainer::
+Everything is chosen by registry name in a `TrainConfig` (rl/config.py), so a
+package adds parts and writes a YAML config; it does not subclass the trainer::
 
     # 1. an environment (multi-turn, multi-agent: any TextEnv) ...
     from palaestra.shared.rollout.env import ENVS, TextEnv, Step
@@ -26,8 +26,9 @@ parts and writes a YAML config; it does not subclass the trainer::
     # 3. make the module importable by name: entry points `palaestra.envs`, `palaestra.tasks`,
     #    `palaestra.rewards`, `palaestra.advantages` in the package's pyproject.toml (module path as value)
 
-Then a config (``job: rl.train``, or the package's own job that builds a
-`TrainConfig` and calls ``Trainer(cfg, tracker).train()``)::
+    # 4. (optional) an evaluation run every ``eval_every`` steps: Trainer(cfg, tracker, eval_hook=fn)
+
+Then a config (``job: rl.train``, or the package's own job)::
 
     job: rl.train
     llm: {model: tiny}                        # or Qwen/Qwen3-4B-Instruct-2507 with backend vllm on GPUs
@@ -38,22 +39,34 @@ Then a config (``job: rl.train``, or the package's own job that builds a
       - {name: grpo}
       - {name: entropy_clipped, options: {lam: 0.4, alpha: 2.0}}
     loss: {epsilon: 0.2, dual_clip: 3.0, kl_coef: 0.001, reduction: grpo}
+    learner: {micro_batch_tokens: 16384, gradient_checkpointing: true}
     tasks_per_step: 16
     workers: {num_workers: 2}                 # 0: rollouts in the learner's process
 
-Self-play (MARS) needs nothing special: a multi-agent env yields one
-trajectory per seat, all from the one shared policy, and ``agent_norm``
-normalizes per (seat, env type). ``sft_warmup`` runs an SFT stage (rl/sft.py)
-on the same model before RL.
+Lifecycle: ``Trainer(cfg, tracker, eval_hook)`` only builds (model, optimizer).
+`prepare` then resumes from the newest checkpoint (``resume: true``) or runs
+the SFT warm start (`warm_start`, rl/sft.py), keeps the frozen reference model
+(`init_reference`, when ``loss.kl_coef`` > 0) and starts the rollout workers;
+`train` (which prepares if the job has not) may be called again to go on;
+`close` (or ``with Trainer(...) as trainer:``) stops the workers.
 
 The loop (`Trainer.train_step`), top to bottom: draw tasks -> rollout (batched
-across envs, locally or on Ray workers) -> old log-probs and entropies ->
-reference log-probs (when ``loss.kl_coef`` > 0) -> advantage pipeline ->
-``ppo_epochs`` x minibatches of PPO-clip updates -> weight sync to workers ->
-MLflow metrics -> checkpoint. A non-finite loss stops the run with a clear
-message; the last good checkpoint stays. ``resume: true`` continues from the
-newest checkpoint in ``output_dir`` exactly where it stopped. ``eval_tasks``
-plays fixed tasks before and after training (``eval/reward_mean`` with a 95% CI).
+across envs, locally or on Ray workers) -> old log-probs and entropies (skipped
+when the update is exactly on-policy: one PPO epoch, one minibatch, no
+advantage step reading entropies; the old log-probs are then the current ones
+detached, as TRL does) -> reference log-probs (when ``loss.kl_coef`` > 0) ->
+advantage pipeline -> ``ppo_epochs`` x minibatches of PPO-clip updates, each
+minibatch accumulated over micro-batches of ``learner.micro_batch_tokens``
+(rl/update.py) -> weight sync to workers -> MLflow metrics -> checkpoint. A
+non-finite loss stops the run with a clear message; the last good checkpoint
+stays. The resumed run continues exactly where it stopped.
+
+Evaluation: the eval hook ``fn(trainer, step) -> metrics`` runs before
+training (``eval_before``), every ``eval_every`` steps and at the end; it logs
+its metrics (and any artifacts) at that step through ``trainer.tracker``, and
+``trainer.eval_history`` keeps (step, metrics). The default hook (when
+``eval_tasks`` > 0) is `Trainer.evaluate`: fixed tasks, ``eval/reward_mean``
+with a 95% CI.
 
 Metrics (MLflow, per step): train/reward_mean, train/advantage_mean,
 train/advantage_std, train/entropy, train/kl, train/clip_fraction, train/loss,
@@ -74,6 +87,7 @@ import functools
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,31 +100,15 @@ from palaestra.shared.llm.hf_backend import resolve_device
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages
 from palaestra.shared.rl.batch import build_batch, score_batch, think_entropy, token_advantages
-from palaestra.shared.rl.config import (  # re-exported: packages import the configs from here
-    EnvSpec,
-    LoraConfig,
-    OptimConfig,
-    TrainConfig,
-    WorkersConfig,
-    learner_dtypes,
-)
+from palaestra.shared.rl.config import LoraConfig, TrainConfig, learner_dtypes
 from palaestra.shared.rl.sft import run_sft
-from palaestra.shared.rl.update import accumulate_gradients
+from palaestra.shared.rl.update import NonFiniteLoss, ppo_update
 from palaestra.shared.rollout.engine import EpisodeSpec
 from palaestra.shared.rollout.env import ENVS, TextEnv
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
 from palaestra.shared.tracking import Tracker
 
-__all__ = [
-    "EnvSpec",
-    "LoraConfig",
-    "OptimConfig",
-    "TrainConfig",
-    "Trainer",
-    "TrainingError",
-    "WorkersConfig",
-    "make_env",
-]
+EvalHook = Callable[["Trainer", int], dict[str, float]]
 
 
 class TrainingError(RuntimeError):
@@ -123,14 +121,14 @@ def make_env(name: str, kwargs: dict[str, Any]) -> TextEnv:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, tracker: Tracker | None = None):
+    def __init__(self, cfg: TrainConfig, tracker: Tracker | None = None, eval_hook: EvalHook | None = None):
         check_pipeline(cfg.advantages)
         if cfg.llm.backend != "transformers":
             raise ValueError(
                 f"the learner needs llm.backend=transformers (got {cfg.llm.backend!r}); put vllm under workers.llm"
             )
-        self.cfg, self.tracker = cfg, tracker or Tracker(cfg.tracking)
         learner_dtypes(cfg.learner, cfg.llm, resolve_device(cfg.llm.device).type)  # fail before loading
+        self.cfg, self.tracker = cfg, tracker or Tracker(cfg.tracking)
         # float32 master weights; bfloat16 compute (GPU) under autocast
         self.client = make_client(dataclasses.replace(cfg.llm, dtype="float32"))
         self.tokenizer = self.client.tokenizer
@@ -148,65 +146,116 @@ class Trainer:
             lr=cfg.optim.lr,
             weight_decay=cfg.optim.weight_decay,
         )
-        resumed = cfg.resume and checkpoint.latest(self.ckpt_dir) is not None
-        if resumed:
-            self.step = checkpoint.load(checkpoint.latest(self.ckpt_dir), self.model, self.optimizer)
-        elif cfg.sft_warmup.steps > 0:
-            metrics = run_sft(self.model, self.tokenizer, cfg.sft_warmup, progress=True)
-            self.tracker.log_metrics({f"sft/{k}": v for k, v in metrics.items()}, step=0)
-        self.ref_model = None
-        if cfg.loss.kl_coef and not cfg.lora.enabled:  # with LoRA the reference is the model with adapters off
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-            if resumed:
-                checkpoint.load_reference(self.ckpt_dir, self.ref_model)
-            else:
-                checkpoint.save_reference(self.ckpt_dir, self.ref_model)
         self.think_ids = _think_token_ids(self.tokenizer)
         if cfg.loss.reduction == "dr_grpo" and not cfg.loss.max_len:
             cfg.loss.max_len = cfg.rollout.max_tokens_per_turn
+        self.ref_model = None
+        self.rollouts: LocalRollouts | RayRollouts | None = None
+        self.eval_hook = eval_hook or (_default_eval if cfg.eval_tasks else None)
+        self.eval_history: list[tuple[int, dict[str, float]]] = []
+        self.resumed: bool | None = None  # None: not prepared yet
+
+    # -- lifecycle ----------------------------------------------------------
+    def prepare(self) -> None:
+        """Resume or warm-start, keep the reference model, start the rollout workers (once; then a no-op)."""
+        if self.resumed is None:
+            self.resumed = self.resume()
+            if not self.resumed:
+                self.warm_start()
+            self.init_reference()
+        self.start_rollouts()
+
+    def resume(self) -> bool:
+        """With ``resume: true``, restore weights, optimizer, RNG states and step from the newest checkpoint."""
+        latest = checkpoint.latest(self.ckpt_dir) if self.cfg.resume else None
+        if latest is not None:
+            self.step = checkpoint.load(latest, self.model, self.optimizer)
+        return latest is not None
+
+    def warm_start(self) -> dict[str, float]:
+        """The SFT stage on the learner's model (``sft_warmup.steps`` > 0), logged as sft/... at step 0."""
+        if self.cfg.sft_warmup.steps <= 0:
+            return {}
+        metrics = run_sft(self.model, self.tokenizer, self.cfg.sft_warmup, progress=True)
+        self.tracker.log_metrics({f"sft/{k}": v for k, v in metrics.items()}, step=0)
+        return metrics
+
+    def init_reference(self) -> None:
+        """Freeze a copy of the current model as the KL reference (saved once; a resumed run loads it).
+        With LoRA the reference is the model with its adapters off: nothing to keep."""
+        if not self.cfg.loss.kl_coef or self.cfg.lora.enabled or self.ref_model is not None:
+            return
+        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if self.resumed:
+            checkpoint.load_reference(self.ckpt_dir, self.ref_model)
+        else:
+            checkpoint.save_reference(self.ckpt_dir, self.ref_model)
+
+    def start_rollouts(self) -> None:
+        if self.rollouts is not None:
+            return
+        cfg = self.cfg
         if cfg.workers.num_workers > 0:
+            w = cfg.workers
             self.rollouts = RayRollouts(
-                cfg.workers.llm or cfg.llm,
-                cfg.rollout,
-                cfg.workers.num_workers,
-                cfg.cluster,
-                cfg.workers.num_cpus,
-                cfg.workers.num_gpus,
+                w.llm or cfg.llm, cfg.rollout, w.num_workers, cfg.cluster, w.num_cpus, w.num_gpus
             )
             self.rollouts.sync(self.policy_state())
         else:
             self.rollouts = LocalRollouts(self.client, cfg.rollout)
 
+    def close(self) -> None:
+        """Stop the rollout workers (a later `train` starts them again)."""
+        if self.rollouts is not None:
+            self.rollouts.close()
+            self.rollouts = None
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # -- the loop ---------------------------------------------------------
     def train(self) -> dict[str, float]:
-        history: list[dict[str, float]] = []
-        summary: dict[str, float] = {}
-        try:
-            if self.cfg.eval_tasks:
-                summary.update({f"eval_before_{k}": v for k, v in self.evaluate().items()})
-            with tqdm(total=self.cfg.steps, initial=self.step, desc="rl steps") as bar:
-                while self.step < self.cfg.steps:
-                    metrics = self.train_step()
-                    history.append(metrics)
-                    bar.update(1)
-                    bar.set_postfix(reward=f"{metrics['train/reward_mean']:.3f}")
-                    if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
-                        self.save()
-            if not self.cfg.checkpoint_every or self.step % self.cfg.checkpoint_every:
-                self.save()
-            if self.cfg.eval_tasks:
-                summary.update({f"eval_after_{k}": v for k, v in self.evaluate().items()})
-        finally:
-            self.rollouts.close()
-        first, last = history[:1], history[-1:]
-        return {
-            **summary,
-            "steps": self.step,
-            "reward_first": first[0]["train/reward_mean"] if first else math.nan,
-            "reward_last": last[0]["train/reward_mean"] if last else math.nan,
-        }
+        """Train up to ``cfg.steps``: evaluations before, every ``eval_every`` steps and at the end; a checkpoint
+        at the end. Returns the summary (``eval_before_*`` / ``eval_after_*``: the hook's first and last)."""
+        self.prepare()
+        cfg, history, evals = self.cfg, [], []
+        if self.eval_hook and cfg.eval_before:
+            evals.append(self.run_eval())
+        with tqdm(total=cfg.steps, initial=self.step, desc="rl steps") as bar:
+            while self.step < cfg.steps:
+                metrics = self.train_step()
+                history.append(metrics)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['train/reward_mean']:.3f}")
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.save()
+                if self.eval_hook and cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                    evals.append(self.run_eval())
+        if not cfg.checkpoint_every or self.step % cfg.checkpoint_every:
+            self.save()
+        if self.eval_hook:
+            evals.append(self.run_eval())
+        summary: dict[str, float] = {"steps": self.step}
+        if evals:
+            summary.update({f"eval_before_{k}": v for k, v in evals[0].items()} if cfg.eval_before else {})
+            summary.update({f"eval_after_{k}": v for k, v in evals[-1].items()})
+        summary["reward_first"] = history[0]["train/reward_mean"] if history else math.nan
+        summary["reward_last"] = history[-1]["train/reward_mean"] if history else math.nan
+        return summary
+
+    def run_eval(self) -> dict[str, float]:
+        """The eval hook at the current step (once per step: a repeated call returns the same metrics)."""
+        if self.eval_history and self.eval_history[-1][0] == self.step:
+            return self.eval_history[-1][1]
+        metrics = self.eval_hook(self, self.step)
+        self.eval_history.append((self.step, metrics))
+        return metrics
 
     def train_step(self) -> dict[str, float]:
+        self.prepare()
         cfg, t0 = self.cfg, time.perf_counter()
         # 1. rollout
         self.model.eval()
@@ -231,8 +280,16 @@ class Trainer:
         advantages = token_advantages(values, batch.turn_index)
         # 5. PPO epochs over minibatches
         self.model.train()
-        with self._autocast():
-            updates = self._update(batch, old_logps, ref_logps, advantages, entropy, mb)
+        try:
+            with self._autocast():
+                updates = ppo_update(
+                    self.model, self.optimizer, batch, advantages, cfg, self.step, old_logps, ref_logps, entropy
+                )
+        except NonFiniteLoss as e:
+            last = checkpoint.latest(self.ckpt_dir)
+            raise TrainingError(
+                f"{e}; stopping. Last good checkpoint: {last or 'none (no checkpoint saved yet)'}"
+            ) from None
         self.model.eval()
         self.step += 1
         # 6. weight sync
@@ -259,47 +316,9 @@ class Trainer:
             self.tracker.log_text("\n".join(lines), f"samples/step_{self.step:06d}.txt")
         return metrics
 
-    def _update(self, batch, old_logps, ref_logps, advantages, entropy, mb: int) -> dict[str, float]:
-        cfg = self.cfg
-        gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.step)
-        sums: dict[str, float] = {}
-        count = 0
-        for epoch in range(cfg.ppo_epochs):
-            order = torch.randperm(len(batch), generator=gen) if mb < len(batch) else torch.arange(len(batch))
-            for start in range(0, len(batch), mb):
-                idx = order[start : start + mb]
-                self.optimizer.zero_grad(set_to_none=True)
-                m = accumulate_gradients(
-                    self.model,
-                    batch,
-                    idx,
-                    advantages,
-                    cfg.loss,
-                    cfg.rollout.temperature,
-                    cfg.learner.micro_batch_tokens,
-                    old_logps=old_logps,
-                    ref_logps=ref_logps,
-                    entropies=entropy,
-                )
-                if not math.isfinite(m["loss"]):
-                    last = checkpoint.latest(self.ckpt_dir)
-                    raise TrainingError(
-                        f"non-finite loss ({m['loss']}) at step {self.step + 1}, epoch {epoch}, minibatch "
-                        f"{start // mb}; stopping. Last good checkpoint: {last or 'none (no checkpoint saved yet)'}"
-                    )
-                m.pop("tokens")
-                if cfg.optim.max_grad_norm:
-                    m["grad_norm"] = float(
-                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
-                    )
-                self.optimizer.step()
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-        return {k: v / count for k, v in sums.items()}
-
     def evaluate(self) -> dict[str, float]:
         """Mean reward per trajectory over fixed tasks, with a 95% confidence interval (normal approximation)."""
+        self.prepare()
         self.model.eval()
         specs = [
             EpisodeSpec(functools.partial(make_env, env.name, dict(env.kwargs)), i, f"eval-{i}")
@@ -321,15 +340,11 @@ class Trainer:
 
     @torch.no_grad()
     def _reference_logps(self, batch, mb: int) -> torch.Tensor:
-        if self.ref_model is not None:
-            model = self.ref_model
-        else:
-            model = self.model
+        # LoRA: the base model (adapters off) is the reference
+        model = self.ref_model if self.ref_model is not None else self.model
         with contextlib.nullcontext() if self.ref_model is not None else self.model.disable_adapter():
-            # LoRA: the base model (adapters off) is the reference
-            return score_batch(
-                model, batch, self.cfg.rollout.temperature, self.cfg.learner.micro_batch_tokens, mb, with_entropy=False
-            )[0]
+            tokens = self.cfg.learner.micro_batch_tokens
+            return score_batch(model, batch, self.cfg.rollout.temperature, tokens, mb, with_entropy=False)[0]
 
     # -- tasks, weights, checkpoints -------------------------------------------
     def draw_tasks(self, step: int) -> list[EpisodeSpec]:
@@ -355,20 +370,17 @@ class Trainer:
         return path
 
 
-def _think_token_ids(tokenizer):
-    """``<think>`` and ``</think>`` as token ids, or as the id sequences they tokenize to (no such tokens)."""
+def _default_eval(trainer: Trainer, step: int) -> dict[str, float]:
+    return trainer.evaluate()
+
+
+def _think_token_ids(tokenizer) -> tuple[int, int] | None:
     ids = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
     unk = tokenizer.unk_token_id
-    if not any(i is None or i == unk for i in ids):
-        return ids[0], ids[1]
-    seqs = [tuple(tokenizer.encode(m, add_special_tokens=False)) for m in ("<think>", "</think>")]
-    return (seqs[0], seqs[1]) if all(seqs) else None
+    return None if any(i is None or i == unk for i in ids) else (ids[0], ids[1])
 
 
 def _with_lora(model, cfg: LoraConfig):
-    from palaestra.shared.extras import require
-
-    require("peft", "lora", "LoRA (lora.enabled)")
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 

@@ -1,4 +1,7 @@
-"""One optimizer step's gradient: a minibatch of rows, split into micro-batches, gradients accumulated.
+"""The learner's updates: PPO epochs over minibatches, each minibatch's gradient accumulated over micro-batches.
+
+`ppo_update` is the update phase of a trainer step: ``ppo_epochs`` passes over
+the batch in shuffled minibatches, one optimizer step per minibatch.
 
 `accumulate_gradients` runs forward + backward over the micro-batches of a
 minibatch (`batch.micro_batches`, at most ``micro_batch_tokens`` padded tokens
@@ -15,9 +18,12 @@ rows, multiplied by the world size when the gradients are averaged across ranks
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from palaestra.shared.rl.batch import TrainBatch, micro_batches
+from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.loss import LossConfig, loss_normalizer, policy_loss, token_logprobs_and_entropy
 
 TOKEN_MEANS = ("clip_fraction", "kl", "ratio_mean", "entropy")
@@ -112,3 +118,56 @@ def accumulate_gradients(
 
 def _cut(x: torch.Tensor | None, part: torch.Tensor, rows: TrainBatch, device) -> torch.Tensor | None:
     return None if x is None else x[part, : rows.loss_mask.shape[1]].to(device)
+
+
+class NonFiniteLoss(ArithmeticError):
+    """A minibatch's loss is NaN or infinite; raised before its optimizer step."""
+
+
+def ppo_update(
+    model,
+    optimizer: torch.optim.Optimizer,
+    batch: TrainBatch,
+    advantages: torch.Tensor,
+    cfg: TrainConfig,
+    step: int,
+    old_logps: torch.Tensor | None = None,
+    ref_logps: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """``cfg.ppo_epochs`` passes over `batch` in shuffled minibatches of ``cfg.minibatch_size`` rows (0: all),
+    one optimizer step each (gradients accumulated over micro-batches, clipped to ``optim.max_grad_norm``).
+    The shuffle is a function of (seed, step). Returns the metrics averaged over the optimizer steps."""
+    mb = cfg.minibatch_size or len(batch)
+    gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
+    sums: dict[str, float] = {}
+    count = 0
+    for epoch in range(cfg.ppo_epochs):
+        order = torch.randperm(len(batch), generator=gen) if mb < len(batch) else torch.arange(len(batch))
+        for start in range(0, len(batch), mb):
+            optimizer.zero_grad(set_to_none=True)
+            m = accumulate_gradients(
+                model,
+                batch,
+                order[start : start + mb],
+                advantages,
+                cfg.loss,
+                cfg.rollout.temperature,
+                cfg.learner.micro_batch_tokens,
+                old_logps=old_logps,
+                ref_logps=ref_logps,
+                entropies=entropies,
+            )
+            if not math.isfinite(m["loss"]):
+                raise NonFiniteLoss(
+                    f"non-finite loss ({m['loss']}) at step {step + 1}, epoch {epoch}, minibatch {start // mb}"
+                )
+            m.pop("tokens")
+            if cfg.optim.max_grad_norm:
+                params = [p for p in model.parameters() if p.requires_grad]
+                m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm))
+            optimizer.step()
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+            count += 1
+    return {k: v / count for k, v in sums.items()}
