@@ -193,6 +193,7 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
             gone.cancel()
             if not future.done():
                 job.cancel()
+                future.add_done_callback(_retrieve)  # nobody awaits it any more: no "never retrieved" warning
         if not future.done():
             raise Cancelled("the client disconnected")
         try:
@@ -267,39 +268,16 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
         job = Job(model.prompt_ids([prompt], params, limits), params)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            header: dict[str, Any] = {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model_name,
-            }
-            first = [
-                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-                for i in range(params.n)
-            ]
+            header = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name}
+            header["prompt_token_ids"] = job.prompts[0]
+            first = [wire.chat_chunk(i, {"role": "assistant", "content": ""}) for i in range(params.n)]
 
             def piece(i: int, text: str) -> dict:
-                return {"index": i, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+                return wire.chat_chunk(i, {"content": text})
 
             def last(i: int, out, rest: str) -> dict:
-                message, finish = wire.chat_message(out, bool(tools))
-                if tools:
-                    delta = {k: v for k, v in message.items() if k != "role"}
-                    for k, call in enumerate(delta.get("tool_calls", [])):
-                        call["index"] = k
-                else:
-                    delta = {"content": rest} if rest else {}
-                logprobs = wire.chat_logprobs(model.tokenizer, out, top) if body.logprobs else None
-                return {
-                    "index": i,
-                    "delta": delta,
-                    "logprobs": logprobs,
-                    "finish_reason": finish,
-                    "text": out.text,
-                    "token_ids": out.token_ids,
-                }
+                return wire.chat_last_chunk(i, out, rest, model.tokenizer, bool(tools), bool(body.logprobs), top)
 
-            header["prompt_token_ids"] = job.prompts[0]
             usage = bool(body.stream_options and body.stream_options.include_usage)
             # with tools the turn is parsed whole, so it arrives in the last chunk
             return stream(job, header, first, piece, last, usage, pieces=not tools)
@@ -353,6 +331,11 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
 
 def _choices(job: Job) -> int:
     return len(job.prompts) * job.params.n
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:

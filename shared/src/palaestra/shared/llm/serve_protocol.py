@@ -310,6 +310,32 @@ def completion_choice(index: int, out: Completion, tokenizer, logprobs: bool, to
     }
 
 
+def chat_chunk(index: int, delta: dict) -> dict:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+
+
+def chat_last_chunk(
+    index: int, out: Completion, rest: str, tokenizer, tools: bool, logprobs: bool, top_logprobs: int
+) -> dict:
+    """A choice's last stream chunk: what is left of the text (with tools: the parsed turn), finish reason,
+    logprobs, raw text and token ids."""
+    message, finish = chat_message(out, tools)
+    if tools:
+        delta = {k: v for k, v in message.items() if k != "role"}
+        for k, call in enumerate(delta.get("tool_calls", [])):
+            call["index"] = k
+    else:
+        delta = {"content": rest} if rest else {}
+    return {
+        "index": index,
+        "delta": delta,
+        "logprobs": chat_logprobs(tokenizer, out, top_logprobs) if logprobs else None,
+        "finish_reason": finish,
+        "text": out.text,
+        "token_ids": out.token_ids,
+    }
+
+
 def usage(outs: list[Completion]) -> dict:
     prompt = sum(len(o.prompt_token_ids) for o in outs)
     completion = sum(len(o.token_ids) for o in outs)
