@@ -148,3 +148,20 @@ def test_parts_with_the_minibatch_normalizer_add_up_to_the_whole(reduction):
         total += part.item()
     assert total == pytest.approx(whole.item(), rel=1e-12)
     assert torch.allclose(parts_in.grad, whole_in.grad, rtol=1e-12, atol=0)
+
+
+def test_seq_mean_token_sum_is_rolls_agg_loss_by_hand():
+    # ROLL's agg_loss("seq-mean-token-sum"): masked_mean per row, mean over rows with >= 1 token.
+    # Rows: tokens {1, 2} -> 1.5; no tokens -> not counted; {7, 8, 9} -> 8. Loss (1.5 + 8) / 2 = 4.75
+    from palaestra.shared.rl.loss import reduce_tokens
+
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    cfg = LossConfig(reduction="seq-mean-token-sum")
+    assert loss_normalizer(mask, cfg) == 2
+    assert reduce_tokens(per_token, mask, cfg).item() == pytest.approx(4.75)
+    # grpo counts the empty row: (1.5 + 0 + 8) / 3
+    assert reduce_tokens(per_token, mask, LossConfig(reduction="grpo")).item() == pytest.approx(9.5 / 3)
+    # split by rows with the whole's normalizer, the parts add up
+    parts = sum(reduce_tokens(per_token[r], mask[r], cfg, normalizer=2.0).item() for r in (slice(0, 2), slice(2, 3)))
+    assert parts == pytest.approx(4.75)

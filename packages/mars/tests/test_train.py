@@ -14,7 +14,10 @@ from palaestra.shared.rollout.env import ENVS
 EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments" / "mars"
 
 
-@pytest.mark.parametrize("name", ["tiny_cpu.yaml", "qwen3_4b.yaml", "ablation.yaml", "quickstart.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    ["tiny_cpu.yaml", "qwen3_4b.yaml", "ablation.yaml", "quickstart.yaml", "kuhn_cpu.yaml", "kuhn_cpu_control.yaml"],
+)
 def test_experiment_configs_resolve(name):
     cfg = load_config(EXPERIMENTS / name)
     if name == "qwen3_4b.yaml":  # the paper's settings
@@ -24,6 +27,10 @@ def test_experiment_configs_resolve(name):
         assert cfg.optim.lr == 1e-6 and cfg.steps == 200
         assert cfg.tasks_per_step * cfg.rollout.group_size * 2 == 384  # two seats per self-play episode
         assert [a.name for a in cfg.advantages] == ["turn_level", "agent_norm"]
+        # MARS's code: dual clip 1 + 2ε (base_worker.py), agg_loss seq-mean-token-sum, sampling T 0.6 / top_p 0.99
+        assert cfg.loss.dual_clip == pytest.approx(1 + 2 * cfg.loss.epsilon)
+        assert cfg.loss.reduction == "seq-mean-token-sum"
+        assert cfg.rollout.temperature == 0.6 and cfg.rollout.top_p == 0.99
     if name == "quickstart.yaml":
         from palaestra.shared.jobs import _stage_config
 

@@ -10,7 +10,10 @@ Reductions over the masked tokens (as TRL's ``GRPOTrainer``):
 
 - ``grpo``: mean over each sequence's tokens, then mean over sequences;
 - ``dapo``: mean over all tokens of the batch;
-- ``dr_grpo``: sum over all tokens / (batch size · a constant max length).
+- ``dr_grpo``: sum over all tokens / (batch size · a constant max length);
+- ``seq-mean-token-sum``: MARS's default (ROLL's ``agg_loss``). Despite its name, ROLL takes each
+  sequence's token *mean* (``masked_mean(dim=-1)``) and averages over the sequences that have tokens:
+  ``grpo`` except that a sequence without response tokens does not count.
 
 Each reduction is a sum divided by a normalizer of the whole minibatch
 (`loss_normalizer`: sequences for grpo, tokens for dapo, sequences x max length
@@ -30,7 +33,7 @@ from enum import StrEnum
 import torch
 from torch.utils.checkpoint import checkpoint
 
-REDUCTIONS = ("grpo", "dapo", "dr_grpo")
+REDUCTIONS = ("grpo", "dapo", "dr_grpo", "seq-mean-token-sum")
 
 
 class Reduction(StrEnum):
@@ -39,6 +42,7 @@ class Reduction(StrEnum):
     grpo = "grpo"
     dapo = "dapo"
     dr_grpo = "dr_grpo"
+    seq_mean_token_sum = "seq-mean-token-sum"
 
 
 @dataclass
@@ -54,7 +58,7 @@ class LossConfig:
     kl_coef: float = 0.0
     """β of the k3 KL to the frozen reference model (0: no reference model is kept)."""
     reduction: Reduction = Reduction.grpo
-    """grpo | dapo | dr_grpo."""
+    """grpo | dapo | dr_grpo | seq-mean-token-sum (MARS)."""
     max_len: int = 0
     """dr_grpo's constant length (0: the rollout's max tokens per turn)."""
 
@@ -119,6 +123,8 @@ def loss_normalizer(mask: torch.Tensor, cfg: LossConfig) -> float:
     _check_reduction(cfg)
     if cfg.reduction == "grpo":
         return float(mask.shape[0])
+    if cfg.reduction == "seq-mean-token-sum":
+        return float((mask.sum(-1) > 0).sum())
     if cfg.reduction == "dapo":
         return float(mask.sum())
     return float(mask.shape[0] * cfg.max_len)
@@ -131,7 +137,7 @@ def reduce_tokens(
     (default: `loss_normalizer` of these rows, i.e. these rows are the whole minibatch)."""
     if normalizer is None:
         normalizer = loss_normalizer(mask, cfg)
-    if cfg.reduction == "grpo":
+    if cfg.reduction in ("grpo", "seq-mean-token-sum"):
         total = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum()
     else:
         total = (per_token * mask).sum()
