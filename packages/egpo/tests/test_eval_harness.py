@@ -43,10 +43,11 @@ def test_ground_truth_scores_full_marks_and_wrong_answers_fail(category):
     assert sum(r["reward"] for r in wrong) == 0, [i for i, r in zip(ids, wrong) if r["reward"]]
 
 
-def test_eval_job_logs_accuracy_summary_and_samples(tracking):
+def test_eval_job_logs_accuracy_summary_and_samples(tracking, tmp_path):
     cfg = load_config(
         {
             "job": "egpo.eval",
+            "output_dir": str(tmp_path),
             "categories": ["simple_python", "irrelevance", "multi_turn_base"],
             "limit": 3,
             "policy": "ground_truth",
@@ -57,7 +58,11 @@ def test_eval_job_logs_accuracy_summary_and_samples(tracking):
     assert out["bfcl/simple_python/accuracy"] == 1.0 and out["bfcl/multi_turn_base/accuracy"] == 1.0
     run = mlflow.MlflowClient(tracking.uri).get_run(out["run_id"])
     assert run.data.metrics["bfcl/irrelevance/accuracy"] == 1.0
-    assert run.data.metrics["bfcl/summary/overall"] == 1.0
+    # BFCL v4's formula, the categories that did not run counted 0: simple = (1 + 0 + 0) / 3 (Java, JavaScript),
+    # non-live = simple / 4, irrelevance = (1 + 0) / 2, multi-turn = 1 / 4; weights 10/10/10/30/40
+    assert run.data.metrics["bfcl/summary/overall"] == pytest.approx(0.1 * (1 / 3) / 4 + 0.1 * 0.5 + 0.3 * 0.25)
+    assert run.data.tags["bfcl.decoder"] == "palaestra" and run.data.tags["bfcl.version"].startswith("BFCL v4")
+    assert (tmp_path / "bfcl" / "score" / "data_overall.csv").is_file()
     path = mlflow.artifacts.download_artifacts(
         run_id=out["run_id"], artifact_path="bfcl/multi_turn_base.jsonl", tracking_uri=tracking.uri
     )

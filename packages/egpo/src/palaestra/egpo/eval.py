@@ -13,12 +13,14 @@ same decode-and-score path. Logged: ``bfcl/<category>/accuracy`` (with its 95% W
 ``ci95_low`` / ``ci95_high``), summary scores, and a JSONL
 artifact per category with every sample's output, decoded calls and verdict.
 
-Summary scores, over the categories that ran (BFCL's leaderboard groups, without Java/JavaScript,
-web search, memory and format sensitivity, which do not run offline or in our format):
-``bfcl/summary/non_live`` (mean of the non-live AST categories), ``bfcl/summary/live`` (mean weighted by
-entry count over the live categories), ``bfcl/summary/multi_turn`` (mean of the multi-turn ones),
-``bfcl/summary/hallucination`` (mean of the relevance categories), ``bfcl/summary/overall`` (mean of
-the groups above that ran).
+Summary scores: BFCL v4's own formula (`palaestra.egpo.bfcl_results.bfcl_summary`: weighted groups,
+live without live_relevance, categories that did not run count 0 as in BFCL), logged as
+``bfcl/summary/{overall,non_live,live,irrelevance,multi_turn,agentic,relevance}``. BFCL's result files,
+score files and ``data_overall.csv`` go to ``<output_dir>/bfcl/`` (and MLflow), so that ``bfcl evaluate``
+can re-score a run. ``decoder`` says how responses were decoded (ours: one malformed ``<tool_call>``
+block fails the answer; ``bfcl``: BFCL's Qwen FC decoder skips it), ``prompt`` whether our system prompt
+is added (``palaestra``) or the entry goes as BFCL's FC mode sends it (``bfcl_fc``: BFCL's messages, BFCL's
+function docs as tools, the model's own chat template); both are tagged on the run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from palaestra.egpo import bfcl
+from palaestra.egpo.bfcl_results import BFCL_VERSION, DECODERS, bfcl_summary, decode_calls, write_run_files
 from palaestra.egpo.multiturn import BFCLMultiTurnEnv, ground_truth_turn_calls
 from palaestra.egpo.reward import judge_completion
 from palaestra.egpo.tasks import FCTask, canonical_calls, load_bfcl
@@ -37,27 +40,16 @@ from palaestra.shared.jobs import job
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.rollout.env import Step, TextEnv
 from palaestra.shared.stats import wilson_interval
-from palaestra.shared.toolcall import ToolCall, format_calls, parse_response
+from palaestra.shared.toolcall import ToolCall, format_calls
 from palaestra.shared.tracking import Tracker
 
-DEFAULT_CATEGORIES = [
-    "simple_python",
-    "multiple",
-    "parallel",
-    "parallel_multiple",
-    "irrelevance",
-    "live_simple",
-    "live_multiple",
-    "live_irrelevance",
-    "multi_turn_base",
-    "multi_turn_miss_func",
-    "multi_turn_miss_param",
-    "multi_turn_long_context",
-]
+DEFAULT_CATEGORIES = list(bfcl.ALL_CATEGORIES)
+"""Every BFCL category that runs offline in our format (see `palaestra.egpo.bfcl`)."""
+PROMPTS = ("palaestra", "bfcl_fc")
 
 
 @dataclass
-class EvalConfig(JobConfig):
+class BfclEvalConfig(JobConfig):
     """Evaluate a model on BFCL categories with the official checkers."""
 
     llm: LLMConfig = field(default_factory=LLMConfig)
@@ -76,6 +68,12 @@ class EvalConfig(JobConfig):
     """Prompt + response tokens per conversation (multi-turn prompts carry all eight environments' docs)."""
     max_model_calls: int = 60
     """Model responses per multi-turn episode (all turns together); more truncates it (scored wrong)."""
+    decoder: str = "palaestra"
+    """palaestra (one malformed tool-call block fails the answer) | bfcl (BFCL's Qwen FC decoder: skipped)."""
+    prompt: str = "palaestra"
+    """palaestra (our system prompt, tools as JSON schema) | bfcl_fc (BFCL's FC-mode messages and function docs)."""
+    write_bfcl_files: bool = True
+    """Write BFCL's result / score files and score CSV under ``<output_dir>/bfcl``."""
 
 
 class BFCLSingleTurnEnv(TextEnv):
@@ -83,8 +81,9 @@ class BFCLSingleTurnEnv(TextEnv):
 
     agents = ["agent"]
 
-    def __init__(self, task: FCTask):
+    def __init__(self, task: FCTask, decoder: str = "palaestra", prompt: str = "palaestra"):
         self.task = task
+        self.decoder, self.prompt = decoder, prompt
         self.env_type = f"bfcl_{task.category}"
 
     def reset(self, seed: int | None = None) -> dict[str, Any]:
@@ -95,26 +94,26 @@ class BFCLSingleTurnEnv(TextEnv):
         if self._observed:
             return []
         self._observed = True
-        return self.task.prompt_messages()
+        return list(self.task.messages) if self.prompt == "bfcl_fc" else self.task.prompt_messages()
 
     def tools(self, agent: str) -> list[dict] | None:
-        return self.task.chat_tools()
+        return list(self.task.tools) if self.prompt == "bfcl_fc" else self.task.chat_tools()
 
     def step(self, action: str) -> Step:
-        verdict = score_single_turn(self.task, action)
+        verdict = score_single_turn(self.task, action, self.decoder)
         return Step(rewards={"agent": 1.0 if verdict["valid"] else 0.0}, terminated=True, info=verdict)
 
 
-def score_single_turn(task: FCTask, text: str) -> dict[str, Any]:
-    """Decode `text` in our format and score it with BFCL's official rule for the task's category."""
-    parsed = parse_response(text)
-    decoded = None if parsed.error else [{c.name: c.arguments} for c in parsed.calls]
-    out: dict[str, Any] = {"decoded": decoded, "decode_error": parsed.error}
+def score_single_turn(task: FCTask, text: str, decoder: str = "palaestra") -> dict[str, Any]:
+    """Decode `text` (our rule or BFCL's) and score it with BFCL's official rule for the task's category."""
+    calls, error = decode_calls(text, decoder)
+    decoded = None if calls is None else [{c.name: c.arguments} for c in calls]
+    out: dict[str, Any] = {"decoded": decoded, "decode_error": error}
     if bfcl.category_kind(task.category) == "relevance":
         out["valid"] = bfcl.official_relevance_check(decoded, task.category)
         out["error"] = None if out["valid"] else "relevance rule"
     elif decoded is None:
-        out["valid"], out["error"] = False, f"ast_decoder:decoder_failed ({parsed.error})"
+        out["valid"], out["error"] = False, f"ast_decoder:decoder_failed ({error})"
     else:
         result = bfcl.official_ast_check(task.tools, copy.deepcopy(decoded), task.ground_truth, task.category)
         out["valid"], out["error"] = bool(result["valid"]), result.get("error_type")
@@ -165,7 +164,7 @@ def run_oracle(envs: list[TextEnv], wrong: bool) -> list[dict]:
     return out
 
 
-def run_model(envs: list[TextEnv], client: Any, cfg: EvalConfig) -> list[dict]:
+def run_model(envs: list[TextEnv], client: Any, cfg: BfclEvalConfig) -> list[dict]:
     from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
 
     # a conversation longer than the model's context is cut (scored wrong), never sent
@@ -199,43 +198,30 @@ def run_model(envs: list[TextEnv], client: Any, cfg: EvalConfig) -> list[dict]:
     return out
 
 
-def build_envs(category: str, limit: int | None) -> tuple[list[TextEnv], list[str]]:
+def build_envs(
+    category: str, limit: int | None, decoder: str = "palaestra", prompt: str = "palaestra"
+) -> tuple[list[TextEnv], list[str]]:
     if bfcl.category_kind(category) == "multi_turn":
         envs, ids = [], []
         for entry, truth in bfcl.load_category(category, limit):
-            env = BFCLMultiTurnEnv(entry, truth)
+            env = BFCLMultiTurnEnv(entry, truth, decoder=decoder, system_prompt=prompt != "bfcl_fc")
             env.oracle_calls = ground_truth_turn_calls(entry, truth)
             envs.append(env)
             ids.append(entry["id"])
         return envs, ids
     tasks = load_bfcl(category, limit)
-    return [BFCLSingleTurnEnv(t) for t in tasks], [t.id for t in tasks]
+    return [BFCLSingleTurnEnv(t, decoder, prompt) for t in tasks], [t.id for t in tasks]
 
 
-def summary_scores(accuracy: dict[str, float], counts: dict[str, int]) -> dict[str, float]:
-    groups: dict[str, float] = {}
-    non_live = [accuracy[c] for c in bfcl.AST_CATEGORIES if c in accuracy and not c.startswith("live")]
-    live = [c for c in accuracy if c.startswith("live") and c != "live_irrelevance"]
-    multi = [accuracy[c] for c in bfcl.MULTI_TURN_CATEGORIES if c in accuracy]
-    halluc = [accuracy[c] for c in ("irrelevance", "live_irrelevance") if c in accuracy]
-    if non_live:
-        groups["non_live"] = sum(non_live) / len(non_live)
-    if live:
-        groups["live"] = sum(accuracy[c] * counts[c] for c in live) / sum(counts[c] for c in live)
-    if multi:
-        groups["multi_turn"] = sum(multi) / len(multi)
-    if halluc:
-        groups["hallucination"] = sum(halluc) / len(halluc)
-    if groups:
-        groups["overall"] = sum(groups.values()) / len(groups)
-    return {f"bfcl/summary/{k}": v for k, v in groups.items()}
-
-
-@job("egpo.eval", EvalConfig)
-def evaluate(cfg: EvalConfig, tracker: Tracker) -> dict:
+@job("egpo.eval", BfclEvalConfig)
+def evaluate(cfg: BfclEvalConfig, tracker: Tracker) -> dict:
     """BFCL evaluation of any LLM backend in our prompt format, scored by BFCL's official checkers."""
     if cfg.policy not in ("model", "ground_truth", "wrong"):
         raise ConfigError(f"invalid value for 'policy': {cfg.policy!r} (model | ground_truth | wrong)")
+    if cfg.decoder not in DECODERS:
+        raise ConfigError(f"invalid value for 'decoder': {cfg.decoder!r} ({' | '.join(DECODERS)})")
+    if cfg.prompt not in PROMPTS:
+        raise ConfigError(f"invalid value for 'prompt': {cfg.prompt!r} ({' | '.join(PROMPTS)})")
     try:
         for category in cfg.categories:
             bfcl.category_kind(category)
@@ -257,18 +243,23 @@ def evaluate(cfg: EvalConfig, tracker: Tracker) -> dict:
             client.close()
 
 
-def evaluate_with_client(cfg: EvalConfig, client: Any, tracker: Tracker) -> dict:
+def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker) -> dict:
     """Run and score every category with `client` (None: the oracle of ``cfg.policy``); log to `tracker`."""
-    accuracy, counts = {}, {}
+    tracker.set_tags({"bfcl.version": BFCL_VERSION, "bfcl.decoder": cfg.decoder, "bfcl.prompt": cfg.prompt})
+    accuracy, scores, by_category = {}, {}, {}
     for category in cfg.categories:
-        envs, ids = build_envs(category, cfg.limit)
+        envs, ids = build_envs(category, cfg.limit, cfg.decoder, cfg.prompt)
         if client is None:
             results = run_oracle(envs, wrong=cfg.policy == "wrong")
         else:
             results = run_model(envs, client, cfg)
         records = [{"id": i, "category": category, **_record(r)} for i, r in zip(ids, results)]
+        for record, env in zip(records, envs):
+            if isinstance(env, BFCLMultiTurnEnv):
+                record["turn_outputs"] = env.responses
+        by_category[category] = records
         correct = sum(r["valid"] for r in records)
-        accuracy[category], counts[category] = correct / max(len(records), 1), len(records)
+        accuracy[category], scores[category] = correct / max(len(records), 1), (correct, len(records))
         low, high = wilson_interval(correct, len(records))
         tracker.log_metrics(
             {
@@ -281,8 +272,22 @@ def evaluate_with_client(cfg: EvalConfig, client: Any, tracker: Tracker) -> dict
         tracker.log_text("\n".join(json.dumps(r, default=str) for r in records) + "\n", f"bfcl/{category}.jsonl")
         interval = f"95% CI [{low:.2%}, {high:.2%}]"
         print(f"egpo.eval: {category}: {correct}/{len(records)} = {accuracy[category]:.2%} {interval}", flush=True)
-    summary = summary_scores(accuracy, counts)
+    summary = {f"bfcl/summary/{k}": v for k, v in bfcl_summary(scores).items() if k != "non_live_simple"}
     tracker.log_metrics(summary)
+    not_run = [c for c in DEFAULT_CATEGORIES if c not in scores]
+    print(
+        f"egpo.eval: {BFCL_VERSION} overall {summary['bfcl/summary/overall']:.2%} (decoder {cfg.decoder}, "
+        f"prompt {cfg.prompt}; counted 0 as BFCL does: {', '.join(not_run) or 'none'} + web search, memory, "
+        "Java, JavaScript)",
+        flush=True,
+    )
+    if cfg.write_bfcl_files:
+        from pathlib import Path
+
+        root = Path(cfg.output_dir) / "bfcl"
+        files = write_run_files(root, by_category, model=cfg.llm.model if client is not None else cfg.policy)
+        tracker.log_artifact(root, "bfcl")
+        print(f"egpo.eval: BFCL result/score files and {files['csv']} under {root}", flush=True)
     return {**{f"bfcl/{c}/accuracy": a for c, a in accuracy.items()}, **summary}
 
 

@@ -29,7 +29,6 @@ from typing import Any
 from palaestra.egpo.bfcl import call_string, load_category, require_bfcl
 from palaestra.egpo.tasks import SYSTEM_PROMPT, to_chat_tool
 from palaestra.shared.rollout.env import Step, TextEnv
-from palaestra.shared.toolcall import parse_response
 
 MAX_STEPS_PER_TURN = 20
 """BFCL's MAXIMUM_STEP_LIMIT."""
@@ -41,8 +40,19 @@ class BFCLMultiTurnEnv(TextEnv):
     agents = ["agent"]
     env_type = "bfcl_multi_turn"
 
-    def __init__(self, entry: dict, ground_truth: list[list[str]], max_steps: int = MAX_STEPS_PER_TURN):
+    def __init__(
+        self,
+        entry: dict,
+        ground_truth: list[list[str]],
+        max_steps: int = MAX_STEPS_PER_TURN,
+        decoder: str = "palaestra",
+        system_prompt: bool = True,
+    ):
         require_bfcl()
+        self.decoder = decoder
+        """palaestra | bfcl: the decode rule of `palaestra.egpo.bfcl_results.decode_calls`."""
+        self.system_prompt = system_prompt
+        """Our system prompt first (False: BFCL's FC mode, the entry's messages and function docs only)."""
         self.entry = entry
         self.ground_truth = ground_truth
         self.max_steps = max_steps
@@ -63,7 +73,8 @@ class BFCLMultiTurnEnv(TextEnv):
         self.steps_in_turn = 0
         self.decoded: list[list[list[str]]] = [[]]
         self.responses: list[list[str]] = [[]]
-        self.pending: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, *self._user_messages(0)]
+        system = [{"role": "system", "content": SYSTEM_PROMPT}] if self.system_prompt else []
+        self.pending: list[dict] = [*system, *self._user_messages(0)]
         self.result: dict[str, Any] | None = None
         self._execute([])  # create this episode's instances from the initial config
         return {"id": self.entry["id"], "turns": len(self.entry["question"])}
@@ -73,15 +84,19 @@ class BFCLMultiTurnEnv(TextEnv):
         return messages
 
     def tools(self, agent: str) -> list[dict] | None:
+        if not self.system_prompt:
+            return list(self.entry["function"])
         return [to_chat_tool(doc) for doc in self.entry["function"]]
 
     def step(self, action: str) -> Step:
-        parsed = parse_response(action)
+        from palaestra.egpo.bfcl_results import decode_calls
+
+        decoded, error = decode_calls(action, self.decoder)
         self.responses[self.turn].append(action)
-        calls = [] if parsed.error else parsed.calls
+        calls = decoded or []
         info: dict[str, Any] = {"action": [(c.name, c.arguments) for c in calls], "turn": self.turn}
-        if parsed.error:
-            info["format_error"] = parsed.error
+        if error:
+            info["format_error"] = error
         if calls:
             strings = [call_string(c.name, c.arguments) for c in calls]
             self.decoded[self.turn].append(strings)

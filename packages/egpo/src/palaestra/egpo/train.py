@@ -182,15 +182,16 @@ def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
         trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
         out = trainer.train()
     if cfg.eval.categories:
-        from palaestra.egpo.eval import EvalConfig, evaluate_with_client
+        from palaestra.egpo.eval import BfclEvalConfig, evaluate_with_client
 
-        eval_cfg = EvalConfig(
+        eval_cfg = BfclEvalConfig(
             llm=cfg.llm,
             categories=list(cfg.eval.categories),
             limit=cfg.eval.limit,
             max_tokens_per_turn=cfg.eval.max_tokens_per_turn,
             max_model_calls=cfg.eval.max_model_calls,
             seed=cfg.seed,
+            output_dir=f"{cfg.output_dir}/eval",
         )
         out.update(evaluate_with_client(eval_cfg, trainer.client, tracker))
     return out

@@ -1,0 +1,114 @@
+"""BFCL's scoreboard: the summary formula by hand and by BFCL's own code, result files that BFCL's own scorer
+reads, and the two decode rules."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+
+import pytest
+
+from palaestra.egpo.bfcl import CHECKER_MODEL_NAME
+from palaestra.egpo.bfcl_results import bfcl_summary, decode_calls, write_run_files
+from palaestra.egpo.eval import build_envs, run_oracle
+
+pytestmark = pytest.mark.skipif(not importlib.util.find_spec("bfcl_eval"), reason="bfcl-eval not installed")
+
+SCORES = {  # (correct, total)
+    "simple_python": (30, 40),
+    "multiple": (10, 20),
+    "parallel": (5, 20),
+    "live_simple": (8, 10),
+    "live_multiple": (15, 30),
+    "live_parallel": (1, 4),
+    "live_relevance": (3, 4),
+    "irrelevance": (18, 20),
+    "live_irrelevance": (6, 10),
+    "multi_turn_base": (2, 10),
+    "multi_turn_miss_func": (1, 10),
+}
+
+
+def _first_row(path) -> dict:
+    with open(path) as f:
+        return next(csv.DictReader(f))
+
+
+SIZES = {"live_parallel_multiple": 6}  # a live category that did not run: 0 correct out of BFCL's count
+
+
+def test_summary_formula_by_hand():
+    # non-live: simple = mean(simple_python 0.75, simple_java 0, simple_javascript 0) = 0.25;
+    #   mean(0.25, multiple 0.5, parallel 0.25, parallel_multiple 0) = 0.25
+    # live: weighted by count over the four live AST categories, live_relevance left out:
+    #   (8 + 15 + 1 + 0) / (10 + 30 + 4 + 6) = 24 / 50 = 0.48
+    # irrelevance: mean(0.9, 0.6) = 0.75; multi-turn: mean(0.2, 0.1, 0, 0) = 0.075; agentic: 0
+    # overall: 0.1 * 0.25 + 0.1 * 0.48 + 0.1 * 0.75 + 0.3 * 0.075 + 0.4 * 0 = 0.1705
+    summary = bfcl_summary(SCORES, SIZES)
+    assert summary["non_live"] == pytest.approx(0.25)
+    assert summary["live"] == pytest.approx(0.48)
+    assert summary["irrelevance"] == pytest.approx(0.75)
+    assert summary["multi_turn"] == pytest.approx(0.075)
+    assert summary["agentic"] == 0.0
+    assert summary["relevance"] == pytest.approx(0.75)
+    assert summary["overall"] == pytest.approx(0.1705)
+
+
+@pytest.mark.slow  # BFCL's leaderboard code loads every category's data (about 30 s)
+def test_summary_and_csv_equal_bfcls_own_leaderboard_code(tmp_path):
+    from bfcl_eval.eval_checker.eval_runner_helper import generate_leaderboard_csv
+
+    from palaestra.egpo.bfcl_results import write_score_csv
+
+    table = {CHECKER_MODEL_NAME: {c: {"accuracy": k / n, "total_count": n} for c, (k, n) in SCORES.items()}}
+    generate_leaderboard_csv(table, tmp_path)
+    theirs = _first_row(tmp_path / "data_overall.csv")
+    ours_path = write_score_csv(tmp_path / "ours", SCORES, "m")
+    ours = _first_row(ours_path)
+    assert float(theirs["Overall Acc"].rstrip("%")) / 100 == pytest.approx(bfcl_summary(SCORES)["overall"], abs=5e-5)
+    columns = [c for c in theirs if c not in ("Rank", "Model", "Model Link", "Organization", "License")]
+    for column in columns:  # every score column as BFCL shows it ("N/A" where it shows "N/A")
+        assert ours[column] == theirs[column], (column, ours[column], theirs[column])
+
+
+@pytest.mark.slow  # BFCL's runner over five categories (about 30 s)
+def test_bfcls_own_scorer_reads_our_result_files(tmp_path):
+    from bfcl_eval.eval_checker.eval_runner import runner
+
+    categories = ["simple_python", "parallel", "irrelevance", "live_relevance", "multi_turn_base"]
+    records = {}
+    for category in categories:
+        envs, ids = build_envs(category, limit=4)
+        # a mixed result set: entries 0 and 2 answered right, 1 and 3 wrong
+        results = [run_oracle([env], wrong=i % 2 == 1)[0] for i, env in enumerate(envs)]
+        records[category] = []
+        for i, env, r in zip(ids, envs, results):
+            record = {"id": i, "outputs": r["outputs"], "valid": r["reward"] == 1.0}
+            if hasattr(env, "responses"):
+                record["turn_outputs"] = env.responses
+            records[category].append(record)
+    ours = write_run_files(tmp_path, records, model="oracle")["scores"]
+    assert all(ours[c] == (2, 4) for c in categories), ours
+    score_dir = tmp_path / "bfcl_score"
+    score_dir.mkdir()
+    runner([CHECKER_MODEL_NAME], categories, tmp_path / "result", score_dir, allow_missing=True)
+    for category in categories:
+        (path,) = score_dir.glob(f"{CHECKER_MODEL_NAME}/*/BFCL_v4_{category}_score.json")
+        header = json.loads(path.read_text().splitlines()[0])
+        assert (header["correct_count"], header["total_count"]) == ours[category], category
+    theirs = _first_row(score_dir / "data_overall.csv")
+    mine = _first_row(tmp_path / "score" / "data_overall.csv")
+    assert theirs["Overall Acc"] == mine["Overall Acc"]
+
+
+def test_decode_rules_differ_on_a_malformed_block():
+    good = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    text = f"<think>t</think>\n{good}\n<tool_call>\n{{broken\n</tool_call>"
+    calls, error = decode_calls(text, "palaestra")
+    assert calls is None and "not valid JSON" in error  # ours: the whole answer fails
+    calls, error = decode_calls(text, "bfcl")
+    assert error is None and [(c.name, c.arguments) for c in calls] == [("f", {"x": 1})]  # BFCL: skipped
+    assert decode_calls(good, "palaestra")[0] == decode_calls(good, "bfcl")[0]
+    with pytest.raises(ValueError, match="unknown decoder"):
+        decode_calls(good, "lenient")
