@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from palaestra.datagen.dataset import read_rows
@@ -29,6 +30,11 @@ from palaestra.shared.jobs import job
 from palaestra.shared.tracking import Tracker
 
 FORMATS = ("openai", "sharegpt")
+
+
+class AddedFunctionRole(StrEnum):
+    system = "system"
+    user = "user"
 
 
 @dataclass
@@ -42,7 +48,7 @@ class ExportConfig(JobConfig):
     """Or an explicit samples file."""
     formats: list[str] = field(default_factory=lambda: list(FORMATS))
     """openai | sharegpt."""
-    added_function_role: str = "system"
+    added_function_role: AddedFunctionRole = AddedFunctionRole.system
     """Role of the message that adds a withheld function: system | user."""
 
     @property
@@ -176,8 +182,8 @@ def dataset_card(rows: list[dict], stats: dict, source: Path, files: list[str]) 
 def export(cfg: ExportConfig, tracker: Tracker) -> dict:
     """Export samples to OpenAI messages + tools (TRL) and ShareGPT, with a dataset card."""
     unknown = [f for f in cfg.formats if f not in FORMATS]
-    if unknown or cfg.added_function_role not in ("system", "user"):
-        raise ConfigError(f"formats must be among {FORMATS} and added_function_role system | user (got {cfg})")
+    if unknown:
+        raise ConfigError(f"formats: unknown {unknown} (known: {list(FORMATS)})")
     source = cfg.input_path
     if not source.is_file():
         raise ConfigError(f"datagen.export: no samples file at {source} (run datagen.generate first)")

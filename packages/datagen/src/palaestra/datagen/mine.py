@@ -32,6 +32,7 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from palaestra.datagen.chain import TurnTask, run_try
@@ -47,6 +48,11 @@ from palaestra.shared.toolcall import ToolCall, format_calls
 from palaestra.shared.tracking import Tracker, scratch_dir
 
 
+class StudentKind(StrEnum):
+    llm = "llm"
+    scripted = "scripted"
+
+
 @dataclass
 class MineConfig(DataGenerationConfig):
     """Closed loop: generate, evaluate a student, reweight the graph, repeat."""
@@ -54,7 +60,7 @@ class MineConfig(DataGenerationConfig):
     job: str = "datagen.mine"
     rounds: int = 3
     """Generation rounds."""
-    student: str = "llm"
+    student: StudentKind = StudentKind.llm
     """llm (any backend, `student_llm`) | scripted (fails on `weak_tools`)."""
     student_llm: LLMConfig = field(default_factory=LLMConfig)
     """The student model."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cache
 
 from palaestra.datagen import roles as R
@@ -29,17 +30,24 @@ from palaestra.shared.llm.base import LLMConfig, SamplingParams
 ROLE_NAMES = ("tool_maker", "query_writer", "reasoner", "critic")
 
 
+class RoleImpl(StrEnum):
+    """Who plays a role: templates from schemas and the trace, or an LLM."""
+
+    deterministic = "deterministic"
+    llm = "llm"
+
+
 @dataclass
 class RolesConfig:
     """Which implementation plays each role, and the LLM behind the LLM ones."""
 
-    tool_maker: str = "deterministic"
+    tool_maker: RoleImpl = RoleImpl.deterministic
     """deterministic | llm."""
-    query_writer: str = "deterministic"
+    query_writer: RoleImpl = RoleImpl.deterministic
     """deterministic | llm."""
-    reasoner: str = "deterministic"
+    reasoner: RoleImpl = RoleImpl.deterministic
     """deterministic | llm."""
-    critic: str = "deterministic"
+    critic: RoleImpl = RoleImpl.deterministic
     """deterministic | llm."""
     naive_first_try: float = 0.3
     """Deterministic reasoner: chance to skip hidden steps on its first try (exercises the critic loop)."""
