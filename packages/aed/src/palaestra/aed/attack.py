@@ -172,10 +172,11 @@ def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:
 
 
 def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[str, Any]:
-    """Fit the Bradley-Terry model on judge-labelled accidents, fine-tune with it, evaluate again."""
+    """Fit the Bradley-Terry model on judge-compared pairs of accidents (held-out pair accuracy reported),
+    fine-tune with it, evaluate again."""
     from palaestra.aed.evaluation import evaluate
     from palaestra.aed.judge import rule_breakdown
-    from palaestra.aed.preference import PreferenceModel, label_accidents, relabel_replay
+    from palaestra.aed.preference import PreferenceModel, compare_pairs, label_accidents, relabel_replay, split_pairs
     from palaestra.aed.train import _vec_env, restart_exploration, train_adversary
 
     accidents = stats["accident_log"] + ev_before["accidents"]
@@ -199,8 +200,17 @@ def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[st
             f"{n_pos}/{len(accidents)} accidents the victim is responsible for"
         )
         return {**base, "skipped": 1}
-    pm = PreferenceModel(len(accidents[0]["features"]), seed=cfg.seed)
-    fit = pm.fit([a["features"] for a in accidents], labels, epochs=cfg.preference.epochs, seed=cfg.seed)
+    features = [a["features"] for a in accidents]
+    pairs = compare_pairs(accidents, judge, max_pairs=cfg.preference.max_pairs, seed=cfg.seed)
+    train_idx, train_pairs, test_pairs = split_pairs(len(accidents), pairs, cfg.preference.holdout, cfg.seed)
+    if not train_pairs:
+        print(f"[aed] preference learning skipped for {spec.accident_type}: no judged pair among training accidents")
+        return {**base, "skipped": 1}
+    pm = PreferenceModel(len(features[0]), seed=cfg.seed)
+    fit = pm.fit(features, train_pairs, epochs=cfg.preference.epochs)
+    fit["heldout_pairs"] = len(test_pairs)
+    fit["heldout_pair_accuracy"] = pm.pair_accuracy(features, test_pairs) if test_pairs else -1.0
+    fit["label_accuracy"] = pm.calibrate([features[i] for i in train_idx], [labels[i] for i in train_idx])
     tuned = replace(
         spec,
         preference_model=pm.to_dict(),

@@ -40,7 +40,7 @@ class PreferenceConfig:
     enabled: bool = False
     """Fit a Bradley-Terry model on judge-labelled accidents and fine-tune the adversary with it."""
     judge: str = "rules"
-    """rules | llm (through ``llm``): who labels the pairs."""
+    """rules (the graded rule score) | llm (through ``llm``): who compares the pairs and labels the accidents."""
     finetune_timesteps: int = 1000
     effective_bonus: float = 10.0
     """Extra reward during fine-tuning for an accident the model scores effective."""
@@ -58,6 +58,10 @@ class PreferenceConfig:
     (see `palaestra.aed.preference.relabel_replay`; measured effect in the package README)."""
     epochs: int = 200
     """Bradley-Terry fitting epochs."""
+    max_pairs: int = 2000
+    """Pairs of accidents the judge compares (which one is the AV more responsible for)."""
+    holdout: float = 0.25
+    """Share of the accidents held out: the model's pair accuracy is reported on pairs among them."""
     min_accidents: int = 6
     """Fewer accidents than this (or only one kind): preference learning is skipped and said so."""
 

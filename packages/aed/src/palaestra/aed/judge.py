@@ -31,6 +31,14 @@ rule-based judge applies these rules in order; the first that matches decides:
 Accidents where the victim is not responsible (e.g. an adversary rams it) are
 *ineffective*: they say nothing about the AV's flaws.
 
+`RuleJudge.score` grades responsibility in [0, 1] for comparing two
+accidents (which one is the AV more responsible for): 0.5 and above when the
+rules hold the victim responsible, below otherwise, refined by how
+clear-cut the deciding evidence is (e.g. a rear-end after a long settled
+follow at a short headway scores above one just past the reaction time).
+The grading is our choice (the paper has an LLM compare the pair; so does
+`LLMJudge.compare_many`).
+
 `LLMJudge` asks a model (any `LLMClient`) for a verdict on the same record;
 an unparseable answer falls back to the rule-based verdict and is counted.
 """
@@ -55,6 +63,24 @@ class RuleJudge:
 
     def __call__(self, rec: CollisionRecord) -> bool:
         return self.explain(rec)[0]
+
+    def score(self, rec: CollisionRecord) -> float:
+        """Graded responsibility in [0, 1] (module docstring): the verdict, refined by the evidence."""
+        verdict, rule = self.explain(rec)
+        if rule.startswith(("victim not", "1:", "6:")):
+            evidence = 1.0 if verdict else 0.0
+        elif rule.startswith("2:"):
+            evidence = 0.5 * (rec.striker == "victim") + 0.5 * min(rec.a_speed, 20.0) / 20.0
+        elif rule.startswith("3:"):
+            settled = min(rec.b_in_a_lane_s, 4.0) / 4.0
+            tight = 1.0 - min(rec.a_headway_s, 3.0) / 3.0
+            gentle = 1.0 - min(max(-rec.b_min_accel, 0.0), 10.0) / 10.0
+            evidence = (settled + tight + gentle) / 3.0
+        elif rule.startswith("4:"):
+            evidence = 1.0 - min(rec.a_in_b_lane_s, 4.0) / 4.0
+        else:  # 5: side contact
+            evidence = 0.6 * rec.a_lane_changing + 0.4 * (rec.striker == "victim")
+        return 0.5 + 0.5 * evidence if verdict else 0.5 * evidence
 
     def explain(self, rec: CollisionRecord) -> tuple[bool, str]:
         """(victim responsible, the rule that decided)."""
@@ -101,6 +127,17 @@ or changed lanes into an occupied gap), or not (it was rammed, cut off, or brake
 with <answer>RESPONSIBLE</answer> or <answer>NOT_RESPONSIBLE</answer>."""
 
 
+LLM_PAIR_PROMPT = """You judge traffic accidents in a driving simulator. In each, vehicle "a" is the automated \
+vehicle under test (the victim) and "b" the other road user (same fields as before: geometry at first contact, \
+lanes, time in the other's lane, hardest braking, headway).
+
+Accident A: {first}
+Accident B: {second}
+
+For which of the two accidents is the automated vehicle MORE responsible? Think briefly, then end with \
+<answer>A</answer> or <answer>B</answer>."""
+
+
 class LLMJudge:
     """AV responsibility from an LLM; falls back to the rule-based judge on an unparseable answer."""
 
@@ -131,12 +168,34 @@ class LLMJudge:
     def __call__(self, rec: CollisionRecord) -> bool:
         return self.judge_many([rec])[0]
 
+    def compare_many(self, pairs: list[tuple[CollisionRecord, CollisionRecord]]) -> list[int]:
+        """For each pair, 0 if the victim is more responsible for the first accident, else 1 (an unparseable
+        answer falls back to the graded rule score, and is counted)."""
+        prompts = [
+            [{"role": "user", "content": LLM_PAIR_PROMPT.format(first=_fields(a), second=_fields(b))}] for a, b in pairs
+        ]
+        outs = self.client.chat(prompts, self.params) if prompts else []
+        choices = []
+        for (a, b), out in zip(pairs, outs):
+            self.calls += 1
+            found = re.findall(r"<answer>\s*([AB])\s*</answer>", out.text or "", flags=re.I)
+            if found:
+                choices.append(0 if found[-1].upper() == "A" else 1)
+            else:
+                self.fallbacks += 1
+                choices.append(0 if self.fallback.score(a) >= self.fallback.score(b) else 1)
+        return choices
+
     @staticmethod
     def prompt(rec: CollisionRecord) -> str:
-        fields = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in rec.to_dict().items()}
-        for key in ("victim_responsible", "extra"):
-            fields.pop(key, None)
-        return LLM_JUDGE_PROMPT.format(record=json.dumps(fields))
+        return LLM_JUDGE_PROMPT.format(record=_fields(rec))
+
+
+def _fields(rec: CollisionRecord) -> str:
+    fields = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in rec.to_dict().items()}
+    for key in ("victim_responsible", "extra", "accident_type"):
+        fields.pop(key, None)
+    return json.dumps(fields)
 
 
 def rule_breakdown(accidents: list[dict]) -> dict[str, int]:

@@ -1,11 +1,15 @@
 """Preference learning over accidents: a Bradley-Terry reward model of AV responsibility.
 
 Pairs of accident trajectories (``accident_features``: the contact geometry
-and the adversary's last steps) are labelled by a judge (rule-based or LLM):
-the accident the victim is responsible for is preferred. A small MLP ``r(x)``
-is fitted with the Bradley-Terry likelihood ``P(a > b) = sigmoid(r(a) - r(b))``.
-BT scores are shift-invariant, so the effectiveness threshold is the score
-that best separates the judge's labels on the training accidents.
+and the adversary's last steps) are compared by a judge: which of the two is
+the AV more responsible for (`compare_pairs`: the graded rule score
+`RuleJudge.score`, or an `LLMJudge` reading both records). A small MLP
+``r(x)`` is fitted with the Bradley-Terry likelihood
+``P(a > b) = sigmoid(r(a) - r(b))`` on the pairs among training accidents,
+and its accuracy is reported on pairs among held-out accidents
+(`split_pairs`). BT scores are shift-invariant, so the effectiveness
+threshold is the score that best separates the judge's per-accident verdicts
+on the training accidents (`PreferenceModel.calibrate`).
 
 Fine-tuning uses the model in two ways (`AdversaryEnv`):
 
@@ -53,24 +57,15 @@ class PreferenceModel:
     def fit(
         self,
         features: list[list[float]],
-        labels: list[bool],
+        pairs: list[tuple[int, int]],
         epochs: int = 200,
         lr: float = 1e-2,
-        seed: int = 0,
-        max_pairs: int = 4000,
     ) -> dict[str, float]:
-        """Fit on all (responsible, not responsible) pairs; return training accuracy and pair count."""
+        """Fit on judged pairs ``(preferred, other)`` (indices into `features`); return loss and pair accuracy."""
         import torch
 
-        pos = [i for i, y in enumerate(labels) if y]
-        neg = [i for i, y in enumerate(labels) if not y]
-        if not pos or not neg:
-            raise ValueError(
-                f"preference learning needs both kinds of accidents: {len(pos)} responsible, {len(neg)} not"
-            )
-        pairs = [(i, j) for i in pos for j in neg]
-        random.Random(seed).shuffle(pairs)
-        pairs = pairs[:max_pairs]
+        if not pairs:
+            raise ValueError("preference learning needs at least one judged pair of accidents")
         x = torch.as_tensor(np.asarray(features, np.float32))
         win = torch.as_tensor([p[0] for p in pairs])
         lose = torch.as_tensor([p[1] for p in pairs])
@@ -81,18 +76,27 @@ class PreferenceModel:
             opt.zero_grad()
             loss.backward()
             opt.step()
+        return {
+            "pairs": len(pairs),
+            "bt_loss": float(loss.detach()),
+            "pair_accuracy": self.pair_accuracy(features, pairs),
+        }
+
+    def pair_accuracy(self, features: list[list[float]], pairs: list[tuple[int, int]]) -> float:
+        """Share of pairs whose preferred accident scores higher."""
+        if not pairs:
+            return float("nan")
+        s = self.scores(features)
+        return float(np.mean([s[i] > s[j] for i, j in pairs]))
+
+    def calibrate(self, features: list[list[float]], labels: list[bool]) -> float:
+        """Set the threshold that best separates the per-accident verdicts; return that accuracy."""
         s = self.scores(features)
         y = np.asarray(labels, bool)
         candidates = np.unique(s)
         accuracy = [((s >= t) == y).mean() for t in candidates]
         self.threshold = float(candidates[int(np.argmax(accuracy))])
-        pair_acc = float((s[win.numpy()] > s[lose.numpy()]).mean())
-        return {
-            "pairs": len(pairs),
-            "bt_loss": float(loss.detach()),
-            "pair_accuracy": pair_acc,
-            "label_accuracy": float(max(accuracy)),
-        }
+        return float(max(accuracy))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,14 +116,50 @@ class PreferenceModel:
         return model
 
 
+def split_pairs(
+    n: int, pairs: list[tuple[int, int]], holdout: float = 0.25, seed: int = 0
+) -> tuple[list[int], list[tuple[int, int]], list[tuple[int, int]]]:
+    """Hold out a share of the accidents: (training accidents, pairs among them, pairs among the held-out ones).
+    Pairs across the two sets are dropped, so held-out accuracy is on accidents the model never saw."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    test = set(order[: int(round(holdout * n))])
+    train_pairs = [p for p in pairs if p[0] not in test and p[1] not in test]
+    test_pairs = [p for p in pairs if p[0] in test and p[1] in test]
+    return sorted(set(range(n)) - test), train_pairs, test_pairs
+
+
+def compare_pairs(
+    accidents: list[dict], judge=None, max_pairs: int = 2000, seed: int = 0, tie: float = 0.02
+) -> list[tuple[int, int]]:
+    """Random pairs of accidents, each ordered ``(more responsible, less)`` by `judge`: None for the graded rule
+    score (pairs within `tie` of each other are dropped), or an object with ``compare_many`` (an `LLMJudge`)."""
+    from palaestra.aed.judge import RuleJudge
+
+    records = _records(accidents)
+    n = len(records)
+    every = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    rng = random.Random(seed)
+    chosen = rng.sample(every, min(max_pairs, len(every)))
+    if judge is not None and hasattr(judge, "compare_many"):
+        picks = judge.compare_many([(records[i], records[j]) for i, j in chosen])
+        return [(i, j) if pick == 0 else (j, i) for (i, j), pick in zip(chosen, picks)]
+    score = [RuleJudge().score(r) for r in records]
+    return [(i, j) if score[i] > score[j] else (j, i) for i, j in chosen if abs(score[i] - score[j]) > tie]
+
+
+def _records(accidents: list[dict]):
+    from palaestra.aed.attribution import CollisionRecord
+
+    fields = CollisionRecord.__dataclass_fields__
+    return [CollisionRecord(**{k: v for k, v in a.items() if k in fields}) for a in accidents]
+
+
 def label_accidents(accidents: list[dict], judge=None) -> list[bool]:
     """Responsibility labels for accidents: from `judge` (e.g. an `LLMJudge`) or the rule verdict recorded in them."""
     if judge is None:
         return [bool(a["victim_responsible"]) for a in accidents]
-    from palaestra.aed.attribution import CollisionRecord
-
-    fields = CollisionRecord.__dataclass_fields__
-    records = [CollisionRecord(**{k: v for k, v in a.items() if k in fields}) for a in accidents]
+    records = _records(accidents)
     if hasattr(judge, "judge_many"):
         return judge.judge_many(records)
     return [bool(judge(r)) for r in records]
