@@ -150,6 +150,7 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
     batcher = MicroBatcher(client, max_prompts=limits.max_batch_prompts, max_queue=limits.max_queue)
     app = FastAPI(title="palaestra serve")
     app.state.batcher = batcher
+    started = int(time.time())
 
     def error(status: int, message: str, kind: str = "invalid_request_error", param=None, headers=None):
         return JSONResponse(wire.error_body(status, message, kind, param), status_code=status, headers=headers)
@@ -252,7 +253,8 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "palaestra"}]}
+        entry = {"id": model_name, "object": "model", "created": started, "owned_by": "palaestra"}
+        return {"object": "list", "data": [entry]}
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat_completions(body: wire.ChatRequest, request: Request) -> Any:
