@@ -170,3 +170,21 @@ def test_leaving_serve_in_thread_cancels_a_running_generation(client):
     assert time.monotonic() - t0 < 10.0
     thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_serve_warns_before_binding_beyond_loopback_without_a_key(monkeypatch, capsys):
+    from palaestra.shared.llm import LLMError
+    from palaestra.shared.llm import serve as serve_module
+
+    def stop(config):
+        raise LLMError("stopped before loading")  # nothing is bound: the warning comes first
+
+    monkeypatch.setattr(serve_module, "make_client", stop)
+    monkeypatch.delenv("PALAESTRA_API_KEY", raising=False)
+    with pytest.raises(LLMError, match="stopped before loading"):
+        serve_module.serve(LLMConfig(model="tiny"), host="0.0.0.0")
+    assert "listening on 0.0.0.0 without an API key" in capsys.readouterr().err
+    monkeypatch.setenv("PALAESTRA_API_KEY", "k")
+    with pytest.raises(LLMError):
+        serve_module.serve(LLMConfig(model="tiny"), host="0.0.0.0")
+    assert capsys.readouterr().err == ""
