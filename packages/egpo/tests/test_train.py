@@ -89,7 +89,7 @@ def test_smollm2_cpu_arms_differ_in_the_advantage_key_only():
     # RL starts from the model the SFT stage writes; every evaluation sees the same entries
     assert egpo.llm.model == sft.save_dir
     evals = [_stage_config(pipeline, n, pipeline.stages[n]) for n in ("baseline", "sft_eval")]
-    assert all(e.categories == list(egpo.eval.categories) and e.limit == egpo.eval.limit for e in evals)
+    assert all(e.categories == list(egpo.eval.categories) and e.limits == dict(egpo.eval.limits) for e in evals)
 
 
 def test_fc_tasks_max_tools_and_first_turn_only(tmp_path):

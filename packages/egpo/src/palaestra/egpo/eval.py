@@ -58,6 +58,8 @@ class BfclEvalConfig(JobConfig):
     """BFCL v4 categories (see palaestra.egpo.bfcl for what runs offline)."""
     limit: int | None = None
     """Entries per category (None: all)."""
+    limits: dict[str, int] = field(default_factory=dict)
+    """Entries of the categories named here (instead of ``limit``): the first N in BFCL's order."""
     policy: str = "model"
     """model | ground_truth | wrong (the last two: the harness check, with an oracle instead of the model)."""
     temperature: float = 0.0
@@ -248,7 +250,7 @@ def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker) -> 
     tracker.set_tags({"bfcl.version": BFCL_VERSION, "bfcl.decoder": cfg.decoder, "bfcl.prompt": cfg.prompt})
     accuracy, scores, by_category = {}, {}, {}
     for category in cfg.categories:
-        envs, ids = build_envs(category, cfg.limit, cfg.decoder, cfg.prompt)
+        envs, ids = build_envs(category, cfg.limits.get(category, cfg.limit), cfg.decoder, cfg.prompt)
         if client is None:
             results = run_oracle(envs, wrong=cfg.policy == "wrong")
         else:

@@ -155,6 +155,8 @@ class EvalAfterConfig:
     """BFCL categories (empty: no evaluation)."""
     limit: int | None = 5
     """Entries per category."""
+    limits: dict[str, int] = field(default_factory=dict)
+    """Entries of the categories named here (instead of ``limit``)."""
     max_tokens_per_turn: int = 256
     max_model_calls: int = 8
 
@@ -188,6 +190,7 @@ def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
             llm=cfg.llm,
             categories=list(cfg.eval.categories),
             limit=cfg.eval.limit,
+            limits=dict(cfg.eval.limits),
             max_tokens_per_turn=cfg.eval.max_tokens_per_turn,
             max_model_calls=cfg.eval.max_model_calls,
             seed=cfg.seed,
