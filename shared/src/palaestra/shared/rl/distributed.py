@@ -1,0 +1,200 @@
+"""The sharded learner: ``learner.world_size`` Ray actors forming one torch.distributed group (FSDP2 or DDP).
+
+The trainer's driver keeps the loop (rollout -> scoring -> advantages ->
+updates -> weight sync); `DistributedLearner` is the learner half of it, on N
+`LearnerRank` actors placed by one Ray placement group, as verl, OpenRLHF and
+ROLL place theirs (DESIGN.md §6). ``learner.world_size`` 1 never comes here:
+the model then lives in the trainer's own process.
+
+- Process group: gloo on CPU, NCCL on GPU (``learner.num_gpus`` > 0; Ray gives
+  each rank its own GPU, ``cuda:0`` inside the actor). Rank 0 publishes its
+  address and a free port; every rank joins with ``init_method=tcp://``.
+- Sharding: ``fsdp`` applies FSDP2 ``fully_shard`` to every module whose class
+  is in the model's ``_no_split_modules`` (the decoder layers), then to the root;
+  with bf16 compute (``learner.compute_dtype``, the default on GPU) through a
+  `MixedPrecisionPolicy` (fp32 gradient reduction, fp32 master weights).
+  ``ddp`` keeps a full replica per rank (`DistributedDataParallel`; bf16 under
+  autocast).
+- Data: each step's tensors go into the object store once (`ray.put`); a
+  minibatch's rows are cut into one contiguous, equal share per rank (sizes
+  differ by at most one row). A rank splits its share into micro-batches
+  (`batch.micro_batches`, ``learner.micro_batch_tokens``); ranks with fewer
+  micro-batches run zero-loss passes, so every rank issues the same
+  collectives.
+- Normalization: each rank's `loss_normalizer` (rows, tokens, or rows x
+  max_len) is all-reduced; every micro-batch's loss is divided by the global sum
+  over the world size, because DDP and FSDP average gradients across ranks:
+  the averaged gradient is then exactly the single-process gradient of the
+  whole minibatch. A non-finite loss on any rank is agreed by an all-reduce
+  before the backward, so all ranks stop together.
+- Clipping: the global gradient norm (FSDP2: the norm of the sharded DTensor
+  gradients, completed with ``full_tensor``, as verl's ``fsdp2_clip_grad_norm_``).
+- Weights out: `state_dict` gathers the full HF state dict on rank 0
+  (``get_model_state_dict(full_state_dict=True, cpu_offload=True)``); the
+  trainer hands it to the rollout workers in one object-store transfer.
+- Checkpoints: rank 0 writes the gathered weights with ``save_pretrained``
+  (given a copy: transformers 5.20 empties the dict it is given); every rank
+  writes its shard of weights and AdamW state with torch.distributed.checkpoint
+  under ``sharded/``; `load` restores both, so a resumed run continues exactly.
+  Several nodes need ``output_dir`` on a shared filesystem.
+
+The ranks themselves are in rl/distributed_rank.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from palaestra.shared.config import ClusterConfig
+from palaestra.shared.llm.base import LLMConfig
+from palaestra.shared.rl.batch import TrainBatch
+from palaestra.shared.rl.config import LearnerConfig, OptimConfig
+from palaestra.shared.rl.distributed_rank import STRATEGIES, LearnerRank
+from palaestra.shared.rl.loss import LossConfig
+
+
+class DistributedLearner:
+    """The driver's handle on the N learner ranks; every call runs on all ranks and returns rank 0's answer."""
+
+    def __init__(
+        self,
+        llm: LLMConfig,
+        learner: LearnerConfig,
+        optim: OptimConfig,
+        *,
+        initial_state: dict | None = None,
+        reference: bool = False,
+        reference_dir: str | None = None,
+        gradient_checkpointing: bool = False,
+        cluster: ClusterConfig | None = None,
+    ):
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from palaestra.shared import cluster as ray_cluster
+
+        if learner.world_size < 2:
+            raise ValueError(f"a distributed learner needs learner.world_size >= 2, got {learner.world_size}")
+        if learner.strategy not in STRATEGIES:
+            raise ValueError(f"learner.strategy must be one of {', '.join(STRATEGIES)}, got {learner.strategy!r}")
+        self.ray = ray_cluster.init(cluster)
+        self.world_size = learner.world_size
+        bundle = {"CPU": learner.num_cpus, **({"GPU": learner.num_gpus} if learner.num_gpus else {})}
+        self.group = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
+        self.ray.get(self.group.ready(), timeout=600)
+        actor = self.ray.remote(num_cpus=learner.num_cpus, num_gpus=learner.num_gpus)(LearnerRank)
+        threads = max(1, int(learner.num_cpus))
+        self.ranks = [
+            actor.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=i)
+            ).remote(i, self.world_size, threads)
+            for i in range(self.world_size)
+        ]
+        master = self.ray.get(self.ranks[0].address.remote())
+        state_ref = self.ray.put(initial_state) if initial_state is not None else None
+        self._all(
+            lambda r: r.setup.remote(
+                master, llm, learner, optim, state_ref, reference, reference_dir, gradient_checkpointing
+            )
+        )
+        self._refs: dict[str, tuple[Any, Any]] = {}
+
+    def _all(self, call) -> list:
+        return self.ray.get([call(r) for r in self.ranks])
+
+    def _put(self, name: str, value: Any):
+        """One object-store copy per distinct value (a step's batch and tensors travel once, not per call)."""
+        held = self._refs.get(name)
+        if held is None or not _same(held[0], value):
+            self._refs[name] = (value, self.ray.put(value))
+        return self._refs[name][1]
+
+    def score(
+        self, batch: TrainBatch, temperature: float, max_tokens: int = 0, with_entropy: bool = True, ref: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of every row under the policy (``ref``: the reference), (N, L-1)."""
+        batch_ref = self._put("batch", batch)
+        parts = shares(torch.arange(len(batch)), self.world_size)
+        results = self._all_indexed(
+            lambda r, i: r.score.remote(batch_ref, parts[i], temperature, max_tokens, with_entropy, ref)
+        )
+        logps = torch.zeros(batch.loss_mask.shape)
+        ents = torch.zeros(batch.loss_mask.shape) if with_entropy else None
+        for part, (lp, ent) in zip(parts, results):
+            logps[part] = lp
+            if with_entropy:
+                ents[part] = ent
+        return logps, ents
+
+    def update(
+        self,
+        batch: TrainBatch,
+        idx: torch.Tensor,
+        advantages: torch.Tensor,
+        cfg: LossConfig,
+        temperature: float,
+        micro_batch_tokens: int = 0,
+        old_logps: torch.Tensor | None = None,
+        ref_logps: torch.Tensor | None = None,
+        entropies: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step over the minibatch rows `idx` (arguments as `rl.update.accumulate_gradients`)."""
+        data = {
+            "batch": batch,
+            "advantages": advantages,
+            "old_logps": old_logps,
+            "ref_logps": ref_logps,
+            "entropies": entropies,
+        }
+        data_ref = self._put("step", data)
+        parts = shares(idx, self.world_size)
+        results = self._all_indexed(
+            lambda r, i: r.update.remote(data_ref, parts[i], cfg, temperature, micro_batch_tokens)
+        )
+        return results[0]
+
+    def _all_indexed(self, call) -> list:
+        return self.ray.get([call(r, i) for i, r in enumerate(self.ranks)])
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        return self._all(lambda r: r.full_gradients.remote())[0]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full HF state dict, gathered on rank 0 and fetched once."""
+        return self._all(lambda r: r.state_dict.remote())[0]
+
+    def save(self, path: str | Path) -> None:
+        self._all(lambda r: r.save.remote(str(path)))
+
+    def load(self, path: str | Path) -> None:
+        if not (Path(path) / "sharded").is_dir():
+            raise FileNotFoundError(f"{path} has no sharded learner checkpoint (sharded/)")
+        self._all(lambda r: r.load.remote(str(path)))
+
+    def close(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        if not self.ranks:
+            return
+        try:
+            self._all(lambda r: r.shutdown.remote())
+        finally:
+            for r in self.ranks:
+                self.ray.kill(r)
+            remove_placement_group(self.group)
+            self.ranks, self._refs = [], {}
+
+
+def _same(held: Any, value: Any) -> bool:
+    """The same objects (a dict: the same objects under the same keys)."""
+    if isinstance(held, dict) and isinstance(value, dict):
+        return held.keys() == value.keys() and all(held[k] is v for k, v in value.items())
+    return held is value
+
+
+def shares(idx: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    """`idx` cut into `world_size` contiguous shares whose sizes differ by at most one."""
+    return list(torch.tensor_split(idx, world_size))
