@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ _NUMPY_ARRAY_GLOBALS: list[Any] = [np.zeros(1).__reduce__()[0], np.ndarray, np.d
 """What unpickling a numpy array needs (``_reconstruct``, the array and dtype classes), and nothing else."""
 
 
-def save(root: Path, step: int, model, tokenizer, optimizer) -> Path:
+def save(root: Path, step: int, model, tokenizer, optimizer, extra: Callable[[Path], None] | None = None) -> Path:
+    """Write step `step` under `root`; `extra(dir)` adds more to it before the rename (the sharded learner's state)."""
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -34,6 +36,8 @@ def save(root: Path, step: int, model, tokenizer, optimizer) -> Path:
     state = {"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state()}
     torch.save(state, tmp / "trainer_state.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
+    if extra is not None:
+        extra(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final
