@@ -84,3 +84,22 @@ def test_egpo_bonus_is_not_silently_zero_with_a_thinking_template():
         bound = abs(a[0]) / 2.0
         assert e[0] == np.float64(a[0] + 0.4 * min(max(hi, -bound), bound))
         assert e[0] != a[0]
+
+
+def test_trainer_finds_multi_token_markers_when_the_tokenizer_has_no_think_token():
+    from palaestra.shared.rl.trainer import _think_token_ids
+
+    class NoThinkToken:  # SmolLM2's case: "<think>" is "<", "think", ">"
+        unk_token_id = 0
+        vocab = {"<": 40, "</": 43, "think": 41, ">": 42}
+
+        def convert_tokens_to_ids(self, tokens):
+            return [0 for _ in tokens]
+
+        def encode(self, text, add_special_tokens=False):
+            return [self.vocab["</" if text.startswith("</") else "<"], self.vocab["think"], self.vocab[">"]]
+
+    markers = _think_token_ids(NoThinkToken())
+    assert markers == ((40, 41, 42), (43, 41, 42))
+    response = [40, 41, 42, 20, 21, 43, 41, 42, 30]
+    assert int(build_batch([traj(PROMPT, response, 1.0)], 0, markers).think_mask.sum()) == 2

@@ -374,10 +374,15 @@ def _default_eval(trainer: Trainer, step: int) -> dict[str, float]:
     return trainer.evaluate()
 
 
-def _think_token_ids(tokenizer) -> tuple[int, int] | None:
+def _think_token_ids(tokenizer):
+    """``<think>`` and ``</think>`` as token ids, or as the id sequences they tokenize to (no such tokens, e.g.
+    SmolLM2): without them the think span is empty and EGPO's entropy term silently vanishes."""
     ids = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
     unk = tokenizer.unk_token_id
-    return None if any(i is None or i == unk for i in ids) else (ids[0], ids[1])
+    if not any(i is None or i == unk for i in ids):
+        return ids[0], ids[1]
+    seqs = [tuple(tokenizer.encode(m, add_special_tokens=False)) for m in ("<think>", "</think>")]
+    return (seqs[0], seqs[1]) if all(seqs) else None
 
 
 def _with_lora(model, cfg: LoraConfig):
