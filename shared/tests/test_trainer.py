@@ -229,3 +229,25 @@ def test_ray_workers_with_eval_every_run_to_the_end(tmp_path, ray_local):
         trainer.train()
         assert trainer.step == 3 and hook_steps == [0, 1, 2, 3]
     assert trainer.rollouts is None  # closed by the context manager
+
+
+def test_on_policy_step_skips_the_old_logprob_forward(tmp_path, monkeypatch):
+    import palaestra.shared.rl.trainer as trainer_module
+
+    calls = []
+    real = trainer_module.score_batch
+    monkeypatch.setattr(trainer_module, "score_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    egpo = [AdvantageStep("grpo"), AdvantageStep("entropy_clipped", {"span": "response"})]
+    for kw, scored in [
+        (dict(ppo_epochs=1, minibatch_size=0), 0),  # exactly on-policy: skipped
+        (dict(ppo_epochs=2, minibatch_size=0), 1),  # a second epoch is off-policy
+        (dict(ppo_epochs=1, minibatch_size=4), 1),  # so is a second minibatch
+        (dict(ppo_epochs=1, minibatch_size=0, advantages=egpo), 1),  # the advantage reads entropies
+    ]:
+        calls.clear()
+        trainer = Trainer(small_config(tmp_path, steps=1, **kw))
+        metrics = trainer.train_step()
+        assert len(calls) == scored, kw
+        assert np.isfinite(metrics["train/loss"]) and metrics["train/entropy"] > 0
+        if not scored:
+            assert metrics["train/ratio_mean"] == 1.0

@@ -35,7 +35,7 @@ def inputs(batch: TrainBatch, seed: int = 1):
 def grads_of(model, batch, idx, cfg, budget, old, ref, adv):
     model.zero_grad(set_to_none=True)
     metrics = accumulate_gradients(
-        model, batch, idx, adv, cfg, 0.7, budget, old_logps=old, ref_logps=ref, entropies=torch.ones_like(old)
+        model, batch, idx, adv, cfg, 0.7, budget, old_logps=old, ref_logps=ref, entropies=torch.ones_like(ref)
     )
     return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, metrics
 
@@ -120,3 +120,24 @@ def test_learner_dtype_settings_are_validated():
         learner_dtypes(LearnerConfig(), LLMConfig(dtype="bfloat16"), "cuda")
     with pytest.raises(ConfigError, match="unknown dtype 'fp8'"):
         learner_dtypes(LearnerConfig(compute_dtype="fp8"), LLMConfig(), "cuda")
+
+
+@pytest.mark.parametrize("reduction", ["grpo", "dapo", "dr_grpo"])
+def test_on_policy_update_without_old_logprobs_gives_the_same_gradients(tiny_llm, reduction):
+    # one epoch, one minibatch: the old log-probs equal the current ones, so the trainer may skip scoring
+    import copy
+
+    from palaestra.shared.rl.batch import score_batch
+
+    model = copy.deepcopy(tiny_llm.model).double().train()
+    batch = make_batch(model.config.vocab_size)
+    _, ref, adv = (x.double() for x in inputs(batch))
+    cfg = LossConfig(kl_coef=0.1, dual_clip=3.0, reduction=reduction, max_len=16)
+    idx = torch.arange(len(batch))
+    scored, _ = score_batch(model, batch, 0.7, with_entropy=False)
+    with_old, m_old = grads_of(model, batch, idx, cfg, 20, scored.double(), ref, adv)
+    skipped, m_skip = grads_of(model, batch, idx, cfg, 20, None, ref, adv)
+    for k in with_old:
+        assert torch.linalg.norm(skipped[k] - with_old[k]) <= 1e-6 * torch.linalg.norm(with_old[k]), k
+    assert m_skip["ratio_mean"] == 1.0 and m_skip["clip_fraction"] == 0.0
+    assert m_skip["loss"] == pytest.approx(m_old["loss"], rel=1e-6)

@@ -58,7 +58,8 @@ class AdvantageInput:
     turn_tokens: Values
     """Response tokens per turn (for token-weighted statistics)."""
     think_entropy: np.ndarray | None = None
-    """Per trajectory: mean token entropy over its ``<think>`` span (NaN: no span); set by the trainer."""
+    """Per trajectory: mean token entropy over its ``<think>`` span (NaN: no span); set by the trainer when a
+    step of the pipeline reads entropies (its estimator has ``uses_entropy = True``; see `reads_entropy`)."""
     response_entropy: np.ndarray | None = None
     """Per trajectory: mean token entropy over all its response tokens; set by the trainer."""
 
@@ -110,6 +111,12 @@ def compute_advantages(steps: Sequence[AdvantageStep], batch: AdvantageInput) ->
         _check_options(step, fn)
         values = fn(values, batch, **step.options)
     return values
+
+
+def reads_entropy(steps: Sequence[AdvantageStep]) -> bool:
+    """Whether a step of the pipeline reads token entropies: its estimator says so with ``uses_entropy = True``
+    (the trainer then scores the batch before the update; otherwise it may skip that forward)."""
+    return any(getattr(ADVANTAGES.get(step.name), "uses_entropy", False) for step in steps)
 
 
 def check_pipeline(steps: Sequence[AdvantageStep]) -> None:
@@ -297,3 +304,6 @@ def entropy_clipped(
         bound = np.abs(v) / alpha
         out.append(v + lam * np.clip(h, -bound, bound))
     return out
+
+
+entropy_clipped.uses_entropy = True

@@ -98,7 +98,7 @@ from tqdm import tqdm
 from palaestra.shared.llm.base import make_client
 from palaestra.shared.llm.hf_backend import resolve_device
 from palaestra.shared.rl import checkpoint
-from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages
+from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages, reads_entropy
 from palaestra.shared.rl.batch import build_batch, score_batch, think_entropy, token_advantages
 from palaestra.shared.rl.config import LoraConfig, TrainConfig, learner_dtypes
 from palaestra.shared.rl.sft import run_sft
@@ -108,6 +108,7 @@ from palaestra.shared.rollout.env import ENVS, TextEnv
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
 from palaestra.shared.tracking import Tracker
 
+SPANS = ("think", "response")
 EvalHook = Callable[["Trainer", int], dict[str, float]]
 
 
@@ -267,15 +268,16 @@ class Trainer:
         # 2. old log-probs and entropies (3. reference log-probs)
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.think_ids)
         mb = cfg.minibatch_size or len(batch)
+        old_logps = entropy = ref_logps = None  # None: on-policy, taken from the update's own forward
         with self._autocast():
-            old_logps, entropy = score_batch(
-                self.model, batch, cfg.rollout.temperature, cfg.learner.micro_batch_tokens, max_rows=mb
-            )
-            ref_logps = self._reference_logps(batch, mb) if cfg.loss.kl_coef else None
+            if self.needs_scoring(len(batch)):
+                tokens = cfg.learner.micro_batch_tokens
+                old_logps, entropy = score_batch(self.model, batch, cfg.rollout.temperature, tokens, max_rows=mb)
+            if cfg.loss.kl_coef:
+                ref_logps = self._reference_logps(batch, mb)
         # 4. advantages
-        adv_in = AdvantageInput.from_trajectories(
-            trajs, think_entropy(entropy, batch, "think"), think_entropy(entropy, batch, "response")
-        )
+        entropies = (None, None) if entropy is None else (think_entropy(entropy, batch, s) for s in SPANS)
+        adv_in = AdvantageInput.from_trajectories(trajs, *entropies)
         values = compute_advantages(cfg.advantages, adv_in)
         advantages = token_advantages(values, batch.turn_index)
         # 5. PPO epochs over minibatches
@@ -332,6 +334,13 @@ class Trainer:
         metrics = {"reward_mean": mean, "reward_ci95": ci, "trajectories": len(rewards)}
         self.tracker.log_metrics({f"eval/{k}": v for k, v in metrics.items()}, step=self.step)
         return metrics
+
+    def needs_scoring(self, rows: int) -> bool:
+        """False when the update is exactly on-policy (one PPO epoch, one minibatch) and no advantage step
+        reads entropies: the old log-probs are then the update's current ones detached (ratio 1, the same
+        gradient), as TRL does, and that forward is skipped."""
+        on_policy = self.cfg.ppo_epochs == 1 and (self.cfg.minibatch_size or rows) >= rows
+        return not on_policy or reads_entropy(self.cfg.advantages)
 
     def _autocast(self):
         if self.compute_dtype == torch.float32:
