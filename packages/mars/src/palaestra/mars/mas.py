@@ -1,152 +1,79 @@
-"""The ``mars.mas`` job: a multi-agent debate over any LLM backend, against a single agent.
+"""The ``mars.mas`` job: multi-agent systems over any LLM backend, the base model beside a trained one.
 
 MARS reports that self-play in games transfers to multi-agent systems
-(debate, AutoGen-style) on AIME and GPQA. This harness measures it: N agents
-answer a question independently (round 1); in each of R-1 further rounds every
-agent sees the other agents' latest answers and gives an updated one (Du et
-al., 2023, "Improving Factuality and Reasoning through Multiagent Debate").
-The final answers are aggregated (``majority``: most common extracted answer,
-ties to the earliest agent; ``first``: agent 0's final answer). The single-agent
-baseline is agent 0's first-round answer, so both come from the same samples.
+(debate, AutoGen-style) on AIME and GPQA. This harness measures it with three
+systems on one question set (`palaestra.mars.mas_benchmarks`):
 
-Questions come from a user's JSONL file (``{"question": ..., "answer": ...}``,
-optional ``"choices": [...]`` rendered as lettered options, GPQA-style) or
-from `arithmetic_questions`, generated in code. Answers are extracted from
-``\\boxed{...}``, ``<answer>...</answer>`` or a final "Answer: ..." line,
-else the last number, and compared numerically when both sides are numbers.
+- ``single``: one agent answers once (agent 0's first-round answer of the debate);
+- ``debate``: N agents answer independently, then in each of R-1 further rounds
+  every agent sees the others' latest answers and updates its own (Du et al.,
+  2023); the final answers are aggregated (``majority``: most common extracted
+  answer, ties to the earliest agent; ``first``: agent 0's);
+- ``group_chat``: an AutoGen-style two-agent group chat with a fixed speaking
+  order: solver, critic, solver, ... for R rounds; the critic sees the whole
+  chat and points out mistakes; the final answer is the solver's last one.
+
+Every agent samples with its own seed (``seed*1000 + 100*round + agent``): a
+served model honours the seed, and agents with one seed and one prompt would
+give one answer. ``trained_llm`` adds a second model run through the same
+systems on the same questions; metrics ``mas/<set>/<base|trained>/<system>/accuracy``
+(with 95% Wilson bounds) land side by side in one MLflow run.
 """
 
 from __future__ import annotations
 
 import json
-import random
-import re
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from palaestra.mars.mas_benchmarks import (
+    STYLES,
+    accuracy_metrics,
+    aggregate,
+    builtin_questions,
+    extract_answer,
+    load_questions,
+    question_text,
+    same_answer,
+)
 from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
-from palaestra.shared.jsonl import read_jsonl
 from palaestra.shared.llm import LLMConfig
-from palaestra.shared.stats import wilson_interval
 from palaestra.shared.tracking import Tracker, scratch_dir
 
 AGGREGATIONS = ("majority", "first")
+SYSTEMS = ("single", "debate", "group_chat")
 INSTRUCTION = "Think step by step, then give your final answer as <answer>ANSWER</answer>."
 
 
 @dataclass
 class MASConfig(JobConfig):
-    """Multi-agent debate vs a single agent on a question set."""
+    """Multi-agent systems (single, debate, group chat) on a question set, for one or two models."""
 
     job: str = "mars.mas"
     llm: LLMConfig = field(default_factory=LLMConfig)
-    """The model every agent runs (e.g. a MARS-trained checkpoint vs its base model)."""
+    """The base model every agent runs."""
+    trained_llm: LLMConfig | None = None
+    """A trained checkpoint run through the same systems (None: the base model only)."""
     questions_file: str | None = None
-    """JSONL with ``question`` and ``answer`` (and optional ``choices``); None: generated arithmetic."""
+    """JSONL with ``question`` and ``answer`` (and ``choices`` for GPQA-style); None: ``builtin``."""
+    style: str = "plain"
+    """How ``questions_file`` is checked: plain | aime (integer answers) | gpqa (multiple choice)."""
+    builtin: str = "arithmetic"
+    """The built-in set used without a file: arithmetic | aime_mini | gpqa_mini."""
     num_questions: int = 20
-    """Questions to use (the first ones of the file; or how many arithmetic questions to generate)."""
+    """Questions to use (the first ones of the file or set; arithmetic generates this many)."""
+    systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    """single | debate | group_chat."""
     num_agents: int = 3
+    """Debate agents."""
     rounds: int = 2
-    """Debate rounds (1: independent answers, aggregated)."""
+    """Debate rounds (1: independent answers, aggregated); group-chat rounds of solver + critic."""
     aggregation: str = "majority"
-    """majority | first."""
+    """Debate aggregation: majority | first."""
     temperature: float = 0.6
     max_tokens: int = 512
-
-
-def arithmetic_questions(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """Small arithmetic problems with exact integer answers (``a op b op c``)."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        a, b, c = rng.randint(2, 60), rng.randint(2, 30), rng.randint(2, 12)
-        op1, op2 = rng.choice("+-*"), rng.choice("+-*")
-        expr = f"{a} {op1} {b} {op2} {c}"
-        out.append({"question": f"What is {expr}?", "answer": str(_evaluate(expr))})
-    return out
-
-
-def _evaluate(expr: str) -> int:
-    """Integer arithmetic with + - * and the usual precedence (no eval of user text)."""
-    tokens = expr.split()
-    terms: list[int] = [int(tokens[0])]
-    ops: list[str] = []
-    for op, num in zip(tokens[1::2], tokens[2::2]):
-        if op == "*":
-            terms[-1] *= int(num)
-        else:
-            ops.append(op)
-            terms.append(int(num))
-    total = terms[0]
-    for op, value in zip(ops, terms[1:]):
-        total = total + value if op == "+" else total - value
-    return total
-
-
-def load_questions(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"questions_file not found: {path}")
-    out = []
-    for lineno, row in read_jsonl(path):
-        if not isinstance(row, dict) or "question" not in row or "answer" not in row:
-            raise ConfigError(f"{path}:{lineno}: each line needs 'question' and 'answer'")
-        out.append(row)
-        if limit and len(out) >= limit:
-            break
-    return out
-
-
-def question_text(row: dict[str, Any]) -> str:
-    text = row["question"]
-    if row.get("choices"):
-        letters = "ABCDEFGHIJ"
-        text += "\n" + "\n".join(f"{letters[i]}. {c}" for i, c in enumerate(row["choices"]))
-        text += "\nAnswer with the letter of the correct choice."
-    return text
-
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def extract_answer(text: str) -> str | None:
-    """The answer a response commits to (boxed, <answer>, 'Answer:', else the last number)."""
-    for pattern in (r"\\boxed\{([^{}]*)\}", r"<answer>(.*?)</answer>", r"(?im)^\s*(?:final\s+)?answer\s*[:：]\s*(.+)$"):
-        found = re.findall(pattern, text, flags=re.DOTALL)
-        if found:
-            return found[-1].strip()
-    numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
-
-
-def same_answer(predicted: str | None, gold: str) -> bool:
-    if predicted is None:
-        return False
-    a, b = _normalize(predicted), _normalize(gold)
-    try:
-        return abs(float(a) - float(b)) < 1e-6
-    except ValueError:
-        return a == b
-
-
-def _normalize(text: str) -> str:
-    text = text.strip().strip(".").strip()
-    text = re.sub(r"^\(?([A-J])\)?$", r"\1", text)  # "(B)" -> "B"
-    return text.replace(",", "").replace("$", "").lower()
-
-
-def aggregate(answers: list[str | None], rule: str) -> str | None:
-    if rule == "first":
-        return answers[0]
-    valid = [_normalize(a) for a in answers if a is not None]
-    if not valid:
-        return None
-    counts = Counter(valid)
-    best = max(counts.values())
-    return next(a for a in valid if counts[a] == best)  # ties: the earliest agent's answer
 
 
 def debate_prompt(question: str, others: list[str]) -> str:
@@ -158,91 +85,145 @@ def debate_prompt(question: str, others: list[str]) -> str:
     )
 
 
-def run_debate(client, questions: list[dict[str, Any]], cfg: MASConfig) -> list[dict[str, Any]]:
-    """Every question debated at once (one batched call per agent-round)."""
+def _params(cfg: MASConfig, rnd: int, agent: int):
     from palaestra.shared.llm import SamplingParams
 
+    seed = cfg.seed * 1000 + 100 * rnd + agent  # every agent its own sample stream
+    return SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=seed)
+
+
+def run_debate(client, questions: list[dict[str, Any]], cfg: MASConfig) -> list[dict[str, Any]]:
+    """Every question debated at once: one batched call per (agent, round), each agent with its own seed."""
+    n = cfg.num_agents
     convs = [
-        [[{"role": "user", "content": f"{question_text(q)}\n\n{INSTRUCTION}"}] for _ in range(cfg.num_agents)]
-        for q in questions
+        [[{"role": "user", "content": f"{question_text(q)}\n\n{INSTRUCTION}"}] for _ in range(n)] for q in questions
     ]
-    history: list[list[list[str]]] = [[[] for _ in range(cfg.num_agents)] for _ in questions]
+    history: list[list[list[str]]] = [[[] for _ in range(n)] for _ in questions]
     for rnd in range(cfg.rounds):
         if rnd > 0:
             for qi in range(len(questions)):
-                for ai in range(cfg.num_agents):
-                    others = [history[qi][aj][-1] for aj in range(cfg.num_agents) if aj != ai]
+                for ai in range(n):
+                    others = [history[qi][aj][-1] for aj in range(n) if aj != ai]
                     convs[qi][ai].append({"role": "user", "content": debate_prompt(questions[qi]["question"], others)})
-        flat = [convs[qi][ai] for qi in range(len(questions)) for ai in range(cfg.num_agents)]
-        params = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed * 1000 + rnd)
-        texts = [c.text for c in client.chat(flat, params)]
-        for k, text in enumerate(texts):
-            qi, ai = divmod(k, cfg.num_agents)
-            convs[qi][ai].append({"role": "assistant", "content": text})
-            history[qi][ai].append(text)
+        for ai in range(n):
+            texts = [
+                c.text for c in client.chat([convs[qi][ai] for qi in range(len(questions))], _params(cfg, rnd, ai))
+            ]
+            for qi, text in enumerate(texts):
+                convs[qi][ai].append({"role": "assistant", "content": text})
+                history[qi][ai].append(text)
     records = []
     for qi, q in enumerate(questions):
-        first = [extract_answer(history[qi][ai][0]) for ai in range(cfg.num_agents)]
-        final = [extract_answer(history[qi][ai][-1]) for ai in range(cfg.num_agents)]
-        decided = aggregate(final, cfg.aggregation)
+        first = extract_answer(history[qi][0][0])
+        decided = aggregate([extract_answer(history[qi][ai][-1]) for ai in range(n)], cfg.aggregation)
         records.append(
             {
                 "question": q["question"],
                 "answer": q["answer"],
-                "single_answer": first[0],
-                "single_correct": same_answer(first[0], str(q["answer"])),
+                "single_answer": first,
+                "single_correct": same_answer(first, str(q["answer"])),
                 "debate_answer": decided,
                 "debate_correct": same_answer(decided, str(q["answer"])),
-                "agent_answers": [history[qi][ai] for ai in range(cfg.num_agents)],
+                "agent_answers": history[qi],
             }
         )
     return records
 
 
-def accuracy_metrics(records: list[dict[str, Any]], prefix: str) -> dict[str, float]:
-    n = len(records)
-    out: dict[str, float] = {f"{prefix}/questions": float(n)}
-    for system in ("single", "debate"):
-        k = sum(r[f"{system}_correct"] for r in records)
-        lo, hi = wilson_interval(k, n)
-        out.update(
+CRITIC = (
+    "You are the critic in a group chat with a solver. Check the solver's latest solution step by step, point out "
+    "any mistake, and give the answer you believe is right as <answer>ANSWER</answer>."
+)
+SOLVER_AGAIN = "The critic replied above. Revise your solution if needed. " + INSTRUCTION
+
+
+def _chat_view(question: str, turns: list[tuple[str, str]], me: str) -> list[dict]:
+    """The group chat as agent `me` sees it: its own turns as assistant, the other's as user messages."""
+    messages = [{"role": "user", "content": f"{question}\n\n{INSTRUCTION if me == 'solver' else CRITIC}"}]
+    for speaker, text in turns:
+        if speaker == me:
+            messages.append({"role": "assistant", "content": text})
+        else:
+            follow = SOLVER_AGAIN if me == "solver" else CRITIC
+            messages.append({"role": "user", "content": f"[{speaker}]: {text}\n\n{follow}"})
+    return messages
+
+
+def run_group_chat(client, questions: list[dict[str, Any]], cfg: MASConfig) -> list[dict[str, Any]]:
+    """AutoGen-style group chat, fixed speaking order solver -> critic per round; the solver's last answer counts."""
+    chats: list[list[tuple[str, str]]] = [[] for _ in questions]
+    texts = [question_text(q) for q in questions]
+    for rnd in range(cfg.rounds):
+        for agent, speaker in enumerate(("solver", "critic")):
+            if speaker == "critic" and rnd == cfg.rounds - 1:
+                break  # the chat ends on the solver's turn
+            views = [_chat_view(texts[qi], chats[qi], speaker) for qi in range(len(questions))]
+            for qi, c in enumerate(client.chat(views, _params(cfg, rnd, agent))):
+                chats[qi].append((speaker, c.text))
+    records = []
+    for q, chat in zip(questions, chats):
+        final = extract_answer([t for s, t in chat if s == "solver"][-1])
+        records.append(
             {
-                f"{prefix}/{system}/accuracy": k / n if n else 0.0,
-                f"{prefix}/{system}/accuracy_lo": lo,
-                f"{prefix}/{system}/accuracy_hi": hi,
+                "question": q["question"],
+                "answer": q["answer"],
+                "group_chat_answer": final,
+                "group_chat_correct": same_answer(final, str(q["answer"])),
+                "chat": chat,
             }
         )
-    out[f"{prefix}/debate_minus_single"] = out[f"{prefix}/debate/accuracy"] - out[f"{prefix}/single/accuracy"]
+    return records
+
+
+def run_systems(client, questions: list[dict[str, Any]], cfg: MASConfig) -> dict[str, list[dict[str, Any]]]:
+    """``{system: records}`` for the configured systems (single comes from the debate's first round)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    if "debate" in cfg.systems or "single" in cfg.systems:
+        debate = run_debate(client, questions, cfg)
+        for system in ("single", "debate"):
+            if system in cfg.systems:
+                out[system] = [{**r, "correct": r[f"{system}_correct"]} for r in debate]
+    if "group_chat" in cfg.systems:
+        out["group_chat"] = [{**r, "correct": r["group_chat_correct"]} for r in run_group_chat(client, questions, cfg)]
     return out
 
 
-@job("mars.mas", MASConfig)
-def mas_job(cfg: MASConfig, tracker: Tracker) -> dict:
-    """Multi-agent debate (N agents, R rounds, aggregation) vs a single agent: accuracy on a question set."""
-    from palaestra.shared.llm import make_client
-
+def _check(cfg: MASConfig) -> None:
     if cfg.aggregation not in AGGREGATIONS:
         raise ConfigError(f"aggregation: unknown rule {cfg.aggregation!r}; known: {', '.join(AGGREGATIONS)}")
     if cfg.num_agents < 1 or cfg.rounds < 1:
         raise ConfigError("num_agents and rounds must be at least 1")
+    for system in cfg.systems:
+        if system not in SYSTEMS:
+            raise ConfigError(f"systems: unknown system {system!r}; known: {', '.join(SYSTEMS)}")
+    if cfg.style not in STYLES:
+        raise ConfigError(f"style: unknown style {cfg.style!r}; known: {', '.join(STYLES)}")
+
+
+@job("mars.mas", MASConfig)
+def mas_job(cfg: MASConfig, tracker: Tracker) -> dict:
+    """Single agent, debate and group chat on a question set; the base model beside a trained checkpoint."""
+    from palaestra.shared.llm import make_client
+
+    _check(cfg)
     if cfg.questions_file:
-        questions = load_questions(cfg.questions_file, cfg.num_questions)
+        questions = load_questions(cfg.questions_file, cfg.num_questions, cfg.style)
         dataset = Path(cfg.questions_file).stem
     else:
-        questions, dataset = arithmetic_questions(cfg.num_questions, cfg.seed), "arithmetic"
-    client = make_client(cfg.llm)
-    records = run_debate(client, questions, cfg)
-    metrics = accuracy_metrics(records, f"mas/{dataset}")
+        questions, dataset = builtin_questions(cfg.builtin, cfg.num_questions, cfg.seed), cfg.builtin
+    models = [("base", cfg.llm)] + ([("trained", cfg.trained_llm)] if cfg.trained_llm is not None else [])
+    metrics: dict[str, float] = {f"mas/{dataset}/questions": float(len(questions))}
+    transcripts = []
+    for tag, llm in models:
+        client = make_client(llm)
+        for system, records in run_systems(client, questions, cfg).items():
+            metrics.update(accuracy_metrics([r["correct"] for r in records], f"mas/{dataset}/{tag}/{system}"))
+            transcripts += [{"model": tag, "system": system, **r} for r in records]
+            key = f"mas/{dataset}/{tag}/{system}/accuracy"
+            print(f"{dataset} {tag:>7} {system:>10}: {metrics[key]:.3f}", flush=True)
+        client.close()
     tracker.log_metrics(metrics)
     out = scratch_dir() / "mas_transcripts.jsonl"
-    out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out.write_text("".join(json.dumps(r) + "\n" for r in transcripts))
     tracker.log_artifact(out)
-    print(
-        f"{dataset}: single {metrics[f'mas/{dataset}/single/accuracy']:.3f} "
-        f"debate({cfg.num_agents}x{cfg.rounds}, {cfg.aggregation}) {metrics[f'mas/{dataset}/debate/accuracy']:.3f}",
-        flush=True,
-    )
-    return {
-        "single_accuracy": metrics[f"mas/{dataset}/single/accuracy"],
-        "debate_accuracy": metrics[f"mas/{dataset}/debate/accuracy"],
-    }
+    return {k.removeprefix(f"mas/{dataset}/"): v for k, v in metrics.items() if k.endswith("/accuracy")}
