@@ -77,3 +77,29 @@ def test_figures_draw_from_the_results(tmp_path):
     heights = sorted(round(p.get_height(), 2) for p in fig.axes[0].patches)
     assert heights == [0.02, 0.3, 0.3]  # random's cut-in rate, the target and the any-type rate
     assert len(curves_figure("highway", items).axes[0].lines) == 2
+
+
+def test_expert_vs_llm_table_and_figure_per_arm():
+    from palaestra.aed.report import comparison_figure, comparison_table
+
+    expert = {**result("attack", "cut_in", cut_in=30), "arm": "expert", "reward_source": "expert"}
+    llm = {**result("attack", "cut_in", cut_in=12, side_swipe=8), "arm": "llm", "reward_source": "llm"}
+    items = [llm, expert, result("random", cut_in=2)]
+    m = aggregate({"highway": items})
+    assert m["aed/highway/cut_in/expert/target_rate"] == pytest.approx(0.30)
+    assert m["aed/highway/cut_in/llm/target_rate"] == pytest.approx(0.12)
+    assert m["aed/highway/cut_in/llm/asr"] == pytest.approx(0.20)
+    table = comparison_table({"highway": items}, "aed_scripted").splitlines()
+    assert "aed_scripted" in table[0]
+    lo, hi = wilson(12, 100)
+    row = f"| highway | cut_in | expert | expert | 0.30 {fmt(30)} | 0.30 {fmt(30)} | 0.00 {fmt(0, 30)} "
+    row += f"| 0.02 {fmt(2)} |"
+    assert table[4] == row
+    assert table[5].startswith("| highway | cut_in | llm | llm | 0.20") and f"0.12 [{lo:.2f}, {hi:.2f}]" in table[5]
+    fig = comparison_figure("highway", items)
+    assert [round(p.get_height(), 2) for p in fig.axes[1].patches] == [0.3, 0.12]  # target-type: expert, llm
+
+
+def fmt(k: int, n: int = 100) -> str:
+    lo, hi = wilson(k, n)
+    return f"[{max(lo, 0.0):.2f}, {hi:.2f}]"  # k = 0: the lower bound is 0 (here -1e-17 by rounding)

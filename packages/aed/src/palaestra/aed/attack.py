@@ -30,7 +30,9 @@ def attack_task(task: dict[str, Any]) -> dict[str, Any]:
     with Tracker.attach(cfg.tracking, task.get("run_id")) as tracker:
         if kind in ("random", "passive"):
             return _baseline(cfg, scenario, kind, tracker, task.get("taxonomy"))
-        return _attack_type(cfg, scenario, task["accident_type"], tracker, task.get("taxonomy"))
+        rewards = task.get("arm") or cfg.rewards
+        out = _attack_type(cfg, scenario, task["accident_type"], tracker, task.get("taxonomy"), rewards)
+        return {**out, "arm": task.get("arm")}
 
 
 def _spec(cfg, scenario: str, accident_type: str, taxonomy: list[dict] | None = None):
@@ -58,7 +60,9 @@ def _baseline(cfg, scenario: str, kind: str, tracker: Tracker, taxonomy=None) ->
     return {"kind": kind, "scenario": scenario, **{k: v for k, v in ev.items() if k != "accidents"}}
 
 
-def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker, taxonomy=None) -> dict[str, Any]:
+def _attack_type(
+    cfg, scenario: str, accident_type: str, tracker: Tracker, taxonomy=None, rewards: str = "expert"
+) -> dict[str, Any]:
     from palaestra.aed.evaluation import evaluate, record_gif
     from palaestra.aed.rewards import EXPERT_REWARDS, generic_reward, register_reward
     from palaestra.aed.train import build_model, train_adversary
@@ -73,7 +77,7 @@ def _attack_type(cfg, scenario: str, accident_type: str, tracker: Tracker, taxon
         "accident_type": accident_type,
         "reward_source": "expert" if has_expert else "generic",
     }
-    if cfg.rewards == "llm" or not has_expert:  # a type without an expert reward runs on its LLM reward alone
+    if rewards == "llm" or not has_expert:  # a type without an expert reward runs on its LLM reward alone
         out.update(_design(cfg, spec, tracker, log))
         if out["reward_source"] == "llm":
             spec = replace(spec, reward_code=out["reward_code"])

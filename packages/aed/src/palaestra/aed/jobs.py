@@ -97,7 +97,8 @@ class AttackConfig(JobConfig):
     max_steps: int | None = None
     """Policy steps per episode (default: the scenario's)."""
     rewards: str = "expert"
-    """expert | llm (Eureka-style design through ``llm``, falling back to expert when every round fails)."""
+    """expert | llm (Eureka-style design through ``llm``, falling back to expert when every round fails) | both
+    (the paper's comparison: each type trained once on each, same seeds; a table and a figure)."""
     llm: LLMConfig = field(default_factory=LLMConfig)
     eureka: EurekaConfig = field(default_factory=EurekaConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
@@ -129,8 +130,8 @@ def _tasks(cfg: AttackConfig, proposed: dict[str, list[dict]] | None = None) -> 
     from palaestra.aed.rewards import EXPERT_REWARDS, SCENARIO_TYPES
     from palaestra.aed.scenarios import get_scenario
 
-    if cfg.rewards not in ("expert", "llm"):
-        raise ConfigError(f"invalid value for 'rewards': {cfg.rewards!r} (expert | llm)")
+    if cfg.rewards not in ("expert", "llm", "both"):
+        raise ConfigError(f"invalid value for 'rewards': {cfg.rewards!r} (expert | llm | both)")
     if cfg.taxonomy not in ("expert", "llm"):
         raise ConfigError(f"invalid value for 'taxonomy': {cfg.taxonomy!r} (expert | llm)")
     if cfg.victim not in ("idm", "rl"):
@@ -153,8 +154,11 @@ def _tasks(cfg: AttackConfig, proposed: dict[str, list[dict]] | None = None) -> 
         taxonomy = (proposed or {}).get(scenario)
         names = [t["name"] for t in taxonomy] if taxonomy else cfg.accident_types or SCENARIO_TYPES[scenario]
         common = {"scenario": scenario, "taxonomy": taxonomy}
+        arms = ["expert", "llm"] if cfg.rewards == "both" else [None]
         for t in names:
-            tasks.append({"kind": "attack", "accident_type": t, "name": f"{scenario}/{t}", **common})
+            for arm in arms:
+                name = f"{scenario}/{t}" + (f"/{arm}" if arm else "")
+                tasks.append({"kind": "attack", "accident_type": t, "name": name, "arm": arm, **common})
         if cfg.random_baseline:
             tasks.append({"kind": "random", "name": f"{scenario}/random", **common})
         if cfg.passive_baseline:
@@ -166,7 +170,7 @@ def _tasks(cfg: AttackConfig, proposed: dict[str, list[dict]] | None = None) -> 
 def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
     """Train one adversarial driving policy per accident type in parallel on Ray; ASR, responsibility, diversity."""
     from palaestra.aed.attack import attack_task
-    from palaestra.aed.report import aggregate, curves_figure, rates_figure
+    from palaestra.aed.report import aggregate, comparison_figure, comparison_table, curves_figure, rates_figure
     from palaestra.aed.rewards import register_reward
     from palaestra.aed.sandbox import LazySandboxedReward
     from palaestra.shared.cluster import TaskFailure, parallel_map
@@ -208,8 +212,15 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
                 for t, n in r["types"].items():
                     types[t] = types.get(t, 0) + n
         summary[scenario] = {"types_found": types, "results": items}
-        tracker.log_figure(rates_figure(scenario, items), f"{scenario}_rates")
+        if cfg.rewards == "both":
+            tracker.log_figure(comparison_figure(scenario, items), f"{scenario}_expert_vs_llm")
+        else:
+            tracker.log_figure(rates_figure(scenario, items), f"{scenario}_rates")
         tracker.log_figure(curves_figure(scenario, items), f"{scenario}_learning_curves")
+    if cfg.rewards == "both":
+        table = comparison_table(by_scenario, cfg.llm.backend)
+        tracker.log_text(table, "expert_vs_llm.md")
+        print(table)
     tracker.log_metrics(metrics)
     tracker.log_dict({"summary": summary, "failures": failures}, "aed_summary.json")
     metrics["aed/failed_tasks"] = len(failures)

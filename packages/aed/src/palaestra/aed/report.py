@@ -34,7 +34,7 @@ def aggregate(by_scenario: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
         beats, beats_ci = [], []
         for r in attacks:
             t = r["accident_type"]
-            pre = f"aed/{scenario}/{t}"
+            pre = f"aed/{scenario}/{t}" + (f"/{r['arm']}" if r.get("arm") else "")
             for key in ("asr", "target_rate", "responsible_rate", "effective_asr"):
                 metrics[f"{pre}/{key}"] = r[key]
                 metrics[f"{pre}/{key}_lo"], metrics[f"{pre}/{key}_hi"] = r[f"{key}_ci"]
@@ -74,6 +74,59 @@ def aggregate(by_scenario: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
             metrics[f"aed/{scenario}/beats_random"] = float(all(beats))
             metrics[f"aed/{scenario}/beats_random_ci"] = float(all(beats_ci))
     return metrics
+
+
+def comparison_table(by_scenario: dict[str, list[dict[str, Any]]], backend: str) -> str:
+    """Markdown table of the expert-vs-LLM reward comparison: per type and arm, attack rate, target-type rate
+    and AV-responsible share with 95% intervals, beside the random adversary's rate of that type."""
+
+    def cell(value: float, ci) -> str:
+        return f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+    lines = [
+        f"Rewards: expert vs LLM-designed (LLM backend: {backend}); same seeds and evaluation episodes per arm.",
+        "",
+        "| scenario | type | rewards | reward used | attack rate | target-type rate | AV-responsible share |"
+        " random: target-type rate |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for scenario, items in by_scenario.items():
+        rand = next((r for r in items if r["kind"] == "random"), None)
+        for r in sorted((r for r in items if r["kind"] == "attack"), key=lambda r: (r["accident_type"], r["arm"])):
+            base = cell(*type_rate(rand, r["accident_type"])) if rand else "-"
+            lines.append(
+                f"| {scenario} | {r['accident_type']} | {r['arm']} | {r['reward_source']} | "
+                f"{cell(r['asr'], r['asr_ci'])} | {cell(r['target_rate'], r['target_rate_ci'])} | "
+                f"{cell(r['responsible_rate'], r['responsible_rate_ci'])} | {base} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def comparison_figure(scenario: str, items: list[dict[str, Any]]):
+    """Per type, expert vs LLM rewards: attack rate, target-type rate, AV-responsible share, 95% intervals."""
+    import numpy as np
+
+    from palaestra.shared.tracking import new_figure
+
+    attacks = [r for r in items if r["kind"] == "attack"]
+    types = sorted({r["accident_type"] for r in attacks})
+    fig, axes = new_figure(1, 3, figsize=(10, 3.2))
+    for ax, (key, label) in zip(
+        axes, [("asr", "attack rate"), ("target_rate", "target-type rate"), ("responsible_rate", "AV-responsible")]
+    ):
+        for k, arm in enumerate(("expert", "llm")):
+            rows = [next((r for r in attacks if r["accident_type"] == t and r["arm"] == arm), None) for t in types]
+            vals = [(r[key], r[f"{key}_ci"]) if r else (0.0, (0.0, 0.0)) for r in rows]
+            means = np.array([v for v, _ in vals])
+            err = np.clip(np.array([[v - lo, hi - v] for v, (lo, hi) in vals]).T, 0, None)
+            ax.bar(np.arange(len(types)) + (k - 0.5) * 0.4, means, 0.4, yerr=err, capsize=2, label=arm)
+        ax.set_xticks(np.arange(len(types)), types, fontsize=7)
+        ax.set(ylim=(0, 1), title=label)
+    axes[0].set_ylabel("rate (95% Wilson)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{scenario}: expert vs LLM-designed rewards")
+    fig.tight_layout()
+    return fig
 
 
 def rates_figure(scenario: str, items: list[dict[str, Any]]):

@@ -91,12 +91,15 @@ def rear_end(state: dict) -> float:
 
 
 def cut_in(state: dict) -> float:
-    """Drive slightly ahead of the victim in a neighbouring lane and change into its lane at a short gap."""
+    """Drive slightly ahead of the victim in a neighbouring lane, change into its lane at a short gap, and stay
+    there while it closes in (a cut-in counts only within 3 s of entering the lane: `attribution.classify`)."""
     rel = state["rel"]
     shaping = _proximity(state)
     if 0 < rel["long"] < 25:
         shaping += 0.1 * (1.0 - abs(rel["lat"]) / 8.0 if abs(rel["lat"]) < 8 else 0.0)
         shaping += 0.1 * state["adv"]["lane_changing"]
+        if rel["same_lane"] and rel["long"] < 15:
+            shaping += 0.1 * (1.0 - rel["long"] / 15.0) + 0.05 * max(0.0, rel["closing_speed"]) / 5
     return shaping + _collision_bonus(state, "cut_in")
 
 
