@@ -127,6 +127,20 @@ def test_non_finite_temperature_is_400(server, value):
 
 
 @pytest.mark.server
+def test_chat_forms_the_server_reads(server, tiny_llm):
+    params = SamplingParams(temperature=0, max_tokens=6)
+    want = tiny_llm.chat([[{"role": "user", "content": "hi there"}]], params)[0].token_ids
+    parts = [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]
+    body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 6, "temperature": 0}
+    status, answer = post(server + "/chat/completions", body)
+    assert status == 200 and answer["choices"][0]["token_ids"] == want  # text parts are joined
+    long = {"messages": [{"role": "user", "content": "hi " * 5000}], "max_tokens": 2}
+    status, answer = post(server + "/chat/completions", long)
+    assert status == 400 and answer["error"]["param"] == "messages"
+    assert "the messages render to" in answer["error"]["message"] and "context is 4096" in answer["error"]["message"]
+
+
+@pytest.mark.server
 def test_unknown_model_is_404_and_malformed_json_is_400(server):
     status, answer = post(server + "/completions", {"model": "gpt-9", "prompt": "x"})
     assert (

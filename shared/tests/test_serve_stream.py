@@ -84,6 +84,16 @@ def test_completion_stream_with_a_stop_string(api, tiny_llm):
     assert "".join(c.choices[0].text for c in chunks) == direct.text
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert chunks[-1].choices[0].model_extra["token_ids"] == direct.token_ids
+    # a batch of prompts with n=2 streams each choice under its own index (prompt-major, as the direct call)
+    prompts, params = ["Hello", "The capital of"], SamplingParams(temperature=0.7, max_tokens=8, n=2, seed=4)
+    direct_texts = [c.text for c in tiny_llm.generate(prompts, params)]
+    texts: dict[int, str] = {}
+    for chunk in api.completions.create(
+        model="tiny", prompt=prompts, max_tokens=8, n=2, seed=4, temperature=0.7, stream=True
+    ):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert [texts[i] for i in range(4)] == direct_texts
 
 
 def reference_top_logprobs(model, prompt_ids: list[int], token_ids: list[int], k: int):

@@ -109,7 +109,7 @@ class _Model:
             self.vocab = min(self.vocab, embeddings().num_embeddings)
         self.end_ids = list(getattr(client, "eos_token_ids", []))
 
-    def prompt_ids(self, prompts: list, params: SamplingParams, limits: ServeLimits) -> list:
+    def prompt_ids(self, prompts: list, params: SamplingParams, limits: ServeLimits, param: str = "prompt") -> list:
         asked = len(prompts) * params.n * params.max_tokens
         if asked > limits.max_request_tokens:
             raise RequestError(
@@ -124,14 +124,15 @@ class _Model:
         for i, prompt in enumerate(prompts):
             ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else prompt
             if not ids:
-                raise RequestError(400, f"prompt {i} is empty (no tokens)", param="prompt")
+                raise RequestError(400, f"prompt {i} is empty (no tokens)", param=param)
             bad = next((t for t in ids if not 0 <= t < self.vocab), None)
             if bad is not None:
                 message = f"prompt {i}: token id {bad} is not in the vocabulary (0..{self.vocab - 1})"
-                raise RequestError(400, message, param="prompt")
+                raise RequestError(400, message, param=param)
             if self.context is not None and len(ids) >= self.context:
-                message = f"prompt {i} has {len(ids)} tokens; the model's context is {self.context} tokens"
-                raise RequestError(400, message, param="prompt")
+                what = "the messages render to" if param == "messages" else f"prompt {i} has"
+                message = f"{what} {len(ids)} tokens; the model's context is {self.context} tokens"
+                raise RequestError(400, message, param=param)
             out.append(list(ids))
         return out
 
@@ -267,7 +268,7 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
             raise RequestError(400, message, param="messages") from None
         top = (body.top_logprobs or 0) if body.logprobs else 0
         params = body.sampling(top)
-        job = Job(model.prompt_ids([prompt], params, limits), params)
+        job = Job(model.prompt_ids([prompt], params, limits, "messages"), params)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
             header = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name}
