@@ -11,7 +11,7 @@ from palaestra.shared.jobs import load_config, run_job
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("name", ["tiny_cpu", "llm_rewards", "paper", "victim_dqn"])
+@pytest.mark.parametrize("name", ["tiny_cpu", "llm_rewards", "paper", "victim_dqn", "compare_cpu", "scenarios_cpu"])
 def test_experiment_configs_resolve(name):
     cfg = load_config(ROOT / "experiments" / "aed" / f"{name}.yaml")
     assert cfg.job == ("aed.victim" if name == "victim_dqn" else "aed.attack")
@@ -191,3 +191,22 @@ def test_llm_proposed_types_train_on_their_llm_rewards(ray_local, tracking, tmp_
     # every accident found is named by the proposed recognizers (or 'other')
     for r in results.values():
         assert set(r["types"]) <= {"brake_check_rear_end", "late_cut_in", "other"}
+
+
+def test_scenarios_cpu_covers_every_scenario_with_its_default_types():
+    from palaestra.aed.jobs import _tasks
+    from palaestra.aed.rewards import SCENARIO_TYPES
+
+    tasks = _tasks(load_config(ROOT / "experiments" / "aed" / "scenarios_cpu.yaml"))
+    attacks = {(t["scenario"], t["accident_type"]) for t in tasks if t["kind"] == "attack"}
+    assert attacks == {(s, t) for s in ("highway", "merge", "roundabout", "intersection") for t in SCENARIO_TYPES[s]}
+    assert sorted(t["scenario"] for t in tasks if t["kind"] == "random") == sorted(SCENARIO_TYPES)
+
+
+def test_compare_cpu_trains_each_type_on_both_rewards():
+    from palaestra.aed.jobs import _tasks
+
+    cfg = load_config(ROOT / "experiments" / "aed" / "compare_cpu.yaml")
+    arms = sorted((t["accident_type"], t["arm"]) for t in _tasks(cfg) if t["kind"] == "attack")
+    assert arms == [("cut_in", "expert"), ("cut_in", "llm"), ("rear_end", "expert"), ("rear_end", "llm")]
+    assert cfg.llm.backend == "aed_scripted"
