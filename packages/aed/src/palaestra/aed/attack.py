@@ -125,6 +125,7 @@ def _attack_type(
         tracker.log_artifact(gif, "videos")
         out["video_accident"] = bool(shown["victim_collision"])
         out["video_shows"] = shown["shows"]
+        tracker.set_tags({"aed.video": f"{shown['shows']} ({shown['accident_type'] or 'no accident'})"})
         if shown["shows"] != "target":
             print(
                 f"[aed] {prefix}: no {accident_type} accident in {cfg.video_episodes} video episodes ({shown['shows']})"
