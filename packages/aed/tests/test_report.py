@@ -103,3 +103,16 @@ def test_expert_vs_llm_table_and_figure_per_arm():
 def fmt(k: int, n: int = 100) -> str:
     lo, hi = wilson(k, n)
     return f"[{max(lo, 0.0):.2f}, {hi:.2f}]"  # k = 0: the lower bound is 0 (here -1e-17 by rounding)
+
+
+def test_headline_pools_the_target_type_rate_against_random():
+    from palaestra.aed.report import headline
+
+    items = [
+        result("attack", "rear_end", rear_end=6),
+        result("attack", "cut_in", cut_in=30),
+        result("random", cut_in=4),
+    ]
+    lo, hi = wilson(36, 200)
+    expected = f"target-type accident rate 0.18 [{lo:.2f}, {hi:.2f}] (200 episodes, 95% Wilson; random adversary 0.02)"
+    assert headline({"highway": items}) == expected

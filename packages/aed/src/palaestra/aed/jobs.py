@@ -170,7 +170,14 @@ def _tasks(cfg: AttackConfig, proposed: dict[str, list[dict]] | None = None) -> 
 def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
     """Train one adversarial driving policy per accident type in parallel on Ray; ASR, responsibility, diversity."""
     from palaestra.aed.attack import attack_task
-    from palaestra.aed.report import aggregate, comparison_figure, comparison_table, curves_figure, rates_figure
+    from palaestra.aed.report import (
+        aggregate,
+        comparison_figure,
+        comparison_table,
+        curves_figure,
+        headline,
+        rates_figure,
+    )
     from palaestra.aed.rewards import register_reward
     from palaestra.aed.sandbox import LazySandboxedReward
     from palaestra.shared.cluster import TaskFailure, parallel_map
@@ -224,7 +231,7 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
     tracker.log_metrics(metrics)
     tracker.log_dict({"summary": summary, "failures": failures}, "aed_summary.json")
     metrics["aed/failed_tasks"] = len(failures)
-    return {**metrics, "failures": failures, "summary": summary}
+    return {**metrics, "failures": failures, "summary": summary, "headline": headline(by_scenario)}
 
 
 def _propose(cfg: AttackConfig, tracker: Tracker) -> dict[str, list[dict]]:

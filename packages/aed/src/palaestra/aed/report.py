@@ -76,6 +76,28 @@ def aggregate(by_scenario: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
     return metrics
 
 
+def headline(by_scenario: dict[str, list[dict[str, Any]]]) -> str:
+    """One line for the end-of-run table: the target-type rate pooled over every trained adversary, with its
+    interval, beside the random adversary's rate of the same types on the same episodes."""
+    from palaestra.shared.jobs import format_headline
+    from palaestra.shared.stats import wilson_interval
+
+    hits = episodes = random_hits = random_episodes = 0
+    for items in by_scenario.values():
+        rand = next((r for r in items if r["kind"] == "random"), None)
+        for r in (r for r in items if r["kind"] == "attack"):
+            hits, episodes = hits + r["target_count"], episodes + r["episodes"]
+            if rand is not None:
+                random_hits += rand["types"].get(r["accident_type"], 0)
+                random_episodes += rand["episodes"]
+    if not episodes:
+        return ""
+    note = f"{episodes} episodes, 95% Wilson"
+    if random_episodes:
+        note += f"; random adversary {random_hits / random_episodes:.2f}"
+    return format_headline("target-type accident rate", hits / episodes, wilson_interval(hits, episodes), note)
+
+
 def comparison_table(by_scenario: dict[str, list[dict[str, Any]]], backend: str) -> str:
     """Markdown table of the expert-vs-LLM reward comparison: per type and arm, attack rate, target-type rate
     and AV-responsible share with 95% intervals, beside the random adversary's rate of that type."""
