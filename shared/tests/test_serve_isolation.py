@@ -193,3 +193,37 @@ def test_missing_serving_stack_names_the_extra(monkeypatch):
         MissingExtraError, match=r"palaestra serve needs fastapi: pip install 'palaestra-shared\[serve\]'"
     ):
         create_app(PoisonClient(), "tiny")  # type: ignore[arg-type]
+
+
+@pytest.mark.server
+def test_generation_failures_get_openai_error_bodies():
+    pytest.importorskip("fastapi")
+
+    class Broken:
+        """A backend without a local tokenizer whose generation fails: a bug (500) or the prompt's fault (400)."""
+
+        tokenizer = None
+
+        def generate(self, prompts, params):
+            if prompts == ["bug"]:
+                raise RuntimeError("boom")
+            raise LLMError("this prompt cannot be generated")
+
+    with serve_in_thread(Broken(), "broken") as url:  # type: ignore[arg-type]
+        status, body = post(url + "/completions", {"prompt": "bug"})
+        assert status == 500 and body["error"] == {
+            "message": "generation failed: RuntimeError: boom",
+            "type": "server_error",
+            "param": None,
+            "code": 500,
+        }
+        status, body = post(url + "/completions", {"prompt": "fault"})
+        assert status == 400 and body["error"]["message"] == "this prompt cannot be generated"
+        request = urllib.request.Request(
+            url + "/completions",
+            json.dumps({"prompt": "bug", "stream": True}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            events = [line[6:].strip() for line in response.read().decode().splitlines() if line.startswith("data: ")]
+        assert json.loads(events[0])["error"]["code"] == 500 and events[-1] == "[DONE]"

@@ -2,13 +2,9 @@
 
 ``palaestra serve MODEL`` runs it, so a local checkpoint can serve as a teacher
 (datagen, AED) and the `openai` backend is tested against a real server.
-
-Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (messages, tools,
-temperature, top_p, max_tokens / max_completion_tokens, stop, n, seed,
-logprobs, top_logprobs (transformers backend), stream), ``POST /v1/completions`` (prompt as text,
-token ids, or a batch of either; logprobs as the number of top tokens; stream),
-``GET /health``. The wire format (request models, choices, stream chunks) is in
-`serve_protocol`; generation runs in `serve_batcher.MicroBatcher`.
+Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST
+/v1/completions``, ``GET /health``; the wire format (request models, choices,
+stream chunks) is in `serve_protocol`, generation in `serve_batcher`.
 
 What keeps one client from hurting the others:
 
@@ -25,12 +21,15 @@ What keeps one client from hurting the others:
 - an optional API key (``--api-key`` or ``PALAESTRA_API_KEY``) is checked as
   ``Authorization: Bearer KEY``; binding beyond loopback without one warns.
 
-Streaming sends server-sent events as the OpenAI API does (``data: {chunk}``,
-then ``data: [DONE]``): text pieces as the tokens are generated; each choice's
-last chunk carries its finish reason, and its logprobs, ``token_ids`` and raw
-``text`` whole (chat with tools: the parsed turn arrives in that last chunk).
-With a backend that generates in one piece (vLLM, openai), the text arrives in
-the last chunk too.
+What it does not do: continuous batching. A batch runs to its end before the
+next one starts, so a long request delays the requests that arrive during it
+by up to its own length (bounded by ``max_request_tokens``, ended early if its
+client disconnects).
+
+Streaming sends server-sent events as the OpenAI API does: text pieces as the
+tokens are generated; each choice's last chunk carries its finish reason, and
+its logprobs, ``token_ids`` and raw ``text`` whole (with tools, or a backend that
+generates in one piece such as vLLM: the whole turn comes in that last chunk).
 """
 
 import asyncio
@@ -105,7 +104,7 @@ class _Model:
         self.context = getattr(client, "context_length", None)
         self.vocab = len(self.tokenizer) if self.tokenizer is not None else 0
         embeddings = getattr(getattr(client, "model", None), "get_input_embeddings", None)
-        if self.vocab is not None and embeddings is not None:
+        if self.tokenizer is not None and embeddings is not None:
             self.vocab = min(self.vocab, embeddings().num_embeddings)
         self.end_ids = list(getattr(client, "eos_token_ids", []))
 
@@ -115,7 +114,8 @@ class _Model:
             raise RequestError(
                 400,
                 f"this request asks for up to {asked} generated tokens ({len(prompts)} prompt(s) x n={params.n} x "
-                f"max_tokens={params.max_tokens}); this server allows {limits.max_request_tokens} per request",
+                f"max_tokens={params.max_tokens}); this server allows {limits.max_request_tokens} per request "
+                "(--max-request-tokens)",
                 param="max_tokens",
             )
         if self.tokenizer is None:
@@ -172,6 +172,10 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
     @app.exception_handler(Cancelled)
     async def _cancelled(request: Request, exc: Cancelled) -> JSONResponse:
         return error(503, str(exc), "server_unavailable")
+
+    @app.exception_handler(Exception)
+    async def _failed(request: Request, exc: Exception) -> JSONResponse:
+        return error(500, f"generation failed: {type(exc).__name__}: {_first_line(exc)}", "server_error")
 
     async def authorize(request: Request) -> None:
         if api_key is None:
@@ -232,10 +236,8 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
                 try:
                     outs = future.result()
                 except Exception as err:  # noqa: BLE001  (the stream has begun: the error is its last event)
-                    status, kind = (
-                        (503, "server_unavailable") if isinstance(err, Cancelled) else (400, "invalid_request_error")
-                    )
-                    yield f"data: {json.dumps(wire.error_body(status, str(err), kind))}\n\n"
+                    status, kind = _status(err)
+                    yield f"data: {json.dumps(wire.error_body(status, _first_line(err), kind))}\n\n"
                 else:
                     for index, out in enumerate(outs):
                         yield event([last(index, out, streams[index].rest(out.text))])
@@ -334,6 +336,19 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
 
 def _choices(job: Job) -> int:
     return len(job.prompts) * job.params.n
+
+
+def _status(err: Exception) -> tuple[int, str]:
+    """HTTP status and error type of a generation's failure."""
+    if isinstance(err, Cancelled):
+        return 503, "server_unavailable"
+    if isinstance(err, LLMError):
+        return 400, "invalid_request_error"
+    return 500, "server_error"
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).splitlines() or [""])[0]
 
 
 def _retrieve(future: asyncio.Future) -> None:
