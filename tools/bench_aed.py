@@ -6,7 +6,9 @@ Prints, measured in the same run:
   raw highway-env scenario (gymnasium env.step) with the same number of vehicles;
 - the share of a training step spent in the simulator vs the policy update (SB3 DQN, timing wrapper around the env).
 
-    .venv/bin/python tools/bench_aed.py --steps 300 --train-steps 600
+Each figure is the median [min-max] of ``--repeats`` runs (at least 5).
+
+    .venv/bin/python tools/bench_aed.py --steps 300 --train-steps 600 --repeats 5
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import argparse
 import multiprocessing as mp
 import time
 import warnings
+
+from benchstats import REPEATS, median, spread
 
 
 def adversary_steps(args: tuple[str, int, int, int]) -> tuple[int, float]:
@@ -94,27 +98,36 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="env steps per worker")
     parser.add_argument("--vehicles", type=int, default=20)
     parser.add_argument("--train-steps", type=int, default=600)
+    parser.add_argument("--repeats", type=int, default=REPEATS)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
 
-    n, secs = adversary_steps((args.scenario, args.steps, args.vehicles, 0))
-    one = n / secs
+    one, two, raw, share, train_sps = [], [], [], [], []
     ctx = mp.get_context("spawn")
     with ctx.Pool(2) as pool:
         pool.map(adversary_steps, [(args.scenario, 5, args.vehicles, s) for s in (1, 2)])  # warm up imports
-        start = time.perf_counter()
-        results = pool.map(adversary_steps, [(args.scenario, args.steps, args.vehicles, s) for s in (1, 2)])
-        wall = time.perf_counter() - start
-    two = sum(r[0] for r in results) / wall
-    raw = raw_steps(args.scenario, args.steps, args.vehicles)
-    share, train_sps = training_split(args.scenario, args.train_steps, args.vehicles)
+        for rep in range(args.repeats):
+            n, secs = adversary_steps((args.scenario, args.steps, args.vehicles, 10 * rep))
+            one.append(n / secs)
+            start = time.perf_counter()
+            jobs = [(args.scenario, args.steps, args.vehicles, 10 * rep + s) for s in (1, 2)]
+            results = pool.map(adversary_steps, jobs)
+            two.append(sum(r[0] for r in results) / (time.perf_counter() - start))
+            raw.append(raw_steps(args.scenario, args.steps, args.vehicles))
+    for _ in range(args.repeats):
+        s, sps = training_split(args.scenario, args.train_steps, args.vehicles)
+        share.append(s)
+        train_sps.append(sps)
+    f = ".1f"
     print(f"scenario {args.scenario}, {args.vehicles} vehicles, {args.steps} steps per worker")
-    print(f"adversary env, 1 worker : {one:8.1f} env steps/s")
-    print(f"adversary env, 2 workers: {two:8.1f} env steps/s   scaling ratio x{two / one:.2f}")
-    print(f"raw highway-env step    : {raw:8.1f} env steps/s   adversary-env overhead ratio {raw / one:.2f}")
+    print(f"env steps/s, median [min-max] of {args.repeats} runs")
+    print(f"adversary env, 1 worker : {spread(one, f)}")
+    print(f"adversary env, 2 workers: {spread(two, f)}   scaling ratio x{median(two) / median(one):.2f}")
+    print(f"raw highway-env step    : {spread(raw, f)}   adversary-env overhead ratio {median(raw) / median(one):.2f}")
     print(
-        f"DQN training            : {train_sps:8.1f} env steps/s   "
-        f"simulator share {share:.0%}, policy update + rest {1 - share:.0%}"
+        f"DQN training            : {spread(train_sps, f)}   "
+        f"simulator share {spread([100 * s for s in share], '.0f')}%, "
+        f"policy update + rest {100 - 100 * median(share):.0f}%"
     )
 
 

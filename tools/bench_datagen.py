@@ -3,9 +3,10 @@
 model (random weights: all drops, a check of the accounting), the reasoner and critic only, and a real
 pretrained model (smollm2-135m) as query writer with deterministic other roles.
 
-    .venv/bin/python tools/bench_datagen.py [--samples 160] [--llm-samples 6] [--llm-model tiny]
+    .venv/bin/python tools/bench_datagen.py [--samples 320] [--repeats 5] [--llm-samples 6] [--llm-model tiny]
 
-The graph is mined once and shared; each measurement writes into a fresh temp dir.
+The graph is mined once and shared; each measurement writes into a fresh temp dir. Rates are the median
+[min-max] of ``--repeats`` runs (1 and 2 workers interleaved); the LLM-call counts come from one run each.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+
+from benchstats import REPEATS, median, spread
 
 from palaestra.datagen.generate import DataGenerationConfig, build_graph, run_generation
 from palaestra.datagen.pipeline import ItemConfig, RolesConfig
@@ -42,15 +45,19 @@ def main() -> None:
     ap.add_argument("--llm-samples", type=int, default=6)
     ap.add_argument("--llm-model", default="tiny")
     ap.add_argument("--writer-model", default="smollm2-135m", help="query-writer-only run ('' to skip)")
+    ap.add_argument("--repeats", type=int, default=REPEATS)
     args = ap.parse_args()
     cluster.init(ClusterConfig(num_cpus=2, object_store_mb=128))
     graph = build_graph(DataGenerationConfig().envs)
     measure(graph, 2, 32)  # start both workers and warm their imports before timing
-    one, _ = measure(graph, 1, args.samples)
-    two, _ = measure(graph, 2, args.samples)
+    one, two = [], []
+    for _ in range(args.repeats):
+        one.append(measure(graph, 1, args.samples)[0])
+        two.append(measure(graph, 2, args.samples)[0])
+    ratios = [b / a for a, b in zip(one, two)]
     print(
-        f"deterministic pipeline: 1 worker {one:.0f} verified samples/min, 2 workers {two:.0f} "
-        f"-> scaling ratio {two / one:.2f}"
+        f"deterministic pipeline, verified samples/min, median [min-max] of {args.repeats}: 1 worker {spread(one)}, "
+        f"2 workers {spread(two)} -> scaling ratio {spread(ratios, '.2f')} (of medians {median(two) / median(one):.2f})"
     )
     roles = RolesConfig(
         tool_maker="llm",

@@ -1,9 +1,10 @@
 """Benchmark: generated tokens/s of `LLMClient` (transformers backend) vs calling `model.generate` directly.
 
 Same model object, same prompts (chat-rendered), same batch, greedy decoding, measured in the same run with the
-two paths interleaved (best of ``--repeats``). Prints the ratio client / direct (goal: >= 0.95) by wall-clock time
-and by this process's CPU time (on a machine shared with other jobs, CPU time is the steadier measure of the
-client's own overhead), and the batch-16 vs batch-1 speedup of the client.
+two paths interleaved, ``--repeats`` times (at least 5). Prints tokens/s as median [min-max] over the repeats, the
+ratio client / direct of the medians (goal: >= 0.95) by wall-clock time and by this process's CPU time (on a
+machine shared with other jobs, CPU time is the steadier measure of the client's own overhead), and the batch-16 vs
+batch-1 speedup of the client.
 
     .venv/bin/python tools/bench_llm.py                      # tiny and smollm2-135m
     .venv/bin/python tools/bench_llm.py --models tiny --max-tokens 64
@@ -15,6 +16,7 @@ import argparse
 import time
 
 import torch
+from benchstats import REPEATS, median, spread
 
 from palaestra.shared.llm import LLMConfig, SamplingParams, make_client
 
@@ -72,21 +74,20 @@ def bench_model(name: str, batch: int, max_tokens: int, repeats: int) -> dict:
     for _ in range(repeats):
         client_runs.append(timed(via_client))
         direct_runs.append(timed(via_direct))
-    best = lambda runs: max(tokens / wall for wall, _, tokens in runs)
-    best_cpu = lambda runs: max(tokens / cpu for _, cpu, tokens in runs)
-    client_tps, direct_tps = best(client_runs), best(direct_runs)
+    rates = lambda runs: [tokens / wall for wall, _, tokens in runs]
+    cpu_rates = lambda runs: [tokens / cpu for _, cpu, tokens in runs]
     client.config.max_batch_size = 1
-    single = [timed(via_client)]
+    single = [timed(via_client) for _ in range(repeats)]
     return {
         "model": name,
         "tokens": client_runs[0][2],
-        "direct_tok_s": direct_tps,
-        "client_tok_s": client_tps,
-        "ratio": client_tps / direct_tps,
-        "cpu_ratio": best_cpu(client_runs) / best_cpu(direct_runs),
-        "batch1_tok_s": best(single),
-        "batch_speedup": client_tps / best(single),
-        "cpu_batch_speedup": best_cpu(client_runs) / best_cpu(single),
+        "direct_tok_s": rates(direct_runs),
+        "client_tok_s": rates(client_runs),
+        "ratio": median(rates(client_runs)) / median(rates(direct_runs)),
+        "cpu_ratio": median(cpu_rates(client_runs)) / median(cpu_rates(direct_runs)),
+        "batch1_tok_s": rates(single),
+        "batch_speedup": median(rates(client_runs)) / median(rates(single)),
+        "cpu_batch_speedup": median(cpu_rates(client_runs)) / median(cpu_rates(single)),
     }
 
 
@@ -95,18 +96,20 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["tiny", "smollm2-135m"])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"greedy, batch {args.batch}, max_tokens {args.max_tokens}, {args.threads} thread(s), best of {args.repeats}")
-    header = f"{'model':<14}{'tokens':>8}{'direct tok/s':>14}{'client tok/s':>14}{'ratio':>8}{'cpu ratio':>11}"
-    print(header + f"{'batch-1 tok/s':>15}{f'b{args.batch}/b1':>9}{'cpu b/b1':>10}")
+    print(f"greedy, batch {args.batch}, max_tokens {args.max_tokens}, {args.threads} thread(s)")
+    print(f"tok/s: median [min-max] of {args.repeats} runs; ratios of the medians")
+    header = f"{'model':<14}{'tokens':>8}{'direct tok/s':>20}{'client tok/s':>20}{'ratio':>8}{'cpu ratio':>11}"
+    print(header + f"{'batch-1 tok/s':>20}{f'b{args.batch}/b1':>9}{'cpu b/b1':>10}")
     for name in args.models:
         r = bench_model(name, args.batch, args.max_tokens, args.repeats)
         print(
-            f"{r['model']:<14}{r['tokens']:>8}{r['direct_tok_s']:>14.1f}{r['client_tok_s']:>14.1f}{r['ratio']:>8.3f}"
-            f"{r['cpu_ratio']:>11.3f}{r['batch1_tok_s']:>15.1f}{r['batch_speedup']:>9.2f}{r['cpu_batch_speedup']:>10.2f}",
+            f"{r['model']:<14}{r['tokens']:>8}{spread(r['direct_tok_s']):>20}{spread(r['client_tok_s']):>20}"
+            f"{r['ratio']:>8.3f}{r['cpu_ratio']:>11.3f}{spread(r['batch1_tok_s']):>20}{r['batch_speedup']:>9.2f}"
+            f"{r['cpu_batch_speedup']:>10.2f}",
             flush=True,
         )
 

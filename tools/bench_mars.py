@@ -9,9 +9,11 @@ For each game, measured in the same run:
   `ScriptedLegalClient`, which answers a random legal action as tokens (adds
   chat-template rendering, token deltas and trajectory bookkeeping);
 and prints episodes/s and the overhead ratios (raw / text, raw / engine). Then MCTS
-evaluation throughput (MCTS vs random, first seat) in games/s and moves/s.
+evaluation throughput (MCTS vs random, first seat) in games/s and moves/s. Each figure is the
+median [min-max] of ``--repeats`` runs (at least 5).
 
     .venv/bin/python tools/bench_mars.py [--episodes 500] [--engine-episodes 64] [--mcts-games 20] [--simulations 100]
+        [--repeats 5]
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import argparse
 import random
 import time
 
-from palaestra.mars.games import GAME_FACTORIES, make_game
+from benchstats import REPEATS, median, repeat, spread
+
+from palaestra.mars.games import GAMES, make_game
 from palaestra.mars.play import play_episodes
 from palaestra.mars.players import MCTSPlayer, RandomPlayer
 
@@ -77,25 +81,33 @@ def main() -> None:
     parser.add_argument("--engine-episodes", type=int, default=64)
     parser.add_argument("--mcts-games", type=int, default=20)
     parser.add_argument("--simulations", type=int, default=100)
-    parser.add_argument("--games", nargs="*", default=list(GAME_FACTORIES))
+    parser.add_argument("--games", nargs="*", default=GAMES.names())
+    parser.add_argument("--repeats", type=int, default=REPEATS)
     args = parser.parse_args()
+    n = args.repeats
 
     from palaestra.mars.scripted_llm import ScriptedLegalClient
 
     client = ScriptedLegalClient(seed=0)
     print(f"self-play, uniform random legal moves ({args.episodes} episodes; engine: {args.engine_episodes})")
-    print(f"{'game':>14} {'raw ep/s':>10} {'text ep/s':>10} {'engine ep/s':>12} {'raw/text':>9} {'raw/engine':>11}")
+    print(f"episodes/s, median [min-max] of {n} runs")
+    print(f"{'game':>14} {'raw':>24} {'text env':>20} {'engine':>16} {'raw/text':>9} {'raw/engine':>11}")
     for name in args.games:
-        raw = raw_playouts(name, args.episodes)
-        text = text_playouts(name, args.episodes)
-        eng = engine_playouts(name, args.engine_episodes, client)
-        print(f"{name:>14} {raw:>10.0f} {text:>10.0f} {eng:>12.1f} {raw / text:>8.1f}x {raw / eng:>10.0f}x", flush=True)
+        raw = repeat(lambda name=name: raw_playouts(name, args.episodes), n)
+        text = repeat(lambda name=name: text_playouts(name, args.episodes), n)
+        eng = repeat(lambda name=name: engine_playouts(name, args.engine_episodes, client), n)
+        ratios = (median(raw) / median(text), median(raw) / median(eng))
+        print(
+            f"{name:>14} {spread(raw):>24} {spread(text):>20} {spread(eng):>16} {ratios[0]:>8.1f}x {ratios[1]:>10.0f}x",
+            flush=True,
+        )
 
     print(f"\nMCTS evaluation (uct_c 2, {args.simulations} simulations, random rollouts) vs random, first seat")
-    print(f"{'game':>14} {'games/s':>9} {'MCTS moves/s':>13}")
+    print(f"{'game':>14} {'games/s':>18} {'MCTS moves/s':>20}")
     for name in ("tic_tac_toe", "connect_four", "kuhn_poker", "leduc_poker"):
-        games_s, moves_s = mcts_throughput(name, args.mcts_games, args.simulations)
-        print(f"{name:>14} {games_s:>9.2f} {moves_s:>13.1f}", flush=True)
+        runs = [mcts_throughput(name, args.mcts_games, args.simulations) for _ in range(n)]
+        games_s, moves_s = [r[0] for r in runs], [r[1] for r in runs]
+        print(f"{name:>14} {spread(games_s, '.2f'):>18} {spread(moves_s, '.1f'):>20}", flush=True)
 
 
 if __name__ == "__main__":
