@@ -72,6 +72,7 @@ class DistributedLearner:
         reference_dir: str | None = None,
         gradient_checkpointing: bool = False,
         cluster: ClusterConfig | None = None,
+        placement_timeout_s: float = 120.0,
     ):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -86,7 +87,17 @@ class DistributedLearner:
         self.world_size = learner.world_size
         bundle = {"CPU": learner.num_cpus, **({"GPU": learner.num_gpus} if learner.num_gpus else {})}
         self.group = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
-        self.ray.get(self.group.ready(), timeout=600)
+        try:
+            self.ray.get(self.group.ready(), timeout=placement_timeout_s)
+        except self.ray.exceptions.GetTimeoutError:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.group)
+            raise RuntimeError(
+                f"the learner's {self.world_size} ranks x {bundle} could not be placed within "
+                f"{placement_timeout_s:g} s; the cluster has {self.ray.cluster_resources()} in all "
+                "(rollout workers hold theirs too): raise cluster.num_cpus / num_gpus or lower learner.num_cpus"
+            ) from None
         actor = self.ray.remote(num_cpus=learner.num_cpus, num_gpus=learner.num_gpus)(LearnerRank)
         threads = max(1, int(learner.num_cpus))
         self.ranks = [

@@ -95,12 +95,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from palaestra.shared.config import ConfigError
 from palaestra.shared.llm.base import make_client
 from palaestra.shared.llm.hf_backend import resolve_device
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages, reads_entropy
 from palaestra.shared.rl.batch import build_batch, score_batch, think_entropy, token_advantages
 from palaestra.shared.rl.config import LoraConfig, TrainConfig, learner_dtypes
+from palaestra.shared.rl.distributed import DistributedLearner
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.update import NonFiniteLoss, ppo_update
 from palaestra.shared.rollout.engine import EpisodeSpec
@@ -151,6 +153,9 @@ class Trainer:
         if cfg.loss.reduction == "dr_grpo" and not cfg.loss.max_len:
             cfg.loss.max_len = cfg.rollout.max_tokens_per_turn
         self.ref_model = None
+        if cfg.learner.world_size > 1 and cfg.lora.enabled:
+            raise ConfigError("learner.world_size > 1 does not support LoRA (lora.enabled); use world_size 1")
+        self.learner: DistributedLearner | None = None  # learner.world_size > 1: the ranks (rl/distributed.py)
         self.rollouts: LocalRollouts | RayRollouts | None = None
         self.eval_hook = eval_hook or (_default_eval if cfg.eval_tasks else None)
         self.eval_history: list[tuple[int, dict[str, float]]] = []
@@ -164,6 +169,7 @@ class Trainer:
             if not self.resumed:
                 self.warm_start()
             self.init_reference()
+        self.start_learner()
         self.start_rollouts()
 
     def resume(self) -> bool:
@@ -192,6 +198,26 @@ class Trainer:
         else:
             checkpoint.save_reference(self.ckpt_dir, self.ref_model)
 
+    def start_learner(self) -> None:
+        """With ``learner.world_size`` > 1, start the ranks from this model's weights (after the warm start or
+        resume) and, on resume, restore their sharded weights and optimizer state. This process keeps its
+        model as the copy the rollouts and checkpoints read, refreshed after every step."""
+        if self.cfg.learner.world_size <= 1 or self.learner is not None:
+            return
+        cfg = self.cfg
+        self.learner = DistributedLearner(
+            cfg.llm,
+            cfg.learner,
+            cfg.optim,
+            initial_state=self.model.state_dict(),
+            reference=self.ref_model is not None,
+            reference_dir=str(self.ckpt_dir / "reference") if self.ref_model is not None else None,
+            gradient_checkpointing=cfg.learner.gradient_checkpointing,
+            cluster=cfg.cluster,
+        )
+        if self.resumed:
+            self.learner.load(checkpoint.latest(self.ckpt_dir))
+
     def start_rollouts(self) -> None:
         if self.rollouts is not None:
             return
@@ -210,6 +236,9 @@ class Trainer:
         if self.rollouts is not None:
             self.rollouts.close()
             self.rollouts = None
+        if self.learner is not None:
+            self.learner.close()
+            self.learner = None
 
     def __enter__(self) -> Trainer:
         return self
@@ -272,7 +301,10 @@ class Trainer:
         with self._autocast():
             if self.needs_scoring(len(batch)):
                 tokens = cfg.learner.micro_batch_tokens
-                old_logps, entropy = score_batch(self.model, batch, cfg.rollout.temperature, tokens, max_rows=mb)
+                if self.learner is not None:
+                    old_logps, entropy = self.learner.score(batch, cfg.rollout.temperature, tokens)
+                else:
+                    old_logps, entropy = score_batch(self.model, batch, cfg.rollout.temperature, tokens, max_rows=mb)
             if cfg.loss.kl_coef:
                 ref_logps = self._reference_logps(batch, mb)
         # 4. advantages
@@ -284,15 +316,20 @@ class Trainer:
         self.model.train()
         try:
             with self._autocast():
-                updates = ppo_update(
-                    self.model, self.optimizer, batch, advantages, cfg, self.step, old_logps, ref_logps, entropy
-                )
+                if self.learner is not None:
+                    updates = self.learner.ppo_update(batch, advantages, cfg, self.step, old_logps, ref_logps, entropy)
+                else:
+                    updates = ppo_update(
+                        self.model, self.optimizer, batch, advantages, cfg, self.step, old_logps, ref_logps, entropy
+                    )
         except NonFiniteLoss as e:
             last = checkpoint.latest(self.ckpt_dir)
             raise TrainingError(
                 f"{e}; stopping. Last good checkpoint: {last or 'none (no checkpoint saved yet)'}"
             ) from None
         self.model.eval()
+        if self.learner is not None:  # the ranks' new weights, gathered once, into this process's copy
+            self.model.load_state_dict(self.learner.state_dict())
         self.step += 1
         # 6. weight sync
         self.rollouts.sync(self.policy_state() if cfg.workers.num_workers else None)
@@ -350,6 +387,9 @@ class Trainer:
     @torch.no_grad()
     def _reference_logps(self, batch, mb: int) -> torch.Tensor:
         # LoRA: the base model (adapters off) is the reference
+        if self.learner is not None:
+            tokens = self.cfg.learner.micro_batch_tokens
+            return self.learner.score(batch, self.cfg.rollout.temperature, tokens, with_entropy=False, ref=True)[0]
         model = self.ref_model if self.ref_model is not None else self.model
         with contextlib.nullcontext() if self.ref_model is not None else self.model.disable_adapter():
             tokens = self.cfg.learner.micro_batch_tokens
@@ -374,7 +414,8 @@ class Trainer:
         return checkpoint.merged_lora_state(self.model)
 
     def save(self) -> Path:
-        path = checkpoint.save(self.ckpt_dir, self.step, self.model, self.tokenizer, self.optimizer)
+        extra = self.learner.save if self.learner is not None else None  # the ranks' sharded state
+        path = checkpoint.save(self.ckpt_dir, self.step, self.model, self.tokenizer, self.optimizer, extra)
         checkpoint.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
         return path
 
