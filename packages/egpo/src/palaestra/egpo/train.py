@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from palaestra.egpo.tasks import FCTask, load_bfcl, load_jsonl
+from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.config import EnvSpec, TrainConfig
@@ -135,6 +136,7 @@ def bfcl_multi_turn(category: str = "multi_turn_base", limit: int | None = None)
 
     class _Env(BFCLMultiTurnEnv):
         env_type = f"bfcl_{category}"
+        num_tasks = len(pairs)  # for epochs (palaestra.egpo.epochs)
 
         def reset(self, seed: int | None = None) -> dict[str, Any]:
             self.entry, self.ground_truth = pairs[(seed or 0) % len(pairs)]
@@ -173,14 +175,24 @@ class EGPOTrainConfig(TrainConfig):
     advantages: list[AdvantageStep] = field(default_factory=_egpo_advantages)
     loss: LossConfig = field(default_factory=lambda: LossConfig(kl_coef=0.001))
     eval: EvalAfterConfig = field(default_factory=EvalAfterConfig)
+    epochs: int = 0
+    """Passes over the tasks without replacement (`palaestra.egpo.epochs`); > 0 sets ``steps`` to
+    ceil(epochs x tasks / tasks_per_step). 0: ``steps`` steps of tasks drawn with replacement."""
 
 
 @job("egpo.train", EGPOTrainConfig)
 def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
     """EGPO (or GRPO, by the advantage list) on function-calling tasks through the shared trainer."""
+    from palaestra.egpo.epochs import EpochTrainer, epoch_steps
     from palaestra.shared.rl.trainer import Trainer
 
-    with Trainer(cfg, tracker) as trainer:
+    if cfg.epochs < 0:
+        raise ConfigError(f"invalid value for 'epochs': {cfg.epochs} (>= 0)")
+    with (EpochTrainer if cfg.epochs else Trainer)(cfg, tracker) as trainer:
+        if cfg.epochs:
+            cfg.steps = epoch_steps(cfg.epochs, trainer.num_tasks, cfg.tasks_per_step)
+            tracker.log_params({"derived.steps": cfg.steps, "derived.num_tasks": trainer.num_tasks})
+            print(f"egpo.train: {cfg.epochs} epochs over {trainer.num_tasks} tasks = {cfg.steps} steps", flush=True)
         trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
         out = trainer.train()
     if cfg.eval.categories:

@@ -1,0 +1,77 @@
+"""Epochs over the task data (`palaestra.egpo.epochs`) and the documented chain datagen -> egpo."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from palaestra.egpo.epochs import EpochTrainer, epoch_steps
+from palaestra.shared.jobs import load_config
+
+EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments"
+
+
+def tiny_config(tmp_path, tasks: int, per_step: int, epochs: int = 2):
+    overrides = [
+        "job=egpo.train",
+        "llm.model=tiny",
+        "llm.device=cpu",
+        f"output_dir={tmp_path}",
+        f"tasks_per_step={per_step}",
+        f"epochs={epochs}",
+        "envs=[{name: task, kwargs: {source: fc_tasks, reward: fc_binary, source_kwargs: {synthetic: "
+        + str(tasks)
+        + "}}}]",
+    ]
+    return load_config({"job": "egpo.train"}, overrides)
+
+
+def test_epoch_steps_closed_form():
+    assert epoch_steps(5, 17_000, 128) == 665  # 85,000 / 128 = 664.06 -> 665
+    assert epoch_steps(1, 10, 5) == 2 and epoch_steps(3, 10, 4) == 8  # 30 / 4 = 7.5 -> 8
+    with pytest.raises(ValueError, match="must be > 0"):
+        epoch_steps(0, 10, 4)
+
+
+def test_each_epoch_plays_every_task_once(tmp_path):
+    cfg = tiny_config(tmp_path, tasks=10, per_step=4)
+    trainer = EpochTrainer(cfg)
+    assert trainer.num_tasks == 10
+    drawn = [spec.seed for step in range(5) for spec in trainer.draw_tasks(step)]  # 20 draws = 2 epochs
+    assert sorted(drawn[:10]) == list(range(10)) and sorted(drawn[10:]) == list(range(10))
+    assert drawn[:10] != drawn[10:]  # reshuffled per epoch
+    assert drawn == [spec.seed for step in range(5) for spec in trainer.draw_tasks(step)]  # a function of the step
+    # with replacement (the shared trainer's draw), the same 20 draws repeat some tasks and miss others
+    from palaestra.shared.rl.trainer import Trainer
+
+    plain = Trainer(load_config({"job": "egpo.train"}, ["llm.model=tiny", "llm.device=cpu", "task_seeds=10"]))
+    counts = Counter(s.seed for step in range(5) for s in plain.draw_tasks(step))
+    assert max(counts.values()) > 1
+
+
+@pytest.mark.slow  # a datagen run (MLflow set-up included)
+@pytest.mark.skipif(not importlib.util.find_spec("bfcl_eval"), reason="bfcl-eval not installed")
+def test_documented_chain_datagen_then_egpo(tmp_path, monkeypatch):
+    """qwen3_4b_bfcl.yaml reads the file that the datagen config its header names writes; run that chain tiny."""
+    from palaestra.egpo.train import fc_tasks
+    from palaestra.shared.jobs import run_job
+
+    paper = load_config(EXPERIMENTS / "egpo" / "qwen3_4b_bfcl.yaml")
+    data_path = paper.envs[0].kwargs["source_kwargs"]["path"]
+    assert paper.epochs == 5
+    datagen = load_config(EXPERIMENTS / "datagen" / "llm_served.yaml")
+    assert Path(data_path) == datagen.output_path  # where datagen writes by default (output_dir: outputs)
+    # the same chain offline at tiny scale: deterministic datagen in tmp_path, then egpo's task source on it
+    monkeypatch.chdir(tmp_path)
+    offline = load_config(
+        EXPERIMENTS / "datagen" / "deterministic.yaml", ["num_samples=4", "workers=0", "log_samples=false"]
+    )
+    offline.tracking.uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_job(offline)
+    path = Path(str(data_path).replace("llm_served", "deterministic"))
+    assert path.is_file()
+    tasks = fc_tasks(path=str(path))
+    assert len(tasks) >= 4 and all(t["ground_truth"] is not None for t in tasks)
