@@ -219,6 +219,7 @@ def mine(cfg: MineConfig, tracker: Tracker) -> dict:
             tracker.log_artifact(path, f"round_{k}")
         record = {"round": k, "heldout_samples": len(heldout), "mining_samples": len(mining)}
         record |= {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith("mine/")}
+        record["drops"] = dict(sorted(stats.drops.items()))
         history.append(record)
         print(f"mine round {k}: " + ", ".join(f"{key} {v:.3f}" if isinstance(v, float) else f"{key} {v}"
                                               for key, v in record.items() if key != "round"))  # fmt: skip
