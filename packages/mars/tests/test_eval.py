@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from palaestra.mars.evaluate import EvalConfig, evaluate
+from palaestra.mars.evaluate import GameEvalConfig, evaluate
 from palaestra.mars.games import make_game
 from palaestra.mars.play import play_episodes
 from palaestra.mars.players import MCTSPlayer, RandomPlayer
@@ -112,9 +112,9 @@ def test_eval_job_logs_metrics_and_plot(tracking, tmp_path):
 
 def test_eval_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="known games"):
-        evaluate(EvalConfig(games=["chess"], policy="random"))
+        evaluate(GameEvalConfig(games=["chess"], policy="random"))
     with pytest.raises(ConfigError, match="opponents: unknown opponent 'alphazero'"):
-        evaluate(EvalConfig(opponents=["alphazero"], policy="random"))
+        evaluate(GameEvalConfig(opponents=["alphazero"], policy="random"))
 
 
 def test_engine_path_with_a_legal_scripted_llm():
@@ -145,7 +145,7 @@ def test_engine_path_with_a_legal_scripted_llm():
 
 
 def test_eval_llm_policy_through_the_engine(tiny_llm):
-    cfg = EvalConfig(
+    cfg = GameEvalConfig(
         games=["tic_tac_toe"], policy="llm", opponents=["random"], episodes=4, max_tokens=8, prompt="compact"
     )
     metrics, records = evaluate(cfg, clients={repr(cfg.llm): tiny_llm})

@@ -74,17 +74,17 @@ def test_tiny_model_policy_is_a_distribution_with_bounded_exploitability():
 
 
 def test_evaluate_logs_the_exploitability_of_the_policy_under_test():
-    from palaestra.mars.evaluate import EvalConfig, evaluate
+    from palaestra.mars.evaluate import GameEvalConfig, evaluate
     from palaestra.shared.config import ConfigError
     from palaestra.shared.llm import LLMConfig, make_client
 
     llm = LLMConfig(model="tiny", device="cpu")
     client = make_client(llm)
     metrics, records = evaluate(
-        EvalConfig(games=[], exploitability=["kuhn_poker"], llm=llm), clients={repr(llm): client}
+        GameEvalConfig(games=[], exploitability=["kuhn_poker"], llm=llm), clients={repr(llm): client}
     )
     expected = exploitability(read_policy(response_scorer(client), "kuhn_poker")[0], "kuhn_poker")
     assert metrics["eval/kuhn_poker/exploitability"] == pytest.approx(expected, abs=1e-5)  # float32 forward noise
     assert records[0]["exploitability"] == pytest.approx(expected, abs=1e-5) and len(records[0]["policy"]) == 12
     with pytest.raises(ConfigError, match="not a poker game"):
-        evaluate(EvalConfig(games=[], exploitability=["tic_tac_toe"], llm=llm))
+        evaluate(GameEvalConfig(games=[], exploitability=["tic_tac_toe"], llm=llm))

@@ -125,9 +125,11 @@ class GameEnv(TextEnv):
             state = state.split("\nThis is the current snapshot")[0]
         own = f"GAME STATE:\n{state}\n\nLEGAL ACTIONS:\n{', '.join(legal)}." + (f" {note}" if note else "")
         if compact:
-            parts = [] if self.game.kind == KIND_BOARD or not unseen else [
-                "\n".join(f"{u['agent']} took action {u['action']}." for u in unseen)
-            ]
+            parts = (
+                []
+                if self.game.kind == KIND_BOARD or not unseen
+                else ["\n".join(f"{u['agent']} took action {u['action']}." for u in unseen)]
+            )
             turn = "\n\n".join([*parts, own])
         else:  # MARS's framing (roll/agentic/rollout/env_manager.py, _format_messages)
             turn = "".join(self._other_turn(u) for u in unseen) + (

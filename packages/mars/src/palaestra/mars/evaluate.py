@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.mars.env import Shaping
-from palaestra.mars.games import GAME_FACTORIES, make_game
+from palaestra.mars.game_stats import summarize
+from palaestra.mars.games import GAMES, make_game
 from palaestra.mars.play import play_episodes
-from palaestra.mars.stats import summarize
 from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
 from palaestra.shared.llm import LLMConfig
@@ -39,7 +39,7 @@ POLICIES = ("llm", "random", "mcts")
 
 
 @dataclass
-class EvalConfig(JobConfig):
+class GameEvalConfig(JobConfig):
     """Evaluate a policy on MARS games against fixed opponents."""
 
     job: str = "mars.eval"
@@ -88,7 +88,7 @@ class EvalConfig(JobConfig):
     """Temperature of the policy read for ``exploitability`` (1.0: the model's own distribution)."""
 
 
-def make_player(kind: str, cfg: EvalConfig, game, llm_config: LLMConfig | None = None, clients: dict | None = None):
+def make_player(kind: str, cfg: GameEvalConfig, game, llm_config: LLMConfig | None = None, clients: dict | None = None):
     from palaestra.mars.players import LLMPlayer, MCTSPlayer, RandomPlayer, TabularPolicyPlayer
     from palaestra.mars.solvers import equilibrium_policy
 
@@ -111,10 +111,10 @@ def make_player(kind: str, cfg: EvalConfig, game, llm_config: LLMConfig | None =
     raise ConfigError(f"unknown player {kind!r}; known: {', '.join(POLICIES + OPPONENTS)}")
 
 
-def check_config(cfg: EvalConfig) -> None:
+def check_config(cfg: GameEvalConfig) -> None:
     for name in cfg.games:
-        if name not in GAME_FACTORIES:
-            raise ConfigError(f"games: unknown game {name!r}; known games: {', '.join(GAME_FACTORIES)}")
+        if name not in GAMES:
+            raise ConfigError(f"games: unknown game {name!r}; known games: {', '.join(GAMES.names())}")
     for name in cfg.opponents:
         if name not in OPPONENTS:
             raise ConfigError(f"opponents: unknown opponent {name!r}; known: {', '.join(OPPONENTS)}")
@@ -126,13 +126,13 @@ def check_config(cfg: EvalConfig) -> None:
     if cfg.episodes < 1:
         raise ConfigError("episodes must be at least 1")
     for name in cfg.exploitability:
-        if name not in GAME_FACTORIES or make_game(name).kind != "poker":
+        if name not in GAMES or make_game(name).kind != "poker":
             raise ConfigError(f"exploitability: {name!r} is not a poker game (kuhn_poker, leduc_poker)")
     if cfg.exploitability and cfg.policy != "llm":
         raise ConfigError("exploitability reads the policy off an LLM: it needs policy: llm")
 
 
-def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None = None, clients: dict | None = None):
+def evaluate(cfg: GameEvalConfig, tracker: Tracker | None = None, step: int | None = None, clients: dict | None = None):
     """Run every setting; return ``{metric name: value}`` (also logged when a tracker is given)."""
     check_config(cfg)
     clients = {} if clients is None else clients
@@ -183,7 +183,7 @@ def evaluate(cfg: EvalConfig, tracker: Tracker | None = None, step: int | None =
     return metrics, records
 
 
-def _exploitability(cfg: EvalConfig, name: str, clients: dict, metrics: dict, records: list, tracker, step) -> None:
+def _exploitability(cfg: GameEvalConfig, name: str, clients: dict, metrics: dict, records: list, tracker, step) -> None:
     from palaestra.mars.model_policy import exploitability, read_policy, response_scorer
 
     llm = make_player("llm", cfg, make_game(name), clients=clients)
@@ -199,7 +199,7 @@ def _exploitability(cfg: EvalConfig, name: str, clients: dict, metrics: dict, re
     print(f"{name:>14} exploitability {value:.4f} (uniform: 0.4583 in kuhn_poker)", flush=True)
 
 
-def _play(cfg: EvalConfig, game: str, policy, opponent, seat: int | None, seeds: list[int]):
+def _play(cfg: GameEvalConfig, game: str, policy, opponent, seat: int | None, seeds: list[int]):
     """Episodes of `policy` in `seat` (None: every seat); LLM policies go through the shared rollout engine."""
     if getattr(policy, "batched", False):
         from palaestra.mars.engine_eval import engine_episodes
@@ -273,8 +273,8 @@ def plot_results(records: list[dict], path: Path) -> Path | None:
     return path
 
 
-@job("mars.eval", EvalConfig)
-def eval_job(cfg: EvalConfig, tracker: Tracker) -> dict:
+@job("mars.eval", GameEvalConfig)
+def eval_job(cfg: GameEvalConfig, tracker: Tracker) -> dict:
     """Evaluate a policy on MARS games vs random / MCTS / CFR / a checkpoint, both seats; Hanabi in self-play."""
     metrics, records = evaluate(cfg, tracker)
     return {"settings": len(records)}

@@ -23,6 +23,8 @@ from typing import Any
 
 import pyspiel
 
+from palaestra.shared.registry import Registry
+
 KIND_BOARD, KIND_POKER, KIND_HANABI = "board", "poker", "hanabi"
 
 
@@ -343,15 +345,21 @@ def _hanabi(colors: int, ranks: int, hand: int, info: int, life: int) -> dict[st
     }
 
 
-GAME_FACTORIES: dict[str, Callable[[], Game]] = {
-    "tic_tac_toe": lambda: TicTacToe("tic_tac_toe", "tic_tac_toe", KIND_BOARD, "tic-tac-toe"),
-    "connect_four": lambda: ConnectFour("connect_four", "connect_four", KIND_BOARD, "Connect Four"),
-    "kuhn_poker": lambda: KuhnPoker("kuhn_poker", "kuhn_poker", KIND_POKER, "Kuhn Poker"),
-    "leduc_poker": lambda: LeducPoker("leduc_poker", "leduc_poker", KIND_POKER, "Leduc Poker"),
-    "mini_hanabi": lambda: Hanabi("mini_hanabi", "hanabi", KIND_HANABI, "Hanabi", _hanabi(2, 2, 3, 3, 3), True),
-    "simple_hanabi": lambda: Hanabi("simple_hanabi", "hanabi", KIND_HANABI, "Hanabi", _hanabi(3, 2, 5, 8, 3), True),
-    "full_hanabi": lambda: Hanabi("full_hanabi", "hanabi", KIND_HANABI, "Hanabi", _hanabi(3, 3, 5, 8, 3), True),
-}
+GAMES: Registry[Callable[[], Game]] = Registry("game")
+"""Game name -> factory; `make_game` builds and caches. Other games register here the same way."""
+GAMES.register("tic_tac_toe", lambda: TicTacToe("tic_tac_toe", "tic_tac_toe", KIND_BOARD, "tic-tac-toe"))
+GAMES.register("connect_four", lambda: ConnectFour("connect_four", "connect_four", KIND_BOARD, "Connect Four"))
+GAMES.register("kuhn_poker", lambda: KuhnPoker("kuhn_poker", "kuhn_poker", KIND_POKER, "Kuhn Poker"))
+GAMES.register("leduc_poker", lambda: LeducPoker("leduc_poker", "leduc_poker", KIND_POKER, "Leduc Poker"))
+GAMES.register(
+    "mini_hanabi", lambda: Hanabi("mini_hanabi", "hanabi", KIND_HANABI, "Hanabi", _hanabi(2, 2, 3, 3, 3), True)
+)
+GAMES.register(
+    "simple_hanabi", lambda: Hanabi("simple_hanabi", "hanabi", KIND_HANABI, "Hanabi", _hanabi(3, 2, 5, 8, 3), True)
+)
+GAMES.register(
+    "full_hanabi", lambda: Hanabi("full_hanabi", "hanabi", KIND_HANABI, "Hanabi", _hanabi(3, 3, 5, 8, 3), True)
+)
 TRAINING_GAMES = ("tic_tac_toe", "kuhn_poker", "mini_hanabi")
 HELD_OUT_GAMES = ("connect_four", "leduc_poker", "simple_hanabi", "full_hanabi")
 _CACHE: dict[str, Game] = {}
@@ -359,8 +367,8 @@ _CACHE: dict[str, Game] = {}
 
 def make_game(name: str) -> Game:
     """The game called `name` (built once per process); an unknown name lists the known ones."""
-    if name not in GAME_FACTORIES:
-        raise ValueError(f"unknown game {name!r}; known games: {', '.join(GAME_FACTORIES)}")
+    if name not in GAMES:
+        raise ValueError(GAMES.unknown_message(name))
     if name not in _CACHE:
-        _CACHE[name] = GAME_FACTORIES[name]()
+        _CACHE[name] = GAMES.get(name)()
     return _CACHE[name]

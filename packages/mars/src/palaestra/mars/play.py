@@ -1,11 +1,10 @@
-"""Playing many episodes at once: scripted players act at once, LLM players in batches.
+"""Episodes between scripted players (random, MCTS, tabular policies), and the `EpisodeResult` record.
 
-`play_episodes` runs episodes of one game in lockstep. Each seat has a player;
-every loop, each unfinished game asks its acting agent: scripted players
-answer immediately, and all conversations waiting on the same LLM player are
-answered by one batched generation call. Each agent keeps its own
-conversation (the env's observations plus its own responses), exactly as a
-model sees it. Results are plain `EpisodeResult` records.
+`play_episodes` steps episodes of one game with a scripted player in each seat.
+LLM policies never come here: they play through the shared rollout engine
+(`engine_eval`), the same path training samples with, so there is one episode
+runner for models. Each seat keeps its own conversation (the env's observations
+plus its responses) when ``keep_transcripts`` asks for it.
 """
 
 from __future__ import annotations
@@ -40,39 +39,26 @@ def play_episodes(
     keep_transcripts: bool = False,
     prompt: str = "full",
 ) -> list[EpisodeResult]:
-    """Play one episode per seed with `players[seat]` in each seat (the same object may fill several seats)."""
+    """Play one episode per seed with scripted `players[seat]` in each seat (one object may fill several seats)."""
+    for player in players:
+        if getattr(player, "batched", False):
+            raise ValueError("play_episodes takes scripted players; LLM players play through engine_eval")
     envs = [GameEnv(game, shaping, prompt) for _ in seeds]
     conversations: list[dict[str, list[dict]]] = []
     shaped = [dict.fromkeys(env.agents, 0.0) for env in envs]
     turns = [0] * len(envs)
     finals: list[dict | None] = [None] * len(envs)
-    for env, seed in zip(envs, seeds):
-        env.reset(seed)
-        conversations.append({a: [] for a in env.agents})
     for seat, player in enumerate(players):
         player.reset(seeds[0] * 1009 + seat if seeds else seat)
-    active = [i for i, env in enumerate(envs) if not env.done]
-    while active:
-        waiting: dict[int, list[int]] = {}  # id(LLM player) -> env indices
-        responses: dict[int, str] = {}
-        for i in active:
-            env = envs[i]
+    for i, (env, seed) in enumerate(zip(envs, seeds)):
+        env.reset(seed)
+        conversations.append({a: [] for a in env.agents})
+        while not env.done:
             agent = env.current_agent
             conversations[i][agent] += env.observe(agent)
-            player = players[env.current_player]
-            if getattr(player, "batched", False):
-                waiting.setdefault(id(player), []).append(i)
-            else:
-                responses[i] = player.act(env)
-        for indices in waiting.values():
-            player = players[envs[indices[0]].current_player]
-            texts = player.act_batch([conversations[i][envs[i].current_agent] for i in indices])
-            responses.update(zip(indices, texts))
-        for i in active:
-            env = envs[i]
-            agent = env.current_agent
-            conversations[i][agent].append({"role": "assistant", "content": responses[i]})
-            step = env.step(responses[i])
+            text = players[env.current_player].act(env)
+            conversations[i][agent].append({"role": "assistant", "content": text})
+            step = env.step(text)
             turns[i] += 1
             for a, r in step.rewards.items():
                 shaped[i][a] += r
@@ -81,7 +67,6 @@ def play_episodes(
             elif turns[i] >= max_turns:
                 env.done = True
                 finals[i] = {"returns": list(env.state.returns()), "winner": None, "truncated": True}
-        active = [i for i in active if not envs[i].done]
     results = []
     for i, env in enumerate(envs):
         info = finals[i] or {}

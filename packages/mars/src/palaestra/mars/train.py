@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from palaestra.mars.env import Shaping
-from palaestra.mars.evaluate import EvalConfig, evaluate
-from palaestra.mars.games import GAME_FACTORIES
+from palaestra.mars.evaluate import GameEvalConfig, evaluate
+from palaestra.mars.games import GAMES
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
@@ -103,8 +103,8 @@ def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
     shaping = {k: getattr(cfg.shaping, k) for k in Shaping.__dataclass_fields__}
     specs = []
     for g in cfg.games:
-        if g.game not in GAME_FACTORIES:
-            raise ConfigError(f"games: unknown game {g.game!r}; known games: {', '.join(GAME_FACTORIES)}")
+        if g.game not in GAMES:
+            raise ConfigError(f"games: unknown game {g.game!r}; known games: {', '.join(GAMES.names())}")
         kwargs: dict[str, Any] = {"game": g.game, "shaping": shaping, "prompt": cfg.prompt}
         if cfg.mode == "selfplay":
             specs.append(EnvSpec("mars_game", {**kwargs, "opening_moves": cfg.opening_moves}, g.weight))
@@ -113,9 +113,9 @@ def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
     return specs
 
 
-def _eval_config(cfg: MarsTrainConfig) -> EvalConfig:
+def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
     e = cfg.eval
-    return EvalConfig(
+    return GameEvalConfig(
         games=list(e.games),
         policy="llm",
         llm=cfg.llm,
