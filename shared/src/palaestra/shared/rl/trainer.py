@@ -217,6 +217,7 @@ class Trainer:
         )
         if self.resumed:
             self.learner.load(checkpoint.latest(self.ckpt_dir))
+        self.ref_model = None  # the ranks hold the reference (it stays saved under checkpoints/reference)
 
     def start_rollouts(self) -> None:
         if self.rollouts is not None:
