@@ -14,7 +14,7 @@ CONFIGS = sorted((Path(__file__).parents[3] / "experiments" / "datagen").glob("*
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_config_resolves(path):
     cfg = load_config(path)
-    assert cfg.job in ("datagen.generate", "datagen.mine")
+    assert cfg.job in ("datagen.generate", "datagen.mine", "datagen.export")
 
 
 def test_quickstart_output_path_is_predictable():
