@@ -13,7 +13,8 @@ from palaestra.shared.rl.loss import token_logprobs_and_entropy
 
 def full_logits_path(model, ids, attention, temperature, with_entropy=True):
     """The learner's computation before chunking (kept here as the reference): three (B, L, V) float32 tensors."""
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # .float(), but float64 stays
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
@@ -112,3 +113,28 @@ def test_peak_memory_at_least_3x_lower_than_full_logits():
     for mode in ("train", "score"):
         assert full[mode] > 2 * 262e6  # the reference path does hold several full-vocabulary tensors at once
         assert full[mode] >= 3 * chunked[mode], (mode, full[mode] / 1e6, chunked[mode] / 1e6)
+
+
+def test_scoring_only_some_positions_equals_the_full_scores_there(tiny_llm):
+    import copy
+
+    model = copy.deepcopy(tiny_llm.model).double().train()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, model.config.vocab_size, (3, 13), generator=g)
+    attention = torch.ones_like(ids)
+    positions = torch.rand(3, 12, generator=g) < 0.5
+    weights = torch.randn(3, 12, generator=g, dtype=torch.float64)
+
+    def run(**kw):
+        model.zero_grad(set_to_none=True)
+        logps, ent = token_logprobs_and_entropy(model, ids, attention, 0.7, **kw)
+        (logps * weights * positions).sum().backward()
+        return logps.detach(), ent, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    ref_lp, ref_ent, ref_grad = run()
+    lp, ent, grad = run(positions=positions, chunk_elements=4 * model.config.vocab_size)
+    assert torch.equal(lp[~positions], torch.zeros_like(lp[~positions]))
+    assert torch.allclose(lp[positions], ref_lp[positions], rtol=1e-9, atol=1e-9)
+    assert torch.allclose(ent[positions], ref_ent[positions], rtol=1e-9, atol=1e-9)
+    for k in ref_grad:
+        assert torch.linalg.norm(grad[k] - ref_grad[k]) <= 1e-6 * torch.linalg.norm(ref_grad[k]), k

@@ -129,15 +129,21 @@ def micro_batches(batch: TrainBatch, idx: torch.Tensor, max_tokens: int = 0, max
 def score_batch(
     model, batch: TrainBatch, temperature: float, max_tokens: int = 0, max_rows: int = 0, with_entropy: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) of every target token under `model`, without gradients, one forward per
-    micro-batch (`micro_batches` with `max_tokens` / `max_rows`); (N, L-1) tensors in the batch's row order."""
+    """Log-probs (and entropies) of the model's tokens (``loss_mask``; 0 elsewhere) under `model`, without
+    gradients, one forward per micro-batch (`micro_batches` with `max_tokens` / `max_rows`); (N, L-1)
+    tensors in the batch's row order."""
     device = next(model.parameters()).device
     logps = torch.zeros(batch.loss_mask.shape)
     ents = torch.zeros(batch.loss_mask.shape) if with_entropy else None
     for idx in micro_batches(batch, torch.arange(len(batch)), max_tokens, max_rows):
         mb = batch.rows(idx)
         lp, ent = token_logprobs_and_entropy(
-            model, mb.input_ids.to(device), mb.attention_mask.to(device), temperature, with_entropy
+            model,
+            mb.input_ids.to(device),
+            mb.attention_mask.to(device),
+            temperature,
+            with_entropy,
+            positions=mb.loss_mask.to(device) > 0,
         )
         logps[idx, : lp.shape[1]] = lp.float().cpu()
         if with_entropy:

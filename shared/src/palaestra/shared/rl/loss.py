@@ -162,8 +162,12 @@ def token_logprobs_and_entropy(
     temperature: float = 1.0,
     with_entropy: bool = True,
     chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each next token under `model` (logits / temperature), and the entropy there; shape (B, L-1).
+
+    `positions` (B, L-1) bool: score only these target positions (e.g. the model's own tokens; the output
+    head is then not run on prompt or environment tokens, as TRL's ``logits_to_keep``); the others are 0.
 
     The decoder's hidden states go through the output head a chunk of positions at a time (about
     `chunk_elements` logits each), in float32, so no (B, L, vocab) logits tensor exists. With gradients
@@ -177,6 +181,9 @@ def token_logprobs_and_entropy(
     batch, width, dim = hidden.shape
     hidden = hidden.reshape(batch * width, dim)
     targets = input_ids[:, 1:].reshape(-1)
+    if positions is not None:
+        keep = positions.reshape(-1).nonzero().squeeze(-1)
+        hidden, targets = hidden.index_select(0, keep), targets.index_select(0, keep)
     score = functools.partial(
         _chunk_scores,
         head=head,
@@ -192,12 +199,23 @@ def token_logprobs_and_entropy(
         lp, ent = checkpoint(score, h, t, use_reentrant=False) if checkpointed else score(h, t)
         logps.append(lp)
         ents.append(ent)
-    logps_out = torch.cat(logps).reshape(batch, width)
-    return logps_out, torch.cat(ents).reshape(batch, width) if with_entropy else None
+    if not logps:
+        logps, ents = [hidden.new_zeros(0, dtype=torch.float32)], [hidden.new_zeros(0, dtype=torch.float32)]
+    return _unflatten(torch.cat(logps), batch, width, positions), (
+        _unflatten(torch.cat(ents), batch, width, positions) if with_entropy else None
+    )
+
+
+def _unflatten(values: torch.Tensor, batch: int, width: int, positions: torch.Tensor | None) -> torch.Tensor:
+    if positions is None:
+        return values.reshape(batch, width)
+    out = values.new_zeros(batch, width)
+    return out.masked_scatter(positions, values)  # differentiable: gradients flow back to `values`
 
 
 def _chunk_scores(hidden, targets, *, head, temperature, softcap, with_entropy):
-    logits = head(hidden).float()
+    logits = head(hidden)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 (float64 stays)
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     if temperature not in (0.0, 1.0):

@@ -49,7 +49,12 @@ def micro_batch_loss(
     """
     device = next(model.parameters()).device
     logps, ent = token_logprobs_and_entropy(
-        model, rows.input_ids.to(device), rows.attention_mask.to(device), temperature, with_entropy=with_entropy
+        model,
+        rows.input_ids.to(device),
+        rows.attention_mask.to(device),
+        temperature,
+        with_entropy=with_entropy,
+        positions=rows.loss_mask.to(device) > 0,  # the output head runs on the model's tokens only
     )
     return policy_loss(
         logps,
