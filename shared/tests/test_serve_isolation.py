@@ -89,6 +89,8 @@ def test_concurrent_good_and_bad_requests_each_get_their_own_answer(server, tiny
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": -0.5}, "temperature", "greater than"),
         ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p", "greater than 0"),
         ({"messages": [{"role": "user", "content": "hi"}], "stop": [""]}, None, "stop strings must not be empty"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stop": ["x" * 600]}, None, "at most 16 stop strings"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 17}, None, "of at most 512 characters"),
         ({"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 1}, None, "not supported"),
         ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs", ""),
         ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, None, "needs logprobs=true"),
@@ -227,3 +229,16 @@ def test_generation_failures_get_openai_error_bodies():
         with urllib.request.urlopen(request, timeout=30) as response:
             events = [line[6:].strip() for line in response.read().decode().splitlines() if line.startswith("data: ")]
         assert json.loads(events[0])["error"]["code"] == 500 and events[-1] == "[DONE]"
+
+
+@pytest.mark.server
+def test_a_too_large_body_is_413_before_it_is_read():
+    pytest.importorskip("fastapi")
+    client = PoisonClient()
+    client.tokenizer = None  # type: ignore[attr-defined]
+    with serve_in_thread(client, "echo", ServeLimits(max_body_bytes=1000)) as url:  # type: ignore[arg-type]
+        status, body = post(url + "/completions", {"prompt": "x" * 2000})
+        assert status == 413 and "takes at most 1000" in body["error"]["message"]
+        status, body = post(url + "/completions", {"prompt": "small"})
+        assert status == 200 and body["choices"][0]["text"] == "SMALL"
+        assert client.calls == [["small"]]  # the large one never reached the model

@@ -128,7 +128,7 @@ def test_top_logprobs_match_a_forward_pass(api, tiny_llm):
 
 
 def test_text_stream_pieces_add_up_and_never_split_a_character(tiny_llm):
-    from palaestra.shared.llm.serve_protocol import TextStream
+    from palaestra.shared.llm.serve_stream import TextStream
 
     tok = tiny_llm.tokenizer
     text = "héllo wörld 日本語 ok <tool_call> done"

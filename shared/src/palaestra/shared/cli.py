@@ -84,7 +84,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from palaestra.shared.llm.base import LLMConfig
-    from palaestra.shared.llm.serve import ServeLimits, serve
+    from palaestra.shared.llm.serve import ServeLimits
+    from palaestra.shared.llm.serve_launch import serve
 
     limits = ServeLimits(max_queue=args.max_queue, max_request_tokens=args.max_request_tokens)
     config = LLMConfig(backend=args.backend, model=args.model, device=args.device)

@@ -1,6 +1,6 @@
 """An OpenAI-compatible HTTP server over any `LLMClient` (the transformers backend by default).
 
-``palaestra serve MODEL`` runs it, so a local checkpoint can serve as a teacher
+``palaestra serve MODEL`` (`serve_launch.serve`) runs it, so a local checkpoint can serve as a teacher
 (datagen, AED) and the `openai` backend is tested against a real server.
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST
 /v1/completions``, ``GET /health``; the wire format (request models, choices,
@@ -33,22 +33,17 @@ generates in one piece such as vLLM: the whole turn comes in that last chunk).
 """
 
 import asyncio
-import ipaddress
 import json
-import os
 import secrets
-import sys
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from palaestra.shared.extras import require
-from palaestra.shared.llm.base import LLMClient, LLMConfig, LLMError, SamplingParams, make_client
+from palaestra.shared.llm.base import LLMClient, LLMError, SamplingParams
 from palaestra.shared.llm.serve_batcher import Cancelled, Job, MicroBatcher, Overloaded
-
-API_KEY_ENV = "PALAESTRA_API_KEY"
-"""The environment variable ``palaestra serve`` reads its API key from when ``--api-key`` is not given."""
+from palaestra.shared.llm.serve_stream import TextStream
 
 
 @dataclass
@@ -61,6 +56,8 @@ class ServeLimits:
     """Prompts x n x max_tokens of one request; more is refused with 400."""
     max_batch_prompts: int = 256
     """Prompts the batcher merges into one generate call."""
+    max_body_bytes: int = 16 << 20
+    """Largest request body; larger ones get 413 before they are read."""
 
 
 class RequestError(Exception):
@@ -71,26 +68,10 @@ class RequestError(Exception):
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
-def _server_stack() -> None:
+def server_stack() -> None:
     """fastapi, uvicorn and pydantic are importable, or `MissingExtraError` names the ``serve`` extra."""
     for module in ("fastapi", "uvicorn", "pydantic"):
         require(module, "serve", "palaestra serve")
-
-
-def exposure_warning(host: str, api_key: str | None) -> str | None:
-    """A warning when `host` is reachable beyond this machine and no API key guards it."""
-    if api_key:
-        return None
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if loopback:
-        return None
-    return (
-        f"palaestra serve: warning: listening on {host} without an API key: anyone who can reach this port can "
-        f"use the model (set --api-key or {API_KEY_ENV})"
-    )
 
 
 class _Model:
@@ -139,7 +120,7 @@ class _Model:
 
 def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = None, api_key: str | None = None):
     """The FastAPI app serving `client` under `model_name`; its batcher is ``app.state.batcher``."""
-    _server_stack()
+    server_stack()
     from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
@@ -151,6 +132,7 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
     batcher = MicroBatcher(client, max_prompts=limits.max_batch_prompts, max_queue=limits.max_queue)
     app = FastAPI(title="palaestra serve")
     app.state.batcher = batcher
+    app.add_middleware(wire.BodyLimit, limit=limits.max_body_bytes)
     started = int(time.time())
 
     def error(status: int, message: str, kind: str = "invalid_request_error", param=None, headers=None):
@@ -212,7 +194,7 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
         rest)` per choice, the usage if asked, ``[DONE]``. Without `pieces` the whole text comes with `last`."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        streams = [wire.TextStream(model.tokenizer, model.end_ids, job.params.stop) for _ in range(_choices(job))]
+        streams = [TextStream(model.tokenizer, model.end_ids, job.params.stop) for _ in range(_choices(job))]
         if pieces and model.tokenizer is not None:
 
             def on_token(index: int, token: int) -> None:
@@ -256,8 +238,10 @@ def create_app(client: LLMClient, model_name: str, limits: ServeLimits | None = 
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     def models() -> dict:
-        entry = {"id": model_name, "object": "model", "created": started, "owned_by": "palaestra"}
-        return {"object": "list", "data": [entry]}
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "palaestra"}],
+        }
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat_completions(body: wire.ChatRequest, request: Request) -> Any:
@@ -365,34 +349,3 @@ async def _disconnected(request) -> None:
     """Returns once the client has gone away (the body is already read, so only a disconnect can arrive)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def uvicorn_server(app, host: str, port: int):
-    """A uvicorn server for `app` whose exit signal first cancels every generation (SIGTERM ends it in seconds)."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            app.state.batcher.close()
-            super().handle_exit(sig, frame)
-
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
-    return Server(config)
-
-
-def serve(
-    config: LLMConfig,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    api_key: str | None = None,
-    limits: ServeLimits | None = None,
-) -> None:
-    """Load `config`'s model and serve it until SIGTERM or SIGINT."""
-    _server_stack()
-    api_key = api_key or os.environ.get(API_KEY_ENV) or None
-    if warning := exposure_warning(host, api_key):
-        print(warning, file=sys.stderr, flush=True)
-    client = make_client(config)
-    app = create_app(client, config.model, limits, api_key)
-    print(f"palaestra serve: {config.model} ({config.backend}) on http://{host}:{port}/v1", flush=True)
-    uvicorn_server(app, host, port).run()

@@ -1,10 +1,14 @@
-"""Ways to run ``palaestra serve`` for tests and local teachers: in a thread of this process, or in a child process.
+"""Running ``palaestra serve``: the command (`serve`), in a thread of this process, or in a child process.
 
-Both bind a free loopback port and hand back the base URL (``http://127.0.0.1:PORT/v1``).
+`serve_in_thread` and `ServeProcess` (for tests and local teachers) bind a free
+loopback port and hand back the base URL (``http://127.0.0.1:PORT/v1``). Every
+way stops on SIGTERM or SIGINT (or on leaving the context) by cancelling every
+generation first, so it exits within seconds.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import subprocess
@@ -15,8 +19,58 @@ import time
 import urllib.request
 from contextlib import contextmanager
 
-from palaestra.shared.llm.base import LLMClient, LLMError
-from palaestra.shared.llm.serve import ServeLimits, create_app, uvicorn_server
+from palaestra.shared.llm.base import LLMClient, LLMConfig, LLMError, make_client
+from palaestra.shared.llm.serve import ServeLimits, create_app, server_stack
+
+API_KEY_ENV = "PALAESTRA_API_KEY"
+"""The environment variable ``palaestra serve`` reads its API key from when ``--api-key`` is not given."""
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A warning when `host` is reachable beyond this machine and no API key guards it."""
+    if api_key:
+        return None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    return (
+        f"palaestra serve: warning: listening on {host} without an API key: anyone who can reach this port can "
+        f"use the model (set --api-key or {API_KEY_ENV})"
+    )
+
+
+def uvicorn_server(app, host: str, port: int):
+    """A uvicorn server for `app` whose exit signal first cancels every generation (SIGTERM ends it in seconds)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.state.batcher.close()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    return Server(config)
+
+
+def serve(
+    config: LLMConfig,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    limits: ServeLimits | None = None,
+) -> None:
+    """Load `config`'s model and serve it until SIGTERM or SIGINT."""
+    server_stack()
+    api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    if warning := exposure_warning(host, api_key):
+        print(warning, file=sys.stderr, flush=True)
+    client = make_client(config)
+    app = create_app(client, config.model, limits, api_key)
+    print(f"palaestra serve: {config.model} ({config.backend}) on http://{host}:{port}/v1", flush=True)
+    uvicorn_server(app, host, port).run()
 
 
 def free_port() -> int:

@@ -11,15 +11,15 @@
 - Responses: `chat_choice` and `completion_choice` build one choice; beyond the
   OpenAI schema, as vLLM does with ``return_token_ids``, every choice carries
   ``token_ids`` and ``prompt_token_ids``, and chat choices the raw ``text``.
-- Streams: `TextStream` turns one choice's tokens, as they are generated, into
-  text pieces that never need taking back (a piece that ends in an incomplete
-  UTF-8 character waits for the next token).
+- `BodyLimit` answers 413 to a body larger than the server takes, before
+  reading it.
 
 This module imports pydantic: only ``palaestra serve`` loads it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from typing import Annotated, Any, Literal
@@ -31,6 +31,8 @@ from palaestra.shared.toolcall import parse_response
 
 MAX_TOP_LOGPROBS = 20
 """OpenAI's limit on ``top_logprobs``."""
+MAX_STOPS, MAX_STOP_CHARS = 16, 512
+"""Stop strings are checked against the tail of the text at every decode step: keep them few and short."""
 
 
 def _finite(value: Any) -> Any:
@@ -121,8 +123,10 @@ class _SamplingRequest(_Model):
             raise ValueError("best_of is not supported by palaestra serve (only 1)")
         if self.response_format and self.response_format.get("type") != "text":
             raise ValueError("response_format other than 'text' is not supported by palaestra serve")
-        if isinstance(self.stop, list) and any(not s for s in self.stop) or self.stop == "":
+        if any(not s for s in self.stops()):
             raise ValueError("stop strings must not be empty")
+        if len(self.stops()) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in self.stops()):
+            raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters")
         return self
 
     def stops(self) -> list[str]:
@@ -342,47 +346,20 @@ def usage(outs: list[Completion]) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-# -- streams --------------------------------------------------------------------------------------------------
+class BodyLimit:
+    """ASGI wrapper: a request whose declared body exceeds `limit` bytes gets 413 before its body is read."""
 
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
 
-class TextStream:
-    """One choice's text as its tokens arrive: each `push` returns the new text that is settled.
-
-    Decodes a short window (the tokens since the last settled piece, plus the
-    ones before as context, as text-generation-inference does) so the cost per
-    token stays constant; a piece ending in U+FFFD (an incomplete UTF-8
-    character) waits. After an end-of-turn token or a stop string the stream is
-    done: the generated completion's own text, which `rest` reconciles with,
-    has the last word.
-    """
-
-    def __init__(self, tokenizer, end_ids: list[int], stops: list[str]) -> None:
-        self.tokenizer, self.end_ids, self.stops = tokenizer, set(end_ids), stops
-        self.tokens: list[int] = []
-        self.prefix = self.read = 0
-        self.text = ""
-        self.done = False
-
-    def push(self, token: int) -> str:
-        if self.done:
-            return ""
-        if token in self.end_ids:
-            self.done = True
-            return ""
-        self.tokens.append(token)
-        before = self.tokenizer.decode(self.tokens[self.prefix : self.read])
-        after = self.tokenizer.decode(self.tokens[self.prefix :])
-        if len(after) <= len(before) or after.endswith("\ufffd"):
-            return ""
-        piece = after[len(before) :]
-        self.prefix, self.read = self.read, len(self.tokens)
-        self.text += piece
-        if any(s in self.text for s in self.stops):
-            self.done = True  # the completion cuts after the stop string: `rest` sends what is left of it
-            self.text = self.text[: len(self.text) - len(piece)]
-            return ""
-        return piece
-
-    def rest(self, final_text: str) -> str:
-        """What of the completion's text was not sent yet ("" if the stream diverged, which decoding never should)."""
-        return final_text[len(self.text) :] if final_text.startswith(self.text) else ""
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            length = dict(scope.get("headers") or []).get(b"content-length")
+            if length is not None and length.isdigit() and int(length) > self.limit:
+                message = f"the request body has {int(length)} bytes; this server takes at most {self.limit}"
+                body = json.dumps(error_body(413, message)).encode()
+                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                await send({"type": "http.response.start", "status": 413, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
