@@ -16,7 +16,15 @@ EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments" / "mars"
 
 @pytest.mark.parametrize(
     "name",
-    ["tiny_cpu.yaml", "qwen3_4b.yaml", "ablation.yaml", "quickstart.yaml", "kuhn_cpu.yaml", "kuhn_cpu_control.yaml"],
+    [
+        "tiny_cpu.yaml",
+        "qwen3_4b.yaml",
+        "ablation.yaml",
+        "quickstart.yaml",
+        "kuhn_cpu.yaml",
+        "kuhn_cpu_control.yaml",
+        "mas.yaml",
+    ],
 )
 def test_experiment_configs_resolve(name):
     cfg = load_config(EXPERIMENTS / name)

@@ -1,0 +1,64 @@
+"""Exploitability of MARS's shipped equilibrium tables beside ours (OpenSpiel's exact best response).
+
+MARS ships ``roll/agentic/env/kuhn_poker/cfr.pkl.gz`` (a pickled OpenSpiel ``TabularPolicy``) and
+``roll/agentic/env/leduc_poker/ne.pkl.gz`` (a dict keyed by its own ``_get_state_key``: private and public
+card, then each round's calls/raises, with probabilities over fold / call / raise). Ours: CFR for Kuhn and
+CFR+ for Leduc (`palaestra.mars.solvers.equilibrium_policy`, cached).
+
+    git --git-dir=<MARS mirror> show HEAD:roll/agentic/env/kuhn_poker/cfr.pkl.gz > kuhn_cfr.pkl.gz
+    git --git-dir=<MARS mirror> show HEAD:roll/agentic/env/leduc_poker/ne.pkl.gz > leduc_ne.pkl.gz
+    python experiments/mars/compare_equilibria.py kuhn_cfr.pkl.gz leduc_ne.pkl.gz
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import sys
+
+import numpy as np
+import pyspiel
+from open_spiel.python import policy as policy_lib
+from open_spiel.python.algorithms.exploitability import exploitability
+
+from palaestra.mars.solvers import equilibrium_policy
+
+
+def mars_leduc_key(state: pyspiel.State) -> str:
+    """MARS's ``LeducPokerEnv._get_state_key`` for the acting player, from OpenSpiel's information-state tensor."""
+    info = state.information_state_tensor(state.current_player())
+    deck = ["J", "J", "Q", "Q", "K", "K"]
+    cards = deck[int(np.argmax(info[2:8]))]
+    cards += deck[int(np.argmax(info[8:14]))] if np.sum(info[8:14]) > 0 else "_"
+    rounds = []
+    for start in (14, 22):
+        moves = ""
+        for i in range(int(np.sum(info[start : start + 8]))):
+            moves += "c" if np.argmax(info[start + 2 * i : start + 2 + 2 * i]) == 0 else "r"
+        rounds.append(moves)
+    return f"[{cards}]_[{rounds[0]}]_[{rounds[1]}]"
+
+
+def leduc_table_policy(table: dict) -> policy_lib.TabularPolicy:
+    game = pyspiel.load_game("leduc_poker")
+    tabular = policy_lib.TabularPolicy(game)
+    for state in tabular.states:
+        legal = state.legal_actions()
+        probs = np.array([table[mars_leduc_key(state)][a] for a in legal], dtype=np.float64)
+        row = tabular.policy_for_key(state.information_state_string())
+        row[:] = 0.0
+        row[legal] = probs / probs.sum() if probs.sum() > 0 else 1.0 / len(legal)
+    return tabular
+
+
+def main(kuhn_path: str, leduc_path: str) -> None:
+    kuhn = pickle.load(gzip.open(kuhn_path, "rb"))
+    leduc = leduc_table_policy(pickle.load(gzip.open(leduc_path, "rb")))
+    print(f"kuhn_poker  MARS cfr.pkl.gz  {exploitability(pyspiel.load_game('kuhn_poker'), kuhn):.3g}")
+    print(f"kuhn_poker  ours (CFR 2000)  {equilibrium_policy('kuhn_poker').exploitability:.3g}")
+    print(f"leduc_poker MARS ne.pkl.gz   {exploitability(pyspiel.load_game('leduc_poker'), leduc):.3g}")
+    print(f"leduc_poker ours (CFR+ 1000) {equilibrium_policy('leduc_poker').exploitability:.3g}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
