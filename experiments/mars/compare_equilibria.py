@@ -52,8 +52,10 @@ def leduc_table_policy(table: dict) -> policy_lib.TabularPolicy:
 
 
 def main(kuhn_path: str, leduc_path: str) -> None:
-    kuhn = pickle.load(gzip.open(kuhn_path, "rb"))
-    leduc = leduc_table_policy(pickle.load(gzip.open(leduc_path, "rb")))
+    with gzip.open(kuhn_path, "rb") as f:
+        kuhn = pickle.load(f)  # MARS's own file: unpickle only files you trust
+    with gzip.open(leduc_path, "rb") as f:
+        leduc = leduc_table_policy(pickle.load(f))
     print(f"kuhn_poker  MARS cfr.pkl.gz  {exploitability(pyspiel.load_game('kuhn_poker'), kuhn):.3g}")
     print(f"kuhn_poker  ours (CFR 2000)  {equilibrium_policy('kuhn_poker').exploitability:.3g}")
     print(f"leduc_poker MARS ne.pkl.gz   {exploitability(pyspiel.load_game('leduc_poker'), leduc):.3g}")
