@@ -70,7 +70,7 @@ def parse_response(text: str, require_think: bool = False) -> ParsedResponse:
     calls: list[ToolCall] = []
     for i, block in enumerate(TOOL_CALL_RE.findall(rest), start=1):
         call, problem = _parse_call(block, i)
-        if problem:
+        if problem or call is None:
             error = error or problem
         else:
             calls.append(call)

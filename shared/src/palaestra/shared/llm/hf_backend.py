@@ -147,7 +147,7 @@ class _StopOnStrings(StoppingCriteria):
         tails = input_ids[:, max(self.prompt_len, input_ids.shape[1] - self.window) :].tolist()
         texts = self.tokenizer.batch_decode(tails)
         done = [any(s in t for s in self.stops) for t in texts]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
 
 
 class TransformersClient(LLMClient):
@@ -161,7 +161,8 @@ class TransformersClient(LLMClient):
         hf_logging.disable_progress_bar()  # a bar per load is noise in logs of many workers
         try:
             self.tokenizer = load_tokenizer(config.model, path)
-            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+            self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to() narrowly
         except (OSError, ValueError) as err:
             raise LLMError(f"could not load model '{config.model}' from {path}: {str(err).splitlines()[0]}") from None
         self.tokenizer.padding_side = "left"

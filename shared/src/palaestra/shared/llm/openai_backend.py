@@ -141,7 +141,7 @@ class OpenAIClient(LLMClient):
 
         def one(i: int) -> list[Completion]:
             kwargs = self._sampling(params)
-            conv_tools = tools[i] if per_conv else tools
+            conv_tools = tools[i] if per_conv and tools is not None else tools
             if conv_tools:
                 kwargs["tools"] = conv_tools
             if params.logprobs:

@@ -32,7 +32,7 @@ class WeightLoaderExtension:
     def palaestra_load_weights(self, weights: list[tuple[str, Any]]) -> int:
         import torch
 
-        device = self.device  # type: ignore[attr-defined]  (the worker's device)
+        device = self.device  # type: ignore[attr-defined]  # the worker's device
         self.model_runner.model.load_weights(weights=[(n, t.to(device)) for n, t in weights])  # type: ignore[attr-defined]
         torch.cuda.synchronize()
         return len(weights)

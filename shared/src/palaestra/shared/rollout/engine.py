@@ -19,6 +19,7 @@ Seeds make a rollout reproducible with the transformers backend.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -134,7 +135,7 @@ class RolloutEngine:
         start = time.perf_counter()
         episodes = [_Episode(spec.make_env(), spec) for spec in specs for _ in range(self.cfg.group_size)]
         for ep in episodes:
-            self._guard(ep, lambda ep=ep: self._reset(ep))
+            self._guard(ep, functools.partial(self._reset, ep))
         gen_s, gen_tokens, calls = 0.0, 0, 0
         while True:
             waiting = [(ep, req) for ep in episodes if not ep.done for req in [self._prepare(ep)] if req]
@@ -146,7 +147,7 @@ class RolloutEngine:
             calls += 1
             for (ep, (agent, prompt)), completion in zip(waiting, completions):
                 gen_tokens += len(completion.token_ids)
-                self._guard(ep, lambda ep=ep, a=agent, p=prompt, c=completion: self._act(ep, a, p, c))
+                self._guard(ep, functools.partial(self._act, ep, agent, prompt, completion))
         trajs = [t for ep in episodes for t in ep.trajs.values()]
         stats = {
             "episodes": len(episodes),

@@ -64,6 +64,7 @@ class TaskEnv(TextEnv):
         if self._observed:
             return []
         self._observed = True
+        assert self.sample is not None, "observe before reset"
         return list(self.sample["messages"])
 
     def tools(self, agent: str) -> list[dict] | None:

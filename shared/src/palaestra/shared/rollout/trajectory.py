@@ -105,6 +105,8 @@ class Trajectory:
             ids += turn.response_ids
             mask += [1] * len(turn.response_ids)
             turn_index += [k] * len(turn.response_ids)
-            lps = turn.response_logprobs or [None] * len(turn.response_ids)
-            logprobs += list(lps)
+            if turn.response_logprobs:
+                logprobs += turn.response_logprobs
+            else:
+                logprobs += [None] * len(turn.response_ids)
         return Sequence(ids, mask, turn_index, logprobs)
