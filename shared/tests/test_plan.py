@@ -21,6 +21,7 @@ from palaestra.shared.plan import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+PAPER_CONFIGS = sorted(ROOT.glob("experiments/*/qwen3_4b*.yaml"))
 
 
 def _meta_numel(config) -> int:
@@ -114,6 +115,8 @@ def test_hand_computed_tiny_config():
     # checkpointing keeps each layer's bf16 input (2 * 8 bytes per token) plus one layer being recomputed
     assert parts["activations_ckpt"] == 2 * 16 * 100 + 320 * 100
     assert parts["reserve"] == 0
+    # one chunk of logits: bf16 and float32 logits, log-softmax, exp, two float32 gradients, one bf16 gradient
+    assert parts["logits"] == (2 * 2 + 5 * 4) * 100 * 10
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -155,6 +158,25 @@ def test_vllm_kv_cache_of_qwen3_4b():
     per_token = 2 * 36 * 8 * 128 * 2  # K and V, layers, kv heads, head dim, bf16
     assert v["kv_cache"] == pytest.approx(40e9 - 2 * arch.params() - 2e9)
     assert v["kv_tokens"] == pytest.approx(v["kv_cache"] / per_token)
+
+
+@pytest.mark.parametrize("config", PAPER_CONFIGS, ids=lambda p: p.parent.name + "/" + p.name)
+def test_paper_configs_fit_on_8_gpus_of_80_gb(config, capsys):
+    assert main(["plan", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "plan: fits" in out and "= 8 of 8" in out
+    # what the config's comment says the plan printed
+    total = next(line.split()[1] for line in out.splitlines() if line.strip().startswith("total"))
+    assert f"= {total} GB" in config.read_text()
+    assert main(["plan", str(config), "--gpu-gb", "24"]) == 1
+    assert "plan: does not fit" in capsys.readouterr().out
+
+
+def test_plan_exits_nonzero_when_it_does_not_fit_and_names_the_part(capsys):
+    config = ROOT / "experiments/egpo/qwen3_4b_bfcl.yaml"
+    assert main(["plan", str(config), "learner.world_size=1", "learner.gradient_checkpointing=false"]) == 1
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "activations" in out
 
 
 def test_plan_refuses_a_config_that_is_not_rl(capsys):

@@ -21,9 +21,13 @@ sharded parts divided by N under ``fsdp``, whole under ``ddp``):
   ``(4+2c)·2h + (4+c)(q+k) + c(3q+2k) + 4c·I`` (h hidden, q = heads·head_dim, k = kv_heads·head_dim,
   I intermediate; attention itself is flash/SDPA, linear in T). With gradient checkpointing only each
   layer's input (c·h per token per layer) is kept, plus one layer recomputed during backward;
-- logits: the lm_head output of the micro-batch (c·V per token) and its gradient; the float32
-  log-softmax work is done in chunks (rl/loss.py), so only one chunk of it is alive;
+- logits: rl/loss.py runs the output head a chunk of `LOGIT_CHUNK_ELEMENTS` logits at a time,
+  checkpointed, so only one chunk is alive: its compute-dtype and float32 logits, log-softmax,
+  the entropy's exp, and in the backward two float32 gradients and one in the compute dtype;
 - a flat runtime reserve (CUDA context, allocator fragmentation): `RUNTIME_RESERVE_GB`.
+
+With ``learner.world_size`` > 1 and ``llm.device`` on a GPU, the trainer's process keeps a
+float32 copy of the weights there (rollouts in process, evaluation, checkpoints): one more GPU.
 
 A vLLM worker's GPU: vLLM takes ``gpu_memory_utilization`` of it; its KV cache is that
 budget less the bf16 weights (split by tensor parallelism) and `VLLM_OVERHEAD_GB` of
@@ -42,11 +46,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from palaestra.shared.rl.loss import LOGIT_CHUNK_ELEMENTS
+
 GB = 1e9
 RUNTIME_RESERVE_GB = 3.0
 VLLM_OVERHEAD_GB = 2.0
-LOGPROB_CHUNK_TOKENS = 1024
-"""Tokens per chunk of the float32 log-softmax (the order of rl/loss.py's chunks)."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,7 @@ def learner_memory(arch: ModelArch, shape: LearnerShape, on_gpu: bool = True) ->
         gathered = c * (arch.root_params() + 2 * arch.layer_params()) + 4 * arch.layer_params()
     else:
         gathered = c * p if c < shape.master_bytes else 0  # autocast's compute-dtype copies of the weights
-    chunk = min(t, LOGPROB_CHUNK_TOKENS)
+    chunk = min(t * arch.vocab, LOGIT_CHUNK_ELEMENTS)
     return {
         "weights": shape.master_bytes * p / shard,
         "gradients": shape.master_bytes * p / shard,
@@ -173,7 +177,7 @@ def learner_memory(arch: ModelArch, shape: LearnerShape, on_gpu: bool = True) ->
         "activations": checkpointed if shape.gradient_checkpointing else full,
         "activations_no_ckpt": full,
         "activations_ckpt": checkpointed,
-        "logits": 2 * c * arch.vocab * t + 3 * 4 * arch.vocab * chunk,
+        "logits": (2 * c + 5 * 4) * chunk,
         "reserve": RUNTIME_RESERVE_GB * GB if on_gpu else 0.0,
     }
 
@@ -198,9 +202,9 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8) -> tuple[str, bool]:
     if learner.strategy not in ("fsdp", "ddp"):
         raise ValueError(f"learner.strategy must be fsdp or ddp, got {learner.strategy!r}")
     on_gpu = learner.num_gpus > 0 if world > 1 else cfg.llm.device != "cpu"
-    dtype = cfg.llm.dtype if cfg.llm.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+    dtype = learner.compute_dtype if learner.compute_dtype != "auto" else ("bfloat16" if on_gpu else "float32")
     compute = 4 if dtype == "float32" else 2
-    master = 4 if getattr(learner, "master_weights_fp32", True) else compute
+    master = 4  # the learner's weights stay float32 (rl/config.py)
     rows = cfg.minibatch_size or cfg.tasks_per_step * cfg.rollout.group_size
     longest = cfg.rollout.max_context_tokens
     per_rank_rows = math.ceil(rows / world)
@@ -212,7 +216,7 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8) -> tuple[str, bool]:
         compute_bytes=compute,
         master_bytes=master,
         micro_batch_tokens=tokens,
-        gradient_checkpointing=bool(getattr(learner, "gradient_checkpointing", False)),
+        gradient_checkpointing=learner.gradient_checkpointing,
         reference_model=bool(cfg.loss.kl_coef) and not cfg.lora.enabled,
     )
     parts = learner_memory(arch, shape, on_gpu)
@@ -243,6 +247,15 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8) -> tuple[str, bool]:
     ]
     fits = total <= gpu_gb * GB
     learner_gpus = math.ceil(world * learner.num_gpus) if world > 1 else (1 if on_gpu else 0)
+    driver_gpus = 1 if world > 1 and cfg.llm.device != "cpu" else 0
+    if driver_gpus:  # the trainer's own copy of the weights (rollouts, evaluation, checkpoints)
+        driver = 4 * arch.params() + RUNTIME_RESERVE_GB * GB
+        ok = driver <= gpu_gb * GB
+        lines.append(
+            f"trainer process GPU ({cfg.llm.device}): float32 copy of the weights {4 * arch.params() / GB:.2f} "
+            f"+ reserve {RUNTIME_RESERVE_GB:g} = {driver / GB:.2f} GB  {'fits' if ok else 'DOES NOT FIT'}"
+        )
+        fits = fits and ok
     w = cfg.workers
     worker_llm = w.llm or cfg.llm
     worker_gpus = 0
@@ -261,8 +274,9 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8) -> tuple[str, bool]:
         fits = fits and ok
     elif w.num_workers:
         worker_gpus = math.ceil(w.num_workers * w.num_gpus)
-    used = learner_gpus + worker_gpus
-    lines.append(f"GPUs: {learner_gpus} learner + {worker_gpus} rollout = {used} of {gpus}")
+    used = learner_gpus + worker_gpus + driver_gpus
+    trainer = f" + {driver_gpus} trainer process" if driver_gpus else ""
+    lines.append(f"GPUs: {learner_gpus} learner + {worker_gpus} rollout{trainer} = {used} of {gpus}")
     if used > gpus:
         fits = False
         lines.append(f"  DOES NOT FIT: the config asks for {used} GPUs")
