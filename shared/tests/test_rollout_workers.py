@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from palaestra.shared.llm import LLMConfig, make_client
-from palaestra.shared.rl.trainer import make_env
+from palaestra.shared.rl.episodes import make_env
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
 

@@ -183,11 +183,11 @@ def test_merged_lora_state_equals_peft_merge_and_unload():
     import copy
 
     from palaestra.shared.llm import LLMConfig, make_client
-    from palaestra.shared.rl.trainer import _with_lora
+    from palaestra.shared.rl.policy import with_lora
 
     plain = make_client(LLMConfig(model="tiny", device="cpu")).model
     original = {k: v.clone() for k, v in plain.state_dict().items()}
-    model = _with_lora(plain, LoraConfig(enabled=True, r=4))
+    model = with_lora(plain, LoraConfig(enabled=True, r=4))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:

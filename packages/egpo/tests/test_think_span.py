@@ -87,7 +87,7 @@ def test_egpo_bonus_is_not_silently_zero_with_a_thinking_template():
 
 
 def test_trainer_finds_multi_token_markers_when_the_tokenizer_has_no_think_token():
-    from palaestra.shared.rl.trainer import _think_token_ids
+    from palaestra.shared.rl.policy import think_token_ids
 
     class NoThinkToken:  # SmolLM2's case: "<think>" is "<", "think", ">"
         unk_token_id = 0
@@ -99,7 +99,7 @@ def test_trainer_finds_multi_token_markers_when_the_tokenizer_has_no_think_token
         def encode(self, text, add_special_tokens=False):
             return [self.vocab["</" if text.startswith("</") else "<"], self.vocab["think"], self.vocab[">"]]
 
-    markers = _think_token_ids(NoThinkToken())
+    markers = think_token_ids(NoThinkToken())
     assert markers == ((40, 41, 42), (43, 41, 42))
     response = [40, 41, 42, 20, 21, 43, 41, 42, 30]
     assert int(build_batch([traj(PROMPT, response, 1.0)], 0, markers).think_mask.sum()) == 2

@@ -18,7 +18,8 @@ import functools
 import math
 import random
 
-from palaestra.shared.rl.trainer import Trainer, make_env
+from palaestra.shared.rl.episodes import make_env
+from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.rollout.engine import EpisodeSpec
 
 

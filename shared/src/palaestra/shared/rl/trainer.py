@@ -43,14 +43,15 @@ Then a config (``job: rl.train``, or the package's own job)::
     tasks_per_step: 16
     workers: {num_workers: 2}                 # 0: rollouts in the learner's process
 
-Lifecycle: ``Trainer(cfg, tracker, eval_hook)`` only builds (model, optimizer).
+Lifecycle: ``Trainer(cfg, tracker, eval_hook)`` only builds (model, optimizer;
+rl/policy.py: float32 master weights, compute dtype, checkpointing, LoRA).
 `prepare` then resumes from the newest checkpoint (``resume: true``) or runs
 the SFT warm start (`warm_start`, rl/sft.py), keeps the frozen reference model
 (`init_reference`, when ``loss.kl_coef`` > 0) and starts the rollout workers;
 `train` (which prepares if the job has not) may be called again to go on;
 `close` (or ``with Trainer(...) as trainer:``) stops the workers.
 
-The loop (`Trainer.train_step`), top to bottom: draw tasks -> rollout (batched
+The loop (`Trainer.train_step`), top to bottom: draw tasks (rl/episodes.py) -> rollout (batched
 across envs, locally or on Ray workers) -> old log-probs and entropies (skipped
 when the update is exactly on-policy: one PPO epoch, one minibatch, no
 advantage step reading entropies; the old log-probs are then the current ones
@@ -82,31 +83,26 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
-import functools
 import math
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from palaestra.shared.config import ConfigError
-from palaestra.shared.llm.base import make_client
-from palaestra.shared.llm.hf_backend import resolve_device
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages, reads_entropy
 from palaestra.shared.rl.batch import build_batch, score_batch, think_entropy, token_advantages
-from palaestra.shared.rl.config import LoraConfig, TrainConfig, learner_dtypes
+from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.distributed import DistributedLearner
+from palaestra.shared.rl.episodes import draw_tasks, eval_specs, reward_summary
+from palaestra.shared.rl.policy import autocast, check_dtypes, load_policy, policy_state, think_token_ids
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.update import NonFiniteLoss, ppo_update
 from palaestra.shared.rollout.engine import EpisodeSpec
-from palaestra.shared.rollout.env import ENVS, TextEnv
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
 from palaestra.shared.tracking import Tracker
 
@@ -118,11 +114,6 @@ class TrainingError(RuntimeError):
     """The run cannot go on (e.g. a non-finite loss); the message says where the last good checkpoint is."""
 
 
-def make_env(name: str, kwargs: dict[str, Any]) -> TextEnv:
-    """Build a registered env (module-level, so it pickles to Ray workers)."""
-    return ENVS.get(name)(**kwargs)
-
-
 class Trainer:
     def __init__(self, cfg: TrainConfig, tracker: Tracker | None = None, eval_hook: EvalHook | None = None):
         check_pipeline(cfg.advantages)
@@ -130,18 +121,13 @@ class Trainer:
             raise ValueError(
                 f"the learner needs llm.backend=transformers (got {cfg.llm.backend!r}); put vllm under workers.llm"
             )
-        learner_dtypes(cfg.learner, cfg.llm, resolve_device(cfg.llm.device).type)  # fail before loading
+        check_dtypes(cfg)
+        if cfg.learner.world_size > 1 and cfg.lora.enabled:
+            raise ConfigError("learner.world_size > 1 does not support LoRA (lora.enabled); use world_size 1")
         self.cfg, self.tracker = cfg, tracker or Tracker(cfg.tracking)
-        # float32 master weights; bfloat16 compute (GPU) under autocast
-        self.client = make_client(dataclasses.replace(cfg.llm, dtype="float32"))
+        self.client, self.model, self.compute_dtype = load_policy(cfg)  # float32 master weights
         self.tokenizer = self.client.tokenizer
-        self.model = self.client.model
         self.device = next(self.model.parameters()).device
-        self.compute_dtype = getattr(torch, learner_dtypes(cfg.learner, cfg.llm, self.device.type))
-        if cfg.learner.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if cfg.lora.enabled:
-            self.model = _with_lora(self.model, cfg.lora)
         self.ckpt_dir = Path(cfg.output_dir) / "checkpoints"
         self.step = 0
         self.optimizer = torch.optim.AdamW(
@@ -149,12 +135,10 @@ class Trainer:
             lr=cfg.optim.lr,
             weight_decay=cfg.optim.weight_decay,
         )
-        self.think_ids = _think_token_ids(self.tokenizer)
+        self.think_ids = think_token_ids(self.tokenizer)
         if cfg.loss.reduction == "dr_grpo" and not cfg.loss.max_len:
             cfg.loss.max_len = cfg.rollout.max_tokens_per_turn
         self.ref_model = None
-        if cfg.learner.world_size > 1 and cfg.lora.enabled:
-            raise ConfigError("learner.world_size > 1 does not support LoRA (lora.enabled); use world_size 1")
         self.learner: DistributedLearner | None = None  # learner.world_size > 1: the ranks (rl/distributed.py)
         self.rollouts: LocalRollouts | RayRollouts | None = None
         self.eval_hook = eval_hook or (_default_eval if cfg.eval_tasks else None)
@@ -360,16 +344,7 @@ class Trainer:
         """Mean reward per trajectory over fixed tasks, with a 95% confidence interval (normal approximation)."""
         self.prepare()
         self.model.eval()
-        specs = [
-            EpisodeSpec(functools.partial(make_env, env.name, dict(env.kwargs)), i, f"eval-{i}")
-            for i in range(self.cfg.eval_tasks)
-            for env in [self.cfg.envs[i % len(self.cfg.envs)]]
-        ]
-        result = self.rollouts.run(specs, seed=self.cfg.seed * 100_003 - 1)
-        rewards = np.array([t.total_reward for t in result.trajectories if not t.failed])
-        mean = float(rewards.mean()) if len(rewards) else math.nan
-        ci = float(1.96 * rewards.std(ddof=1) / math.sqrt(len(rewards))) if len(rewards) > 1 else math.nan
-        metrics = {"reward_mean": mean, "reward_ci95": ci, "trajectories": len(rewards)}
+        metrics = reward_summary(self.rollouts.run(eval_specs(self.cfg), seed=self.cfg.seed * 100_003 - 1))
         self.tracker.log_metrics({f"eval/{k}": v for k, v in metrics.items()}, step=self.step)
         return metrics
 
@@ -381,9 +356,7 @@ class Trainer:
         return not on_policy or reads_entropy(self.cfg.advantages)
 
     def _autocast(self):
-        if self.compute_dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+        return autocast(self.device, self.compute_dtype)
 
     @torch.no_grad()
     def _reference_logps(self, batch, mb: int) -> torch.Tensor:
@@ -398,21 +371,12 @@ class Trainer:
 
     # -- tasks, weights, checkpoints -------------------------------------------
     def draw_tasks(self, step: int) -> list[EpisodeSpec]:
-        """This step's tasks: env by mixture weight, reset seed; a function of (seed, step) only."""
-        rng = random.Random(self.cfg.seed * 1_000_003 + step)
-        weights = [e.weight for e in self.cfg.envs]
-        specs = []
-        for i in range(self.cfg.tasks_per_step):
-            env = rng.choices(self.cfg.envs, weights=weights)[0]
-            seed = rng.randrange(self.cfg.task_seeds) if self.cfg.task_seeds else rng.randrange(2**31)
-            specs.append(EpisodeSpec(functools.partial(make_env, env.name, dict(env.kwargs)), seed, f"{step}-{i}"))
-        return specs
+        """This step's tasks (`episodes.draw_tasks`; a package's trainer may draw otherwise, e.g. egpo's epochs)."""
+        return draw_tasks(self.cfg, step)
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         """The policy's weights under the plain model's names (LoRA merged in) for the rollout workers."""
-        if not self.cfg.lora.enabled:
-            return self.model.state_dict()
-        return checkpoint.merged_lora_state(self.model)
+        return policy_state(self.model, self.cfg.lora.enabled)
 
     def save(self) -> Path:
         extra = self.learner.save if self.learner is not None else None  # the ranks' sharded state
@@ -423,24 +387,3 @@ class Trainer:
 
 def _default_eval(trainer: Trainer, step: int) -> dict[str, float]:
     return trainer.evaluate()
-
-
-def _think_token_ids(tokenizer):
-    """``<think>`` and ``</think>`` as token ids, or as the id sequences they tokenize to (no such tokens, e.g.
-    SmolLM2): without them the think span is empty and EGPO's entropy term silently vanishes."""
-    ids = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
-    unk = tokenizer.unk_token_id
-    if not any(i is None or i == unk for i in ids):
-        return ids[0], ids[1]
-    seqs = [tuple(tokenizer.encode(m, add_special_tokens=False)) for m in ("<think>", "</think>")]
-    return (seqs[0], seqs[1]) if all(seqs) else None
-
-
-def _with_lora(model, cfg: LoraConfig):
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-
-    peft_cfg = PeftLoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules)
-    )
-    return get_peft_model(model, peft_cfg)  # wraps in place: the rollout client's model sees the adapters

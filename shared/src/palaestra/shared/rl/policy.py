@@ -1,0 +1,73 @@
+"""The learner's model: float32 master weights, compute dtype, activation checkpointing, LoRA, think markers.
+
+`load_policy` builds the learner's LLM client from ``cfg.llm`` with float32
+weights (the master copy the optimizer updates), resolves the compute dtype
+(``learner.compute_dtype``: bfloat16 autocast on GPU, float32 on CPU), turns on
+the model's own activation checkpointing (``learner.gradient_checkpointing``,
+non-reentrant) and wraps it with LoRA adapters (``lora.enabled``).
+`policy_state` is the policy's weights under the plain model's names for the
+rollout workers; `think_token_ids` finds the ``<think>`` markers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+
+from palaestra.shared.llm.base import LLMClient, make_client
+from palaestra.shared.llm.hf_backend import resolve_device
+from palaestra.shared.rl import checkpoint
+from palaestra.shared.rl.config import LoraConfig, TrainConfig, learner_dtypes
+
+
+def check_dtypes(cfg: TrainConfig) -> None:
+    """Fail on a dtype setting before any model is loaded."""
+    learner_dtypes(cfg.learner, cfg.llm, resolve_device(cfg.llm.device).type)
+
+
+def load_policy(cfg: TrainConfig) -> tuple[LLMClient, torch.nn.Module, torch.dtype]:
+    """The learner's client, its model (LoRA-wrapped when enabled) and the compute dtype."""
+    check_dtypes(cfg)
+    client = make_client(dataclasses.replace(cfg.llm, dtype="float32"))
+    model = client.model
+    compute_dtype = getattr(torch, learner_dtypes(cfg.learner, cfg.llm, next(model.parameters()).device.type))
+    if cfg.learner.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora.enabled:
+        model = with_lora(model, cfg.lora)
+    return client, model, compute_dtype
+
+
+def autocast(device: torch.device, compute_dtype: torch.dtype):
+    """The forward/backward context of the learner: autocast to `compute_dtype` unless it is float32."""
+    if compute_dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=compute_dtype)
+
+
+def with_lora(model, cfg: LoraConfig):
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    peft_cfg = PeftLoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules)
+    )
+    return get_peft_model(model, peft_cfg)  # wraps in place: the rollout client's model sees the adapters
+
+
+def policy_state(model, lora: bool) -> dict[str, torch.Tensor]:
+    """The policy's weights under the plain model's names (LoRA merged in) for the rollout workers."""
+    return checkpoint.merged_lora_state(model) if lora else model.state_dict()
+
+
+def think_token_ids(tokenizer):
+    """``<think>`` and ``</think>`` as token ids, or as the id sequences they tokenize to (no such tokens, e.g.
+    SmolLM2): without them the think span is empty and EGPO's entropy term silently vanishes."""
+    ids = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    unk = tokenizer.unk_token_id
+    if not any(i is None or i == unk for i in ids):
+        return ids[0], ids[1]
+    seqs = [tuple(tokenizer.encode(m, add_special_tokens=False)) for m in ("<think>", "</think>")]
+    return (seqs[0], seqs[1]) if all(seqs) else None
