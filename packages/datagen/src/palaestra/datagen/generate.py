@@ -161,8 +161,10 @@ def generate(cfg: DataGenerationConfig, tracker: Tracker) -> dict:
     if cfg.output_path.exists():
         report |= audit_rows(read_rows(cfg.output_path))
     out_dir = scratch_dir()
-    for path in graph.save(out_dir):
-        tracker.log_artifact(path, "graph")
+    (out_dir / "graph.json").write_text(json.dumps(graph.to_dict(), default=str))
+    tracker.log_artifact(out_dir / "graph.json", "graph")
+    if tracker.run_id is not None:
+        tracker.log_figure(graph.figure(), "graph")
     tracker.log_dict(report, "stats.json")
     tracker.log_metrics({f"stats/{k}": v for k, v in report.items() if isinstance(v, int | float)})
     cfg.output_path.parent.joinpath("stats.json").write_text(json.dumps(report, indent=1))

@@ -13,7 +13,8 @@ Nodes are ``env.tool``. Two kinds of edges:
 
 Per tool: calls, failures (from executions) and student failures (from the
 closed loop); ``weight`` steers the next round's targets toward tools the
-student fails on. `save` writes ``graph.json`` and ``graph.png`` for MLflow.
+student fails on. `save` writes ``graph.json`` and ``graph.png``; the jobs log ``graph.json`` and the
+`figure` (``Tracker.log_figure``) to MLflow.
 """
 
 from __future__ import annotations
@@ -167,6 +168,15 @@ class ApiGraph:
         return [json_path, self.draw(directory / "graph.png")]
 
     def draw(self, path: Path) -> Path:
+        import matplotlib.pyplot as plt
+
+        fig = self.figure()
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return path
+
+    def figure(self):
+        """The graph as a matplotlib figure (tools colored by environment, prerequisite edges dark)."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -201,9 +211,7 @@ class ApiGraph:
             f"{len(prereq)} prerequisite / {len(mapping)} mapping edges"
         )
         ax.axis("off")
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        return path
+        return fig
 
 
 def try_call(env: ToolEnv, tool: str, outputs: list, rng: random.Random, attempts: int = 6):

@@ -18,7 +18,8 @@ Each round k:
 Logged per round (step k): ``mine/student_failure_rate`` (mining set, before training),
 ``mine/heldout_failure_rate_before`` / ``_after``, ``mine/sft_loss_first`` / ``_last``,
 ``mine/weak_target_share`` (targets on tools whose weight is above 1), ``mine/kept``, every tool's weight
-(``weight/<env>.<tool>``) and the graph (``round_<k>/graph.json`` + picture); ``rounds.json`` at the end.
+(``weight/<env>.<tool>``) and the graph (``round_<k>/graph.json``, ``figures/graph/step_<k>.png``);
+``rounds.json`` at the end.
 
 The scripted student (``student: scripted``) solves every turn except those whose ground truth uses a
 tool in ``weak_tools``: a stand-in for a model with known blind spots, so the loop's steering can be
@@ -215,8 +216,10 @@ def mine(cfg: MineConfig, tracker: Tracker) -> dict:
             metrics["mine/heldout_failure_rate_after"] = after[0] / after[1] if after[1] else 0.0
         tracker.log_metrics(metrics, step=k)
         out = scratch_dir()
-        for path in graph.save(out):
-            tracker.log_artifact(path, f"round_{k}")
+        (out / "graph.json").write_text(json.dumps(graph.to_dict(), default=str))
+        tracker.log_artifact(out / "graph.json", f"round_{k}")
+        if tracker.run_id is not None:
+            tracker.log_figure(graph.figure(), "graph", step=k)
         record = {"round": k, "heldout_samples": len(heldout), "mining_samples": len(mining)}
         record |= {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith("mine/")}
         record["drops"] = dict(sorted(stats.drops.items()))
