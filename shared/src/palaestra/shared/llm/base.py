@@ -100,6 +100,7 @@ class LLMClient:
 
     config: LLMConfig
     tokenizer: Any  # a transformers tokenizer with the project's chat template
+    model: Any  # the local model (transformers backend: a causal LM); remote backends have none
 
     def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None) -> list[Completion]:
         raise NotImplementedError
