@@ -132,3 +132,42 @@ def test_gathered_state_round_trips_and_a_sharded_checkpoint_resumes_exactly(tin
         _assert_same(resumed.state_dict(), uninterrupted, rtol=0.0)
     finally:
         resumed.close()
+
+
+def test_trainer_with_two_ranks_checkpoints_the_shards_and_keeps_its_copy_in_step(tmp_path, ray_local):
+    from palaestra.shared.rewards import REWARDS
+
+    if "test_distributed_length" not in REWARDS.names():  # a dense reward: every group has a signal
+        REWARDS.register("test_distributed_length")(lambda sample, completion, **info: len(completion) / 10)
+    from palaestra.shared.config import TrackingConfig
+    from palaestra.shared.rl.config import EnvSpec, TrainConfig
+    from palaestra.shared.rl.trainer import Trainer
+    from palaestra.shared.rollout.engine import RolloutConfig
+    from palaestra.shared.testing import TEST_CLUSTER
+
+    cfg = TrainConfig(
+        job="rl.train",
+        envs=[EnvSpec("task", {"source": "next_number", "reward": "test_distributed_length"})],
+        output_dir=str(tmp_path / "out"),
+        tracking=TrackingConfig(enabled=False),
+        rollout=RolloutConfig(group_size=3, max_tokens_per_turn=4),
+        learner=LearnerConfig(world_size=2, strategy="fsdp"),
+        loss=LossConfig(kl_coef=0.1),
+        optim=OptimConfig(lr=1e-3),
+        cluster=TEST_CLUSTER,
+        steps=1,
+        tasks_per_step=2,
+        ppo_epochs=2,
+        minibatch_size=3,
+    )
+    with Trainer(cfg) as trainer:
+        before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        trainer.train()
+        assert trainer.learner is not None and trainer.ref_model is None  # the ranks hold the reference
+        gathered = trainer.learner.state_dict()
+        own = trainer.model.state_dict()
+        assert all(torch.equal(own[k], v) for k, v in gathered.items())
+        assert any(not torch.equal(before[k], v) for k, v in gathered.items())
+    ckpt = tmp_path / "out" / "checkpoints" / "step_000001"
+    assert (ckpt / "sharded" / ".metadata").is_file() and (ckpt / "model.safetensors").is_file()
+    assert trainer.learner is None  # closed with the trainer
