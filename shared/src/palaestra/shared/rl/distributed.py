@@ -31,7 +31,9 @@ the model then lives in the trainer's own process.
   gradients, completed with ``full_tensor``, as verl's ``fsdp2_clip_grad_norm_``).
 - Weights out: `state_dict` gathers the full HF state dict on rank 0
   (``get_model_state_dict(full_state_dict=True, cpu_offload=True)``); the
-  trainer hands it to the rollout workers in one object-store transfer.
+  trainer hands it to the rollout workers in one object-store transfer. vLLM
+  workers get it the same way (`VLLMClient.load_weights`); vLLM's own NCCL
+  weight-transfer path is not wired in yet.
 - Checkpoints: rank 0 writes the gathered weights with ``save_pretrained``
   (given a copy: transformers 5.20 empties the dict it is given); every rank
   writes its shard of weights and AdamW state with torch.distributed.checkpoint
