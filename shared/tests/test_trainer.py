@@ -251,3 +251,13 @@ def test_on_policy_step_skips_the_old_logprob_forward(tmp_path, monkeypatch):
         assert np.isfinite(metrics["train/loss"]) and metrics["train/entropy"] > 0
         if not scored:
             assert metrics["train/ratio_mean"] == 1.0
+
+
+def test_step_with_micro_batches_and_checkpointing_runs(tmp_path):
+    from palaestra.shared.rl.config import LearnerConfig
+
+    learner = LearnerConfig(micro_batch_tokens=40, gradient_checkpointing=True)
+    trainer = Trainer(small_config(tmp_path, steps=1, learner=learner, loss=LossConfig(kl_coef=0.1)))
+    assert trainer.model.model.gradient_checkpointing
+    metrics = trainer.train_step()
+    assert np.isfinite(metrics["train/loss"]) and metrics["train/kl"] >= 0

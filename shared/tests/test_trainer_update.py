@@ -141,3 +141,12 @@ def test_on_policy_update_without_old_logprobs_gives_the_same_gradients(tiny_llm
         assert torch.linalg.norm(skipped[k] - with_old[k]) <= 1e-6 * torch.linalg.norm(with_old[k]), k
     assert m_skip["ratio_mean"] == 1.0 and m_skip["clip_fraction"] == 0.0
     assert m_skip["loss"] == pytest.approx(m_old["loss"], rel=1e-6)
+
+
+def test_a_negative_micro_batch_budget_is_a_config_error(tmp_path):
+    from palaestra.shared.config import ConfigError
+    from palaestra.shared.rl.config import LearnerConfig, TrainConfig
+    from palaestra.shared.rl.trainer import Trainer
+
+    with pytest.raises(ConfigError, match="learner.micro_batch_tokens must be >= 0"):
+        Trainer(TrainConfig(output_dir=str(tmp_path), learner=LearnerConfig(micro_batch_tokens=-1)))

@@ -16,20 +16,25 @@ import dataclasses
 
 import torch
 
+from palaestra.shared.config import ConfigError
 from palaestra.shared.llm.base import LLMClient, make_client
 from palaestra.shared.llm.hf_backend import resolve_device
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.config import LoraConfig, TrainConfig, learner_dtypes
 
 
-def check_dtypes(cfg: TrainConfig) -> None:
-    """Fail on a dtype setting before any model is loaded."""
+def check_learner(cfg: TrainConfig) -> None:
+    """Fail on a learner setting that cannot hold (dtypes, the micro-batch budget) before any model is loaded."""
+    if cfg.learner.micro_batch_tokens < 0:
+        raise ConfigError(
+            f"learner.micro_batch_tokens must be >= 0 (0: no split), got {cfg.learner.micro_batch_tokens}"
+        )
     learner_dtypes(cfg.learner, cfg.llm, resolve_device(cfg.llm.device).type)
 
 
 def load_policy(cfg: TrainConfig) -> tuple[LLMClient, torch.nn.Module, torch.dtype]:
     """The learner's client, its model (LoRA-wrapped when enabled) and the compute dtype."""
-    check_dtypes(cfg)
+    check_learner(cfg)
     client = make_client(dataclasses.replace(cfg.llm, dtype="float32"))
     model = client.model
     compute_dtype = getattr(torch, learner_dtypes(cfg.learner, cfg.llm, next(model.parameters()).device.type))

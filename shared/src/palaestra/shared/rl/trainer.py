@@ -99,7 +99,7 @@ from palaestra.shared.rl.batch import build_batch, score_batch, think_entropy, t
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.distributed import DistributedLearner
 from palaestra.shared.rl.episodes import draw_tasks, eval_specs, reward_summary
-from palaestra.shared.rl.policy import autocast, check_dtypes, load_policy, policy_state, think_token_ids
+from palaestra.shared.rl.policy import autocast, check_learner, load_policy, policy_state, think_token_ids
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.update import NonFiniteLoss, ppo_update
 from palaestra.shared.rollout.engine import EpisodeSpec
@@ -121,7 +121,7 @@ class Trainer:
             raise ValueError(
                 f"the learner needs llm.backend=transformers (got {cfg.llm.backend!r}); put vllm under workers.llm"
             )
-        check_dtypes(cfg)
+        check_learner(cfg)
         if cfg.learner.world_size > 1 and cfg.lora.enabled:
             raise ConfigError("learner.world_size > 1 does not support LoRA (lora.enabled); use world_size 1")
         self.cfg, self.tracker = cfg, tracker or Tracker(cfg.tracking)
