@@ -99,3 +99,13 @@ def test_tiny_selfplay_run_end_to_end(tracking, tmp_path):
     for when in ("start", "end"):
         assert f"{when}/eval/tic_tac_toe/second/random/win_rate" in out
     assert (tmp_path / "checkpoints").is_dir()
+
+
+def test_choice_fields_are_enums_checked_when_the_config_resolves():
+    for key, typo, right in (("mode", "selfpaly", "selfplay"), ("seat", "frist", "first"), ("prompt", "ful", "full")):
+        with pytest.raises(ConfigError, match=f"did you mean '{right}'"):
+            load_config({"job": "mars.train", key: typo})
+    with pytest.raises(ConfigError, match="did you mean 'mcts'"):
+        load_config({"job": "mars.eval", "opponents": ["random", "mtcs"]})
+    with pytest.raises(ConfigError, match="did you mean 'group_chat'"):
+        load_config({"job": "mars.mas", "systems": ["group_chta"]})

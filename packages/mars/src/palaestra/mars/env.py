@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from palaestra.mars.games import KIND_BOARD, Game, make_game
@@ -31,8 +32,16 @@ from palaestra.shared.rollout.env import Step, TextEnv
 ANSWER_RE = re.compile(r"^\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
 ANSWER_ONLY_RE = re.compile(r"^\s*(?:<think>(.*?)</think>)?\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
 END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
-PROMPTS = ("full", "compact")
-"""full: MARS's prompts; compact: no rules, instructions or notes (short contexts for tiny CPU models)."""
+
+
+class PromptStyle(StrEnum):
+    """full: MARS's prompts; compact: no rules, instructions or notes (short contexts for tiny CPU models)."""
+
+    full = "full"
+    compact = "compact"
+
+
+PROMPTS = tuple(p.value for p in PromptStyle)
 
 
 @dataclass

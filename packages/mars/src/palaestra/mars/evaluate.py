@@ -21,10 +21,11 @@ and a bar plot artifact.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from palaestra.mars.env import Shaping
+from palaestra.mars.env import PromptStyle, Shaping
 from palaestra.mars.game_stats import summarize
 from palaestra.mars.games import GAMES, make_game
 from palaestra.mars.play import play_episodes
@@ -33,9 +34,28 @@ from palaestra.shared.jobs import job
 from palaestra.shared.llm import LLMConfig
 from palaestra.shared.tracking import Tracker, scratch_dir
 
-SEATS = ("first", "second")
-OPPONENTS = ("random", "mcts", "equilibrium", "checkpoint")
-POLICIES = ("llm", "random", "mcts")
+
+class Seat(StrEnum):
+    first = "first"
+    second = "second"
+
+
+class Opponent(StrEnum):
+    random = "random"
+    mcts = "mcts"
+    equilibrium = "equilibrium"
+    checkpoint = "checkpoint"
+
+
+class Policy(StrEnum):
+    llm = "llm"
+    random = "random"
+    mcts = "mcts"
+
+
+SEATS = tuple(s.value for s in Seat)
+OPPONENTS = tuple(o.value for o in Opponent)
+POLICIES = tuple(p.value for p in Policy)
 
 
 @dataclass
@@ -45,7 +65,7 @@ class GameEvalConfig(JobConfig):
     job: str = "mars.eval"
     games: list[str] = field(default_factory=lambda: ["tic_tac_toe", "kuhn_poker", "mini_hanabi"])
     """Games to evaluate (see `palaestra.mars.games`)."""
-    policy: str = "llm"
+    policy: Policy = Policy.llm
     """The player under test: llm (``llm``) | random | mcts (scripted references)."""
     llm: LLMConfig = field(default_factory=LLMConfig)
     """The checkpoint under test (``llm.model``: tiny, a local HF directory, a served model...)."""
@@ -55,11 +75,11 @@ class GameEvalConfig(JobConfig):
     """Longest response per turn."""
     stop: list[str] = field(default_factory=lambda: ["</answer>"])
     """Stop strings of LLM players (a response ends with its answer; nothing after it can spoil the format)."""
-    opponents: list[str] = field(default_factory=lambda: ["random", "mcts", "equilibrium"])
+    opponents: list[Opponent] = field(default_factory=lambda: [Opponent.random, Opponent.mcts, Opponent.equilibrium])
     """random | mcts | equilibrium (poker only) | checkpoint (``opponent_llm``)."""
     opponent_llm: LLMConfig = field(default_factory=LLMConfig)
     """The frozen checkpoint opponent (used when ``checkpoint`` is among the opponents)."""
-    seats: list[str] = field(default_factory=lambda: ["first", "second"])
+    seats: list[Seat] = field(default_factory=lambda: [Seat.first, Seat.second])
     """Seats of the policy under test: first and/or second."""
     episodes: int = 100
     """Episodes per (game, seat, opponent); MARS uses about 1000."""
@@ -75,7 +95,7 @@ class GameEvalConfig(JobConfig):
     cache_dir: str = "outputs/mars/cache"
     """Where solved equilibria are cached."""
     shaping: Shaping = field(default_factory=Shaping)
-    prompt: str = "full"
+    prompt: PromptStyle = PromptStyle.full
     """Prompt style: full (MARS) | compact (no rules or notes; for tiny CPU models trained on it)."""
     max_turns: int = 200
     """A game longer than this stops (truncated)."""

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from palaestra.mars.mas_benchmarks import (
     STYLES,
+    BuiltinSet,
+    QuestionStyle,
     accuracy_metrics,
     aggregate,
     builtin_questions,
@@ -42,8 +45,20 @@ from palaestra.shared.jobs import job
 from palaestra.shared.llm import LLMConfig
 from palaestra.shared.tracking import Tracker, scratch_dir
 
-AGGREGATIONS = ("majority", "first")
-SYSTEMS = ("single", "debate", "group_chat")
+
+class Aggregation(StrEnum):
+    majority = "majority"
+    first = "first"
+
+
+class System(StrEnum):
+    single = "single"
+    debate = "debate"
+    group_chat = "group_chat"
+
+
+AGGREGATIONS = tuple(a.value for a in Aggregation)
+SYSTEMS = tuple(s.value for s in System)
 INSTRUCTION = "Think step by step, then give your final answer as <answer>ANSWER</answer>."
 
 
@@ -58,19 +73,19 @@ class MASConfig(JobConfig):
     """A trained checkpoint run through the same systems (None: the base model only)."""
     questions_file: str | None = None
     """JSONL with ``question`` and ``answer`` (and ``choices`` for GPQA-style); None: ``builtin``."""
-    style: str = "plain"
+    style: QuestionStyle = QuestionStyle.plain
     """How ``questions_file`` is checked: plain | aime (integer answers) | gpqa (multiple choice)."""
-    builtin: str = "arithmetic"
+    builtin: BuiltinSet = BuiltinSet.arithmetic
     """The built-in set used without a file: arithmetic | aime_mini | gpqa_mini."""
     num_questions: int = 20
     """Questions to use (the first ones of the file or set; arithmetic generates this many)."""
-    systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    systems: list[System] = field(default_factory=lambda: list(System))
     """single | debate | group_chat."""
     num_agents: int = 3
     """Debate agents."""
     rounds: int = 2
     """Debate rounds (1: independent answers, aggregated); group-chat rounds of solver + critic."""
-    aggregation: str = "majority"
+    aggregation: Aggregation = Aggregation.majority
     """Debate aggregation: majority | first."""
     temperature: float = 0.6
     max_tokens: int = 512

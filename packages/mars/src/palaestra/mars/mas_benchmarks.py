@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,14 @@ from palaestra.shared.config import ConfigError
 from palaestra.shared.jsonl import read_jsonl
 from palaestra.shared.stats import wilson_interval
 
-STYLES = ("plain", "aime", "gpqa")
+
+class QuestionStyle(StrEnum):
+    plain = "plain"
+    aime = "aime"
+    gpqa = "gpqa"
+
+
+STYLES = tuple(s.value for s in QuestionStyle)
 LETTERS = "ABCDEFGHIJ"
 
 
@@ -77,7 +85,15 @@ GPQA_MINI = [
     },
     {"question": "What is the pH of pure water at 25 C?", "choices": ["7", "0", "14", "1"], "answer": "A"},
 ]
-BUILTIN = ("arithmetic", "aime_mini", "gpqa_mini")
+
+
+class BuiltinSet(StrEnum):
+    arithmetic = "arithmetic"
+    aime_mini = "aime_mini"
+    gpqa_mini = "gpqa_mini"
+
+
+BUILTIN = tuple(b.value for b in BuiltinSet)
 
 
 def builtin_questions(name: str, n: int = 20, seed: int = 0) -> list[dict[str, Any]]:

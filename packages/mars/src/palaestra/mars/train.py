@@ -24,9 +24,10 @@ and last win rates vs random with their 95% intervals.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from palaestra.mars.env import Shaping
+from palaestra.mars.env import PromptStyle, Shaping
 from palaestra.mars.evaluate import GameEvalConfig, evaluate
 from palaestra.mars.games import GAMES
 from palaestra.shared.config import ConfigError
@@ -37,7 +38,25 @@ from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.tracking import Tracker
 
-MODES = ("selfplay", "versus")
+
+class Mode(StrEnum):
+    selfplay = "selfplay"
+    versus = "versus"
+
+
+class LearnerSeat(StrEnum):
+    first = "first"
+    second = "second"
+    alternate = "alternate"
+
+
+class FixedOpponent(StrEnum):
+    random = "random"
+    mcts = "mcts"
+    equilibrium = "equilibrium"
+
+
+MODES = tuple(m.value for m in Mode)
 
 
 @dataclass
@@ -74,14 +93,14 @@ class MarsTrainConfig(TrainConfig):
         default_factory=lambda: [GameWeight("tic_tac_toe"), GameWeight("kuhn_poker"), GameWeight("mini_hanabi")]
     )
     """The training mixture (MARS: tic_tac_toe, kuhn_poker, mini_hanabi)."""
-    mode: str = "selfplay"
+    mode: Mode = Mode.selfplay
     """selfplay (one policy in every seat) | versus (the learner against ``opponent``)."""
-    opponent: str = "random"
+    opponent: FixedOpponent = FixedOpponent.random
     """Fixed opponent in versus mode: random | mcts | equilibrium (poker)."""
-    seat: str = "alternate"
+    seat: LearnerSeat = LearnerSeat.alternate
     """The learner's seat in versus mode: first | second | alternate."""
     shaping: Shaping = field(default_factory=Shaping)
-    prompt: str = "full"
+    prompt: PromptStyle = PromptStyle.full
     """Prompt style of the games: full (MARS) | compact (short contexts for tiny CPU models)."""
     opening_moves: int = 0
     """Self-play only: start each episode after 0..N uniformly random moves (0: from the initial state, as MARS)."""
