@@ -112,3 +112,20 @@ def test_decode_rules_differ_on_a_malformed_block():
     assert decode_calls(good, "palaestra")[0] == decode_calls(good, "bfcl")[0]
     with pytest.raises(ValueError, match="unknown decoder"):
         decode_calls(good, "lenient")
+
+
+def test_bfcl_fc_prompt_sends_the_entry_as_bfcl_does():
+    from palaestra.egpo.tasks import SYSTEM_PROMPT
+
+    (ours,), _ = build_envs("simple_python", limit=1)
+    (theirs,), _ = build_envs("simple_python", limit=1, prompt="bfcl_fc")
+    ours.reset(0), theirs.reset(0)
+    assert ours.observe("agent")[0] == {"role": "system", "content": SYSTEM_PROMPT}
+    messages = theirs.observe("agent")
+    assert all(m["role"] != "system" for m in messages)  # BFCL's FC mode adds no system prompt
+    assert theirs.tools("agent") == theirs.task.tools  # BFCL's own function docs ("type": "dict" and all)
+    assert ours.tools("agent")[0]["function"]["parameters"]["type"] == "object"
+    (mt,), _ = build_envs("multi_turn_base", limit=1, prompt="bfcl_fc", decoder="bfcl")
+    mt.reset(0)
+    assert mt.observe("agent")[0]["role"] == "user" and mt.decoder == "bfcl"
+    mt.close()
