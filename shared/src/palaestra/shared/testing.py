@@ -4,7 +4,8 @@
 - `ray_local`: one small Ray instance for the whole session;
 - `tracking`: a `TrackingConfig` on a fresh sqlite MLflow store in a temp dir;
 - `tiny_llm`: the embedded `tiny` model through the transformers backend, built once;
-- `tiny_server`: `palaestra serve tiny` in a child process (base URL), started once.
+- `tiny_server`: `palaestra serve tiny` in a child process (base URL), started once; skipped without the
+  `serve` and `openai` extras.
 """
 
 from __future__ import annotations
@@ -68,7 +69,11 @@ def tiny_llm():
 
 @pytest.fixture(scope="session")
 def tiny_server():
-    """Base URL (``http://127.0.0.1:PORT/v1``) of ``palaestra serve tiny`` in a child process, shared by the session."""
+    """Base URL (``http://127.0.0.1:PORT/v1``) of ``palaestra serve tiny`` in a child process, shared by the session.
+
+    Skips where the `serve` or `openai` extra is not installed (a package installed alone without them)."""
+    for module in ("fastapi", "uvicorn", "openai"):
+        pytest.importorskip(module, reason=f"needs {module}: pip install 'palaestra-shared[serve,openai]'")
     from palaestra.shared.llm.serve_launch import serve_in_subprocess
 
     with serve_in_subprocess("tiny") as url:
