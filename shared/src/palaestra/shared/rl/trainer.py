@@ -47,9 +47,10 @@ Lifecycle: ``Trainer(cfg, tracker, eval_hook)`` only builds (model, optimizer;
 rl/policy.py: float32 master weights, compute dtype, checkpointing, LoRA).
 `prepare` then resumes from the newest checkpoint (``resume: true``) or runs
 the SFT warm start (`warm_start`, rl/sft.py), keeps the frozen reference model
-(`init_reference`, when ``loss.kl_coef`` > 0) and starts the rollout workers;
-`train` (which prepares if the job has not) may be called again to go on;
-`close` (or ``with Trainer(...) as trainer:``) stops the workers.
+(`init_reference`, when ``loss.kl_coef`` > 0), starts the sharded learner
+(``learner.world_size`` > 1: rl/distributed.py, which then scores and updates)
+and the rollout workers; `train` (which prepares if the job has not) may be
+called again to go on; `close` (or ``with Trainer(...) as trainer:``) stops them.
 
 The loop (`Trainer.train_step`), top to bottom: draw tasks (rl/episodes.py) -> rollout (batched
 across envs, locally or on Ray workers) -> old log-probs and entropies (skipped
