@@ -113,6 +113,31 @@ def test_verifier_rejects_unstated_ambiguous_and_error_steps():
     assert verify_row(row, spec) == ["error_response"]
 
 
+def test_superlative_singles_out_one_record():
+    from palaestra.datagen.argfill import superlative
+
+    tickets = [{"id": 4102, "priority": 2}, {"id": 4107, "priority": 5}, {"id": 4111, "priority": 3}]
+    spec = {"type": "integer", "description": "ID of the ticket."}
+    assert superlative(4107, tickets, "ticket_id", spec) == ("id", "priority", "highest")
+    assert superlative(4102, tickets, "ticket_id", spec) == ("id", "priority", "lowest")
+    assert superlative(4111, tickets, "ticket_id", spec) is None  # neither highest nor lowest
+    tied = [{"id": 1, "priority": 5}, {"id": 2, "priority": 5}]
+    assert superlative(1, tied, "ticket_id", spec) is None
+    assert superlative(4102, tickets[:1], "ticket_id", spec) is None  # one record: no choice to make
+
+
+def test_verifier_accepts_a_choice_the_query_resolves():
+    listed = [{"id": 4102, "priority": 2}, {"id": 4107, "priority": 5}]
+    calls = ["get_user_tickets()", "close_ticket(ticket_id=4107)"]
+    row, spec = _row("List my tickets and close the one with the highest priority.", calls, [listed, {"status": "ok"}])
+    assert verify_row(row, spec) == []
+    row, spec = _row("List my tickets and close one of them.", calls, [listed, {"status": "ok"}])
+    assert verify_row(row, spec) == ["ambiguous_choice"]
+    calls = ["get_user_tickets()", "close_ticket(ticket_id=4102)"]  # the lowest, while the query says highest
+    row, spec = _row("List my tickets and close the one with the highest priority.", calls, [listed, {"status": "ok"}])
+    assert verify_row(row, spec) == ["ambiguous_choice"]
+
+
 @pytest.fixture(scope="module")
 def graph():
     return build_graph(list(BFCL_CLASSES), 0)
@@ -187,3 +212,92 @@ def test_generated_samples_pass_the_verifier_and_vary(graph):
     assert len(queries) >= 12
     assert len({q.split()[0] for q in queries}) >= 3  # several phrasings, not one template
     assert not any("; then " in q for q in queries)  # no step list ("Please <step>; then <step>")
+
+
+class Shop:
+    """A test environment whose listing returns several records: a later call must pick one of them."""
+
+    def _load_scenario(self, config):
+        self.orders = {o["order_id"]: dict(o) for o in config["orders"]}
+
+    def list_orders(self):
+        return {"orders": [dict(o) for o in self.orders.values()]}
+
+    def cancel_order(self, order_id: int):
+        if order_id not in self.orders:
+            return {"error": f"no order {order_id}"}
+        self.orders[order_id]["status"] = "cancelled"
+        return {"cancelled": order_id}
+
+
+SHOP_DOCS = [
+    {
+        "name": "list_orders",
+        "description": "List all orders.",
+        "parameters": {"type": "object", "properties": {}, "required": []},
+        "response": {
+            "type": "object",
+            "properties": {
+                "orders": {
+                    "type": "array",
+                    "items": {"type": "object", "properties": {"order_id": {"type": "integer"}, "total": {}}},
+                }
+            },
+        },
+    },
+    {
+        "name": "cancel_order",
+        "description": "Cancel an order.",
+        "parameters": {
+            "type": "object",
+            "properties": {"order_id": {"type": "integer", "description": "The order id."}},
+            "required": ["order_id"],
+        },
+    },
+]
+
+
+def _shop_state(seed):
+    rng = random.Random(seed)
+    ids = rng.sample(range(1000, 9999), k=3)
+    totals = rng.sample(range(10, 500), k=3)  # distinct: one highest, one lowest
+    return {"orders": [{"order_id": i, "total": float(t), "status": "open"} for i, t in zip(ids, totals)]}
+
+
+def test_sampler_picks_one_of_several_records_by_a_criterion_the_query_states():
+    from palaestra.datagen.envs import ApiEnvSpec, register_env
+    from palaestra.datagen.graph import ApiGraph
+
+    try:
+        spec = register_env(ApiEnvSpec("ShopTest", Shop, SHOP_DOCS, state_generator=_shop_state))
+    except ValueError:
+        spec = get_env("ShopTest")
+    graph = ApiGraph()
+    graph.add_env(spec, probe=False)
+    roles, _ = make_roles(RolesConfig(naive_first_try=0.0))
+    cfg = ItemConfig(min_turns=1, max_turns=1, p_miss_func=0.0, p_miss_param=0.0)
+    criteria = 0
+    for seed in range(40):
+        item = {
+            "id": f"s{seed}",
+            "env": "ShopTest",
+            "target": "cancel_order",
+            "seed": seed,
+            "scenario": seed,
+            "round": 0,
+        }
+        row = generate_item(item, graph, roles, cfg)["sample"]
+        if row is None:
+            continue
+        assert verify_row(row, spec) == []
+        for step in json.loads(row["provenance"]["trace"])[0]["steps"]:
+            if step.get("selectors"):
+                (sibling, which) = step["selectors"]["order_id"]
+                query = row["turns"][0]["query"]
+                assert f"the {which} {sibling}" in query, query
+                # independently: the cancelled order is the one with that extreme total in the state
+                orders = json.loads(row["initial_config"])["ShopTest"]["orders"]
+                pick = (max if which == "highest" else min)(orders, key=lambda o: o[sibling])
+                assert step["arguments"]["order_id"] == pick["order_id"]
+                criteria += 1
+    assert criteria >= 5

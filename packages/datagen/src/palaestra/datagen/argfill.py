@@ -79,6 +79,41 @@ def unique_candidates(value: Any, outputs: list[tuple[str, Any]], param: str, ps
     return seen if seen == [value] else None
 
 
+def records(output: Any) -> list[dict]:
+    """The records of a response: a list of dicts, a dict of dicts, or such a list under one key."""
+    if isinstance(output, list) and output and all(isinstance(r, dict) for r in output):
+        return output
+    if isinstance(output, dict) and output:
+        if all(isinstance(r, dict) for r in output.values()):
+            return list(output.values())
+        for v in output.values():
+            if isinstance(v, list) and v and all(isinstance(r, dict) for r in v):
+                return v
+    return []
+
+
+def superlative(value: Any, output: Any, param: str, pspec: dict) -> tuple[str, str, str] | None:
+    """``(key, sibling, "highest" | "lowest")`` when `value` is, among a response's records (two or more), the
+    one whose numeric `sibling` field is strictly highest or lowest: a choice the user can state as a criterion
+    ("the ticket with the highest priority") instead of a value."""
+    rows = records(output)
+    if len(rows) < 2:
+        return None
+    for key in sorted({k for r in rows for k in r}):
+        if not compatible_key(param, pspec, key) or [r.get(key) for r in rows].count(value) != 1:
+            continue
+        mine = next(r for r in rows if r.get(key) == value)
+        for sibling in sorted(k for k in mine if k != key):
+            nums = [r.get(sibling) for r in rows]
+            if not all(isinstance(n, int | float) and not isinstance(n, bool) for n in nums):
+                continue
+            if mine[sibling] == max(nums) and nums.count(max(nums)) == 1:
+                return key, sibling, "highest"
+            if mine[sibling] == min(nums) and nums.count(min(nums)) == 1:
+                return key, sibling, "lowest"
+    return None
+
+
 def leaves(obj: Any, key: str = "", depth: int = 0, out: list | None = None) -> list[tuple[str, Any]]:
     """(key, value) pairs under `obj`: scalars, lists of scalars, and dict keys under their parent key."""
     out = [] if out is None else out
@@ -156,9 +191,18 @@ def candidates(
 
 
 def propose_arguments(
-    env, tool: str, prior_outputs: list[tuple[str, Any]], rng: random.Random, prefer_outputs: bool = True
+    env,
+    tool: str,
+    prior_outputs: list[tuple[str, Any]],
+    rng: random.Random,
+    prefer_outputs: bool = True,
+    raw_outputs: list = (),
 ) -> tuple[dict, dict[str, str]]:
-    """One argument assignment for `tool` and where each value came from."""
+    """One argument assignment for `tool` and where each value came from.
+
+    `raw_outputs` (earlier responses of the trace, whole): among output candidates, half the time prefer one
+    that a numeric field singles out of several records (`superlative`), a choice the query can state.
+    """
     doc = env.spec.doc(tool)
     args: dict = {}
     sources: dict[str, str] = {}
@@ -170,6 +214,10 @@ def propose_arguments(
         if not options:
             continue
         best = [o for o in options if o[1] == "output"] if prefer_outputs else []
+        pspec = parameters(doc)[pname]
+        singled = [o for o in best if any(superlative(o[0], out, pname, pspec) for out in raw_outputs)]
+        if singled and rng.random() < 0.5:
+            best = singled
         value, source = best[0] if best and rng.random() < 0.85 else rng.choice(options[:8])
         args[pname] = value
         sources[pname] = source

@@ -214,11 +214,11 @@ class ApiGraph:
         return fig
 
 
-def try_call(env: ToolEnv, tool: str, outputs: list, rng: random.Random, attempts: int = 6):
+def try_call(env: ToolEnv, tool: str, outputs: list, rng: random.Random, attempts: int = 6, raw_outputs=()):
     """Execute `tool` with up to `attempts` proposed assignments on forks; return (env', execution) or (env, last)."""
     last = None
     for _ in range(attempts):
-        args, _ = propose_arguments(env, tool, outputs, rng)
+        args, _ = propose_arguments(env, tool, outputs, rng, raw_outputs=raw_outputs)
         fork = env.copy()
         result = fork.execute(tool, args)
         if result.ok:

@@ -11,8 +11,10 @@ An argument of a ground-truth call is grounded when it is
   element by element);
 - *produced*: it appears in the output of an earlier ground-truth call of the
   sample, under a key that can feed the parameter (`argfill.compatible_key`),
-  and it is the only candidate there; several candidates are a choice the
-  user's words must resolve (``ambiguous_choice`` otherwise);
+  and it is the only candidate there, or it is the one record of several
+  whose numeric field is strictly highest / lowest and the user says so
+  ("the highest priority"; `argfill.superlative`); any other choice among
+  candidates is ``ambiguous_choice``;
 - a *documented default* of the parameter (its doc's ``default``).
 
 Also checked: no ground-truth step's output is an error response
@@ -31,7 +33,7 @@ import json
 import re
 from typing import Any
 
-from palaestra.datagen.argfill import compatible_key, leaves, unique_candidates
+from palaestra.datagen.argfill import compatible_key, leaves, superlative, unique_candidates
 from palaestra.datagen.envs import is_error_response
 from palaestra.datagen.schema import parameters
 
@@ -119,7 +121,9 @@ def verify_row(row: dict, spec) -> list[str]:
                 if documented_default(pspec, value) or stated(value, said, param):
                     continue
                 if any(v == value and compatible_key(param, pspec, key) for key, v in outputs):
-                    if unique_candidates(value, outputs, param, pspec) is None:
+                    if unique_candidates(value, outputs, param, pspec) is None and not _resolved_by_criterion(
+                        value, [s["output"] for s in steps[:k]], param, pspec, said
+                    ):
                         problems.append("ambiguous_choice")
                     continue
                 problems.append("ungrounded_argument")
@@ -131,6 +135,15 @@ def verify_row(row: dict, spec) -> list[str]:
             outputs += leaves(steps[k]["output"], "result")
             k += 1
     return problems
+
+
+def _resolved_by_criterion(value: Any, raw_outputs: list, param: str, pspec: dict, said: str) -> bool:
+    """One of several records, singled out by a numeric field the user names ("the highest priority")."""
+    for output in reversed(raw_outputs):
+        best = superlative(value, output, param, pspec)
+        if best is not None and f" {best[2]} {param_words(best[1])} " in _words(said):
+            return True
+    return False
 
 
 def _added_before(row: dict, turn: int, name: str) -> bool:

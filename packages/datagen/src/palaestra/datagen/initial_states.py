@@ -124,6 +124,7 @@ def twitter_api(rng: random.Random) -> dict:
 
 def ticket_api(rng: random.Random) -> dict:
     start = rng.randint(100, 9000)
+    user = rng.choice(FIRST)
     queue = []
     for k in range(rng.randint(1, 4)):
         queue.append(
@@ -133,10 +134,10 @@ def ticket_api(rng: random.Random) -> dict:
                 "description": _sentence(rng),
                 "status": rng.choice(TICKET_STATUS),
                 "priority": rng.randint(1, 5),
-                "created_by": rng.choice(FIRST),
+                "created_by": user if rng.random() < 0.6 else rng.choice(FIRST),
             }
         )
-    return {"ticket_queue": queue, "ticket_counter": queue[-1]["id"] + 1, "current_user": rng.choice(FIRST)}
+    return {"ticket_queue": queue, "ticket_counter": queue[-1]["id"] + 1, "current_user": user}
 
 
 def trading_bot(rng: random.Random) -> dict:

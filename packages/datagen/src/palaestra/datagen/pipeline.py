@@ -226,6 +226,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
                         "output": s.output,
                         "feeds": s.feeds,
                         "feed_keys": s.feed_keys,
+                        "selectors": s.selectors,
                     }
                     for s in trace.steps
                 ],

@@ -161,7 +161,9 @@ class DeterministicQueryWriter:
                 key = step.feed_keys.get(param, param)
                 inner = by_step.pop(src, [])
                 how = goal_phrase(spec, trace.steps[src].name) + (" with " + ", ".join(inner) if inner else "")
-                details.append(f"{_words(param)}: the {_words(key)} you get when you {how}")
+                sel = step.selectors.get(param)
+                which = f" of the one with the {sel[1]} {_words(sel[0])} among those" if sel else ""
+                details.append(f"{_words(param)}: the {_words(key)}{which} you get when you {how}")
             g = goal_phrase(spec, step.name)
             goals.append(g + (" (" + "; ".join(details) + ")" if details else ""))
         joiner = rng.choice(JOINERS)
@@ -210,7 +212,10 @@ class DeterministicReasoner:
                 f"{steps[j].name} needs the {_words(param)}, which is the {_words(key)} that {step.name} returns"
             )
         for param, src in step.feeds.items():
-            why.append(f"the {_words(param)} is the {_words(step.feed_keys.get(param, param))} from {steps[src].name}")
+            sel = step.selectors.get(param)
+            which = f" of the record with the {sel[1]} {_words(sel[0])}" if sel else ""
+            key = _words(step.feed_keys.get(param, param))
+            why.append(f"the {_words(param)} is the {key}{which} from {steps[src].name}")
         given = [p for p in step.arguments if p not in step.feeds]
         if given and not consumers:
             why.append(f"the request gives the {', '.join(_words(p) for p in given)}")

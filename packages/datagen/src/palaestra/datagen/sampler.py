@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from palaestra.datagen.argfill import compatible_key, leaves, unique_candidates
+from palaestra.datagen.argfill import compatible_key, leaves, superlative, unique_candidates
 from palaestra.datagen.envs import ToolEnv, call_string
 from palaestra.datagen.graph import ApiGraph, node, try_call
 from palaestra.datagen.schema import parameters
@@ -43,6 +43,9 @@ class Step:
     """Parameter -> index of the earlier step whose response supplied its value."""
     feed_keys: dict[str, str] = field(default_factory=dict)
     """Parameter -> the response key it was read from."""
+    selectors: dict[str, list[str]] = field(default_factory=dict)
+    """Parameter -> ``[sibling, "highest" | "lowest"]`` when the value is one of several records, singled out by
+    a numeric field (the query states that criterion)."""
 
     @property
     def call(self) -> str:
@@ -155,7 +158,7 @@ def sample_trace(
                 for t in pool
             ]
             pick = rng.choices(pool, weights=weights)[0]
-        new_env, ex = try_call(env, pick, outputs, rng)
+        new_env, ex = try_call(env, pick, outputs, rng, raw_outputs=[s.output for s in steps])
         if stats is not None:
             stats.record(name, pick, ex.ok)
         if not ex.ok:
@@ -175,6 +178,12 @@ def sample_trace(
                 step.feed_keys[param] = outputs[found][0]
                 if stats is not None:
                     stats.flows.append((name, steps[src].name, outputs[found][0], pick, param))
+            elif found is None and _distinctive(value):
+                for src in range(len(steps) - 1, -1, -1):  # one of several records, picked by a criterion
+                    best = superlative(value, steps[src].output, param, props.get(param, {}))
+                    if best is not None:
+                        step.feeds[param], step.feed_keys[param], step.selectors[param] = src, best[0], list(best[1:])
+                        break
         env = new_env
         steps.append(step)
         called.add(pick)
@@ -187,6 +196,15 @@ def sample_trace(
     return Trace(name, target if target_hit else (steps[-1].name if steps else ""), steps, target_hit), env
 
 
+def _distinctive(value: Any) -> bool:
+    """An id, a token, a name: not a flag, a small number or a short string."""
+    if isinstance(value, bool) or value is None:
+        return False
+    if isinstance(value, int | float) and abs(value) < 100:
+        return False
+    return not (isinstance(value, str) and len(value) < 3)
+
+
 def _producer(value: Any, outputs: list, param: str, pspec: dict) -> int | None:
     """Index of the response entry that *produces* `value` for `param`, or None.
 
@@ -195,11 +213,7 @@ def _producer(value: Any, outputs: list, param: str, pspec: dict) -> int | None:
     when it is the one candidate there: a value picked from a list of several
     is a choice the user must state, not an intermediate result.
     """
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float) and abs(value) < 100:
-        return None
-    if isinstance(value, str) and len(value) < 3:
+    if not _distinctive(value):
         return None
     candidates = unique_candidates(value, outputs, param, pspec)
     if candidates is None:

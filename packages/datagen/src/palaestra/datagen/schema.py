@@ -85,7 +85,14 @@ def required(doc: dict) -> list[str]:
 
 
 def response_keys(doc: dict) -> list[str]:
-    return list((doc.get("response") or {}).get("properties", {}) or {})
+    """Top-level response properties, and those of records in an array property (``orders: [{order_id}]``)."""
+    props = (doc.get("response") or {}).get("properties", {}) or {}
+    keys = list(props)
+    for spec in props.values():
+        items = spec.get("items") if isinstance(spec, dict) else None
+        if isinstance(items, dict):
+            keys += [k for k in items.get("properties", {}) or {} if k not in keys]
+    return keys
 
 
 def _normalize_schema(spec: dict) -> dict:
