@@ -153,3 +153,26 @@ def test_eval_llm_policy_through_the_engine(tiny_llm):
     # an untrained random-weight model does not write the answer format: it loses every game by format
     assert metrics["eval/tic_tac_toe/first/random/format_loss_rate"] == 1.0
     assert metrics["eval/tic_tac_toe/second/random/loss_rate"] == 1.0
+
+
+def test_eval_headline_prefers_pooled_seats_vs_random():
+    from palaestra.mars.evaluate import eval_headline
+
+    def setting(prefix, k, n):
+        lo, hi = wilson_interval(k, n)
+        return {
+            f"{prefix}/win_rate": k / n,
+            f"{prefix}/win_rate_lo": lo,
+            f"{prefix}/win_rate_hi": hi,
+            f"{prefix}/episodes": n,
+        }
+
+    after = {**setting("eval/tic_tac_toe/first/mcts", 1, 10), **setting("eval/tic_tac_toe/both/random", 53, 100)}
+    before = setting("eval/tic_tac_toe/both/random", 44, 100)
+    line = eval_headline(after, before)
+    # 53/100: Wilson 95% [0.433, 0.625]; 44/100: [0.347, 0.538] (closed form, z = 1.96)
+    assert line == (
+        "tic_tac_toe win rate vs random (both seat) 0.53 [0.43, 0.62] "
+        "(before 0.44 [0.35, 0.54]; 95% Wilson, 100 episodes)"
+    )
+    assert eval_headline({}) is None

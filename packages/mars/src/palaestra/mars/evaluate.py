@@ -30,7 +30,7 @@ from palaestra.mars.game_stats import summarize
 from palaestra.mars.games import GAMES, make_game
 from palaestra.mars.play import play_episodes
 from palaestra.shared.config import ConfigError, JobConfig
-from palaestra.shared.jobs import job
+from palaestra.shared.jobs import format_headline, job
 from palaestra.shared.llm import LLMConfig
 from palaestra.shared.tracking import Tracker, scratch_dir
 
@@ -297,4 +297,21 @@ def plot_results(records: list[dict], path: Path) -> Path | None:
 def eval_job(cfg: GameEvalConfig, tracker: Tracker) -> dict:
     """Evaluate a policy on MARS games vs random / MCTS / CFR / a checkpoint, both seats; Hanabi in self-play."""
     metrics, records = evaluate(cfg, tracker)
-    return {"settings": len(records)}
+    return {"settings": len(records), "headline": eval_headline(metrics)}
+
+
+def eval_headline(metrics: dict[str, float], before: dict[str, float] | None = None) -> str | None:
+    """The end-of-run line: the win rate vs random with both seats pooled (else the first win rate against an
+    opponent) and its 95% Wilson interval; with `before`, the same setting's rate before training too."""
+    keys = [k for k in metrics if k.endswith("/win_rate") and k.count("/") == 4 and "/self/" not in k]
+    if not keys:
+        return None
+    key = next((k for k in keys if "/both/random/" in k), keys[0])
+    _, game, seat, opponent, _ = key.split("/")
+    prefix = key.rsplit("/", 1)[0]
+    note = f"95% Wilson, {metrics.get(prefix + '/episodes', 0):.0f} episodes"
+    if before and key in before:
+        b = before[key]
+        note = f"before {b:.2f} [{before[prefix + '/win_rate_lo']:.2f}, {before[prefix + '/win_rate_hi']:.2f}]; {note}"
+    interval = (metrics[prefix + "/win_rate_lo"], metrics[prefix + "/win_rate_hi"])
+    return format_headline(f"{game} win rate vs {opponent} ({seat} seat)", metrics[key], interval, note)

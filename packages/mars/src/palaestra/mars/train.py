@@ -28,12 +28,13 @@ from enum import StrEnum
 from typing import Any
 
 from palaestra.mars.env import PromptStyle, Shaping
-from palaestra.mars.evaluate import GameEvalConfig, evaluate
+from palaestra.mars.evaluate import GameEvalConfig, eval_headline, evaluate
 from palaestra.mars.games import GAMES
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.config import EnvSpec, TrainConfig
+from palaestra.shared.rl.jobs import train_headline
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.tracking import Tracker
@@ -172,7 +173,7 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
     with Trainer(cfg, tracker, eval_hook=game_eval) as trainer:
         trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
         out = trainer.train()
-    summary: dict[str, float] = {}
+    summary: dict[str, Any] = {}
     first = trainer.eval_history[0][1] if cfg.eval_before else {}
     last = trainer.eval_history[-1][1]
     if first and tracker is not None:
@@ -182,6 +183,7 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
         if figure is not None:
             tracker.log_figure(figure, "before_after")
     summary.update({k: v for k, v in out.items() if isinstance(v, int | float) and not k.startswith("eval_")})
+    summary["headline"] = eval_headline(last, first) or train_headline(out)
     for name, metrics in (("start", first), ("end", last)):
         for key, value in metrics.items():
             if key.endswith(
