@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,10 @@ def test_generate_job_on_ray_logs_stats_and_graph(ray_local, tracking, tmp_path)
     cfg.tracking = tracking
     result = run_job(cfg)
     assert result["kept"] >= 20
+    kept, attempted = result["kept"], result["kept"] + result["dropped"]
+    assert result["headline"].startswith(f"verified and kept {kept / attempted:.2f} [")
+    assert f"({kept} of {attempted} items" in result["headline"]
+    assert (Path(result["artifacts"]) / "samples.jsonl").is_file()
     client = MlflowClient(tracking.uri)
     run = client.get_run(result["run_id"])
     for key in (

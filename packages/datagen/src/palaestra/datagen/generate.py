@@ -25,7 +25,8 @@ from palaestra.datagen.graph import ApiGraph
 from palaestra.datagen.pipeline import ItemConfig, RolesConfig, generate_item, make_roles
 from palaestra.datagen.run_stats import RunStats, audit_rows
 from palaestra.shared.config import ConfigError, JobConfig
-from palaestra.shared.jobs import job
+from palaestra.shared.jobs import format_headline, job
+from palaestra.shared.stats import wilson_interval
 from palaestra.shared.tracking import Tracker, scratch_dir
 
 
@@ -177,9 +178,14 @@ def generate(cfg: DataGenerationConfig, tracker: Tracker) -> dict:
         f"ungrounded kept {report.get('ungrounded_kept', 0)}, error-response steps "
         f"{report.get('error_response_steps', 0)}; drops {report['drops']}"
     )
+    attempted = report["kept"] + report["dropped"]
+    note = f"{report['kept']} of {attempted} items, 95% Wilson; function coverage {report['function_coverage']:.2f}"
+    share = report["kept"] / attempted if attempted else 0.0
     return {
         "kept": report["kept"],
         "dropped": report["dropped"],
         "output": str(cfg.output_path),
         "samples_per_minute": report["samples_per_minute"],
+        "headline": format_headline("verified and kept", share, wilson_interval(report["kept"], attempted), note),
+        "artifacts": str(cfg.output_path.parent),
     }
