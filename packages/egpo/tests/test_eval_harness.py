@@ -56,6 +56,8 @@ def test_eval_job_logs_accuracy_summary_and_samples(tracking, tmp_path):
     )
     out = run_job(cfg)
     assert out["bfcl/simple_python/accuracy"] == 1.0 and out["bfcl/multi_turn_base/accuracy"] == 1.0
+    # the end-of-run line: 9 of 9 correct, Wilson 95% lower bound (1 + z^2/18 - z^2/18) / (1 + z^2/9) = 0.70
+    assert out["headline"].startswith("BFCL accuracy 1.00 [0.70, 1.00] (9 of 9 tasks in 3 categories")
     run = mlflow.MlflowClient(tracking.uri).get_run(out["run_id"])
     assert run.data.metrics["bfcl/irrelevance/accuracy"] == 1.0
     # BFCL v4's formula, the categories that did not run counted 0: simple = (1 + 0 + 0) / 3 (Java, JavaScript),

@@ -36,7 +36,7 @@ from palaestra.egpo.multiturn import BFCLMultiTurnEnv, ground_truth_turn_calls
 from palaestra.egpo.reward import judge_completion
 from palaestra.egpo.tasks import FCTask, canonical_calls, load_bfcl
 from palaestra.shared.config import ConfigError, JobConfig
-from palaestra.shared.jobs import job
+from palaestra.shared.jobs import format_headline, job
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.rollout.env import Step, TextEnv
 from palaestra.shared.stats import wilson_interval
@@ -290,7 +290,10 @@ def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker) -> 
         files = write_run_files(root, by_category, model=cfg.llm.model if client is not None else cfg.policy)
         tracker.log_artifact(root, "bfcl")
         print(f"egpo.eval: BFCL result/score files and {files['csv']} under {root}", flush=True)
-    return {**{f"bfcl/{c}/accuracy": a for c, a in accuracy.items()}, **summary}
+    correct, total = sum(c for c, _ in scores.values()), sum(n for _, n in scores.values())
+    note = f"{correct} of {total} tasks in {len(scores)} categories, 95% Wilson"
+    line = format_headline("BFCL accuracy", correct / max(total, 1), wilson_interval(correct, total), note)
+    return {**{f"bfcl/{c}/accuracy": a for c, a in accuracy.items()}, **summary, "headline": line}
 
 
 def _record(result: dict) -> dict:

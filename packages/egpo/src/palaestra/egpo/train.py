@@ -26,6 +26,7 @@ from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.config import EnvSpec, TrainConfig
+from palaestra.shared.rl.jobs import train_headline
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rollout.env import ENVS
 from palaestra.shared.rollout.tasks import TASKS
@@ -209,4 +210,5 @@ def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
             output_dir=f"{cfg.output_dir}/eval",
         )
         out.update(evaluate_with_client(eval_cfg, trainer.client, tracker))
+    out.setdefault("headline", train_headline(out))  # the BFCL accuracy when evaluated, else the training reward
     return out
