@@ -8,9 +8,14 @@ import random
 import pytest
 
 from palaestra.aed.attribution import CollisionRecord
-from palaestra.aed.env import accident_features
 from palaestra.aed.judge import RuleJudge
-from palaestra.aed.preference import PreferenceModel, compare_pairs, label_accidents, split_pairs
+from palaestra.aed.preference import (
+    PreferenceModel,
+    accident_features,
+    compare_pairs,
+    label_accidents,
+    split_pairs,
+)
 
 
 def random_accidents(n: int, seed: int) -> list[dict]:

@@ -55,6 +55,7 @@ import numpy as np
 
 from palaestra.aed.attribution import History, classify, lane_str, make_record, relative, step_road
 from palaestra.aed.judge import RuleJudge
+from palaestra.aed.preference import accident_features
 from palaestra.aed.scenarios import ACTIONS, get_scenario, make_base_env
 
 NEIGHBOURS = 4
@@ -374,32 +375,6 @@ def _vehicle_state(v, road) -> dict:
         "on_road": float(lane.on_lane(v.position)),
         "crashed": float(v.crashed),
     }
-
-
-def accident_features(rec, recent_states: list[dict]) -> list[float]:
-    """Fixed-length features of an accident trajectory (the contact geometry and the last steps before it)."""
-    geo = [
-        rec.long / 10,
-        rec.lat / 5,
-        math.sin(rec.heading_diff),
-        math.cos(rec.heading_diff),
-        rec.a_speed / 30,
-        rec.b_speed / 30,
-        float(rec.a_lane_changing),
-        float(rec.b_lane_changing),
-        min(rec.b_in_a_lane_s, 4.0) / 4,
-        min(rec.a_in_b_lane_s, 4.0) / 4,
-        max(rec.b_min_accel, -20.0) / 10,
-        max(rec.a_min_accel, -20.0) / 10,
-        float(rec.striker == "victim"),
-    ]
-    rel = [s["rel"] for s in recent_states] or [{"long": 0.0, "lat": 0.0, "closing_speed": 0.0}]
-    traj = [
-        float(np.mean([r["long"] for r in rel])) / 20,
-        float(np.mean([r["lat"] for r in rel])) / 5,
-        float(np.mean([r["closing_speed"] for r in rel])) / 10,
-    ]
-    return geo + traj
 
 
 def _load_policy(path: str):
