@@ -186,6 +186,7 @@ def train_adversary(
                     if self.reward_dropped_at is None:
                         self.reward_dropped_at = self.num_timesteps
                 if "accident" in info:
+                    info["accident"]["episode"] = self.episodes  # training episodes ended before this one
                     self.accidents += 1
                     if len(self.accident_log) < 2000:
                         self.accident_log.append(info["accident"])
