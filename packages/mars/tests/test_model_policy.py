@@ -88,3 +88,22 @@ def test_evaluate_logs_the_exploitability_of_the_policy_under_test():
     assert records[0]["exploitability"] == pytest.approx(expected, abs=1e-5) and len(records[0]["policy"]) == 12
     with pytest.raises(ConfigError, match="not a poker game"):
         evaluate(GameEvalConfig(games=[], exploitability=["tic_tac_toe"], llm=llm))
+
+
+def test_scored_tokens_are_the_templates_rendering_of_the_response():
+    """The model is trained on (and samples) the response as the chat template writes it; the project's template
+    puts a newline after </think>. Scoring the raw string instead measured an off-distribution string."""
+    from palaestra.mars.model_policy import response_tokens
+    from palaestra.shared.llm import LLMConfig, make_client
+
+    client = make_client(LLMConfig(model="tiny", device="cpu"))
+    conversation = information_state_prompts("kuhn_poker")["1b"][1]
+    prompt_ids = client.render(conversation)
+    ids = response_tokens(client, conversation, prompt_ids, "<think></think><answer><BET></answer>")
+    rendered = client.tokenizer.apply_chat_template(
+        [*conversation, {"role": "assistant", "content": "<think></think><answer><BET></answer>"}], tokenize=False
+    )
+    generation_prompt = client.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    expected = rendered[len(generation_prompt) :].split("</answer>")[0] + "</answer>"
+    assert client.tokenizer.decode(ids) == expected
+    assert "</think>\n<answer>" in expected  # this template's rendering differs from the raw string

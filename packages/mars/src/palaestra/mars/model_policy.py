@@ -8,9 +8,10 @@ information state; the env shows a seat only what it knows, so every history
 of an information state gives the same conversation (tested).
 
 `read_policy` scores, for each information state, the log-probability of each
-legal action's response text under the model (the response tokens after the
-chat template's generation prompt, logits / ``temperature``) and normalizes
-over the legal actions: the model's policy restricted to well-formed answers.
+legal action's response under the model (the response's tokens exactly as the
+chat template renders them after the generation prompt, through ``</answer>``;
+logits / ``temperature``) and normalizes over the legal actions: the model's
+policy restricted to well-formed answers.
 `exploitability` is OpenSpiel's exact NashConv / 2 of that `TabularPolicy`
 (``open_spiel.python.algorithms.exploitability``): 0 at a Nash equilibrium;
 Kuhn poker's uniform policy has 0.4583.
@@ -125,6 +126,20 @@ def exploitability(tabular_policy, game: str) -> float:
     return float(expl.exploitability(GameEnv(game).game.openspiel, tabular_policy))
 
 
+def response_tokens(client, conversation: list[dict], prompt_ids: list[int], text: str) -> list[int]:
+    """The tokens of assistant response `text` as the chat template renders it after the generation prompt (what
+    SFT trains on and the model samples: e.g. the project's template writes ``<think></think>\\n<answer>``), up to
+    and including the answer's closing ``</answer>`` (where generation stops)."""
+    full = client.render([*conversation, {"role": "assistant", "content": text}], add_generation_prompt=False)
+    if full[: len(prompt_ids)] != prompt_ids:
+        raise ValueError("the chat template does not render the response after the generation prompt")
+    ids = full[len(prompt_ids) :]
+    for k in range(1, len(ids) + 1):
+        if client.tokenizer.decode(ids[:k]).rstrip().endswith("</answer>"):
+            return ids[:k]
+    raise ValueError(f"the rendered response has no </answer>: {client.tokenizer.decode(ids)!r}")
+
+
 def response_scorer(client, temperature: float = 1.0) -> Callable[[list[dict], list[str]], list[float]]:
     """``score(conversation, responses)`` over a local transformers client (`client.model`, `client.tokenizer`)."""
     import torch
@@ -140,7 +155,7 @@ def response_scorer(client, temperature: float = 1.0) -> Callable[[list[dict], l
         out = []
         with torch.no_grad():
             for text in responses:
-                ids = client.tokenizer.encode(text, add_special_tokens=False)
+                ids = response_tokens(client, conversation, prompt_ids, text)
                 full = torch.tensor([prompt_ids + ids], device=model.device)
                 logits = model(input_ids=full).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
                 logp = torch.log_softmax(logits, dim=-1).gather(-1, full[0, len(prompt_ids) :, None])
