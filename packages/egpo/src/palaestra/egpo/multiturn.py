@@ -47,8 +47,11 @@ class BFCLMultiTurnEnv(TextEnv):
         max_steps: int = MAX_STEPS_PER_TURN,
         decoder: str = "palaestra",
         system_prompt: bool = True,
+        reward_per_turn: bool = False,
     ):
         require_bfcl()
+        self.reward_per_turn = reward_per_turn
+        """Reward each user turn as it ends (1/T if BFCL accepts the episode up to it) instead of 1/0 at the end."""
         self.decoder = decoder
         """palaestra | bfcl: the decode rule of `palaestra.egpo.bfcl_results.decode_calls`."""
         self.system_prompt = system_prompt
@@ -112,10 +115,11 @@ class BFCLMultiTurnEnv(TextEnv):
         self.steps_in_turn = 0
         if self.turn >= len(self.entry["question"]):
             return self._finish(info)
+        reward = self._prefix_reward() if self.reward_per_turn else 0.0
         self.decoded.append([])
         self.responses.append([])
         self.pending = self._user_messages(self.turn)
-        return Step(info=info)
+        return Step(rewards={"agent": reward}, info=info)
 
     # -- helpers ------------------------------------------------------------
     def _user_messages(self, turn: int) -> list[dict]:
@@ -125,8 +129,14 @@ class BFCLMultiTurnEnv(TextEnv):
             from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
 
             text = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(functions=held_out)
-            messages = [{"role": "user", "content": text}]
+            messages = [{"role": "user", "content": text}, *messages]  # BFCL's held-out turns have no question
         return messages
+
+    def _prefix_reward(self) -> float:
+        """1/T if BFCL's checker accepts the turns played so far (``self.turn`` of them), else 0."""
+        turns = self.turn
+        result = check_multi_turn(self.entry, self.decoded[:turns], self.ground_truth[:turns], f"{self._key}_p{turns}")
+        return 1.0 / len(self.ground_truth) if result["valid"] else 0.0
 
     def _execute(self, strings: list[str]) -> list[str]:
         from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
@@ -151,7 +161,8 @@ class BFCLMultiTurnEnv(TextEnv):
             decoded=self.decoded,
         )
         self.close()
-        return Step(rewards={"agent": 1.0 if valid else 0.0}, terminated=True, info=info)
+        reward = (1.0 / len(self.ground_truth) if self.reward_per_turn else 1.0) if valid else 0.0
+        return Step(rewards={"agent": reward}, terminated=True, info=info)
 
     def close(self) -> None:
         """Drop this episode's environment instances from BFCL's module globals."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import palaestra.egpo.multiturn_data  # noqa: F401  (registers the `datagen_multi_turn` env)
 from palaestra.egpo.tasks import FCTask, load_bfcl, load_jsonl
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
