@@ -140,7 +140,7 @@ class DistributedLearner:
         ents = torch.zeros(batch.loss_mask.shape) if with_entropy else None
         for part, (lp, ent) in zip(parts, results):
             logps[part] = lp
-            if with_entropy:
+            if ents is not None:
                 ents[part] = ent
         return logps, ents
 

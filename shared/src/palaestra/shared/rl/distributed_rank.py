@@ -97,7 +97,7 @@ class LearnerRank:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model.to(self.device)  # the HF model (its names are the checkpoint's)
         self.root = self._shard(LogProbs(self.model))
-        self.engine = self.root
+        self.engine: torch.nn.Module = self.root
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -147,6 +147,8 @@ class LearnerRank:
         from torch.distributed import ReduceOp
 
         model = self.ref if ref else self.engine
+        if model is None:
+            raise ValueError("no reference model on the learner ranks (loss.kl_coef is 0)")
         model.eval()
         parts = micro_batches(batch, idx, max_tokens) if len(idx) else []
         (count,) = self._all_reduce([len(parts)], ReduceOp.MAX)
@@ -162,9 +164,9 @@ class LearnerRank:
                 ids, mask = rows.input_ids.to(self.device), rows.attention_mask.to(self.device)
                 lp, ent = model(ids, mask, temperature, with_entropy)
             logps[parts[k], : lp.shape[1]] = lp.float().cpu()
-            if with_entropy:
+            if ents is not None and ent is not None:
                 ents[parts[k], : ent.shape[1]] = ent.float().cpu()
-        return logps[idx], (ents[idx] if with_entropy else None)
+        return logps[idx], (None if ents is None else ents[idx])
 
     def update(
         self,
@@ -198,7 +200,7 @@ class LearnerRank:
                     loss, m = policy_loss(
                         logps,
                         logps.detach() if cut["old_logps"] is None else cut["old_logps"],  # on-policy: ratio 1
-                        cut["advantages"],
+                        cut["advantages"],  # type: ignore[arg-type]
                         rows.loss_mask.to(self.device),
                         cfg,
                         ref_logps=cut["ref_logps"],
@@ -231,7 +233,7 @@ class LearnerRank:
         from torch.distributed.tensor import DTensor
 
         params = [p for p in self.root.parameters() if p.grad is not None]
-        total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], 2.0)
         if isinstance(total, DTensor):
             total = total.full_tensor()  # sum of the shards' squares across ranks
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
@@ -252,7 +254,9 @@ class LearnerRank:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         full = get_model_state_dict(self.root, options=options)
-        return {k.removeprefix("model."): v for k, v in full.items()} if self.rank == 0 else {}
+        if self.rank != 0:
+            return {}
+        return {k.removeprefix("model."): v for k, v in full.items() if isinstance(v, torch.Tensor)}
 
     def save(self, path: str) -> None:
         """Rank 0: HF weights (``save_pretrained``); every rank: its shard of weights + optimizer under sharded/."""
@@ -271,8 +275,8 @@ class LearnerRank:
 
         self._init_optimizer_state()
         model_sd, optim_sd = get_state_dict(self.root, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(Path(path) / "sharded"))
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(Path(path) / "sharded"))  # fills the state dicts in place
         set_state_dict(self.root, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def _init_optimizer_state(self) -> None:

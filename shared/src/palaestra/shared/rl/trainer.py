@@ -200,8 +200,9 @@ class Trainer:
             gradient_checkpointing=cfg.learner.gradient_checkpointing,
             cluster=cfg.cluster,
         )
-        if self.resumed:
-            self.learner.load(checkpoint.latest(self.ckpt_dir))
+        latest = checkpoint.latest(self.ckpt_dir)
+        if self.resumed and latest is not None:
+            self.learner.load(latest)
         self.ref_model = None  # the ranks hold the reference (it stays saved under checkpoints/reference)
 
     def start_rollouts(self) -> None:
