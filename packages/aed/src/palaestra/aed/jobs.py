@@ -11,14 +11,44 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from palaestra.aed.train import TrainSettings
+from palaestra.aed.train import RLAlgo, TrainSettings
 from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.tracking import Tracker
+
+
+class JudgeKind(StrEnum):
+    """Who labels accidents and compares pairs for preference learning."""
+
+    rules = "rules"
+    llm = "llm"
+
+
+class TaxonomySource(StrEnum):
+    """Where the accident types come from."""
+
+    expert = "expert"
+    llm = "llm"
+
+
+class VictimKind(StrEnum):
+    """The AV under test: the rule-based IDM or a frozen RL policy."""
+
+    idm = "idm"
+    rl = "rl"
+
+
+class RewardSource(StrEnum):
+    """Who writes the adversaries' rewards (``both``: the paper's comparison of the two)."""
+
+    expert = "expert"
+    llm = "llm"
+    both = "both"
 
 
 @dataclass
@@ -39,7 +69,7 @@ class EurekaConfig:
 class PreferenceConfig:
     enabled: bool = False
     """Fit a Bradley-Terry model on judge-labelled accidents and fine-tune the adversary with it."""
-    judge: str = "rules"
+    judge: JudgeKind = JudgeKind.rules
     """rules (the graded rule score) | llm (through ``llm``): who compares the pairs and labels the accidents."""
     finetune_timesteps: int = 1000
     effective_bonus: float = 10.0
@@ -82,11 +112,11 @@ class AttackConfig(JobConfig):
     accident_types: list[str] = field(default_factory=list)
     """Accident types to attack (one policy each); empty: each scenario's defaults (rewards.SCENARIO_TYPES).
     Ignored with taxonomy=llm."""
-    taxonomy: str = "expert"
+    taxonomy: TaxonomySource = TaxonomySource.expert
     """expert (the fixed taxonomy) | llm (per scenario the LLM proposes types with recognizers, through ``llm``;
     the fixed taxonomy when its answer is unusable). A type without an expert reward gets an LLM reward."""
     proposals: ProposalConfig = field(default_factory=ProposalConfig)
-    victim: str = "idm"
+    victim: VictimKind = VictimKind.idm
     """idm (rule-based) | rl (a frozen SB3 policy from victim_checkpoint)."""
     victim_checkpoint: str | None = None
     """SB3 .zip written by the aed.victim job (victim=rl)."""
@@ -96,7 +126,7 @@ class AttackConfig(JobConfig):
     """highway-env config keys (e.g. vehicles_count) applied to every scenario."""
     max_steps: int | None = None
     """Policy steps per episode (default: the scenario's)."""
-    rewards: str = "expert"
+    rewards: RewardSource = RewardSource.expert
     """expert | llm (Eureka-style design through ``llm``, falling back to expert when every round fails) | both
     (the paper's comparison: each type trained once on each, same seeds; a table and a figure)."""
     llm: LLMConfig = field(default_factory=LLMConfig)
@@ -256,7 +286,7 @@ def _propose(cfg: AttackConfig, tracker: Tracker) -> dict[str, list[dict]]:
 class VictimConfig(JobConfig):
     job: str = "aed.victim"
     scenario: str = "highway"
-    algo: str = "dqn"
+    algo: RLAlgo = RLAlgo.dqn
     """dqn | ppo."""
     timesteps: int = 5000
     env_overrides: dict[str, Any] = field(default_factory=dict)

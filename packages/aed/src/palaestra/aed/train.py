@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 
@@ -80,9 +81,16 @@ def make_env(spec: AdversarySpec, render: bool = False, reward_fn=None):
     )
 
 
+class RLAlgo(StrEnum):
+    """The SB3 algorithm of a driving policy (adversary or victim)."""
+
+    dqn = "dqn"
+    ppo = "ppo"
+
+
 @dataclass
 class TrainSettings:
-    algo: str = "dqn"
+    algo: RLAlgo = RLAlgo.dqn
     """dqn (one adversary) | ppo."""
     timesteps: int = 2000
     """Environment steps of training (per accident type)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from palaestra.egpo import bfcl
@@ -48,6 +49,28 @@ DEFAULT_CATEGORIES = list(bfcl.ALL_CATEGORIES)
 PROMPTS = ("palaestra", "bfcl_fc")
 
 
+class EvalPolicy(StrEnum):
+    """What answers: the model, or an oracle that checks the harness (ground truth, or a wrong answer)."""
+
+    model = "model"
+    ground_truth = "ground_truth"
+    wrong = "wrong"
+
+
+class Decoder(StrEnum):
+    """How a response becomes calls (`DECODERS`)."""
+
+    palaestra = "palaestra"
+    bfcl = "bfcl"
+
+
+class PromptFormat(StrEnum):
+    """How tasks are put to the model (`PROMPTS`)."""
+
+    palaestra = "palaestra"
+    bfcl_fc = "bfcl_fc"
+
+
 @dataclass
 class BfclEvalConfig(JobConfig):
     """Evaluate a model on BFCL categories with the official checkers."""
@@ -60,7 +83,7 @@ class BfclEvalConfig(JobConfig):
     """Entries per category (None: all)."""
     limits: dict[str, int] = field(default_factory=dict)
     """Entries of the categories named here (instead of ``limit``): the first N in BFCL's order."""
-    policy: str = "model"
+    policy: EvalPolicy = EvalPolicy.model
     """model | ground_truth | wrong (the last two: the harness check, with an oracle instead of the model)."""
     temperature: float = 0.0
     """Sampling temperature (0: greedy)."""
@@ -70,9 +93,9 @@ class BfclEvalConfig(JobConfig):
     """Prompt + response tokens per conversation (multi-turn prompts carry all eight environments' docs)."""
     max_model_calls: int = 60
     """Model responses per multi-turn episode (all turns together); more truncates it (scored wrong)."""
-    decoder: str = "palaestra"
+    decoder: Decoder = Decoder.palaestra
     """palaestra (one malformed tool-call block fails the answer) | bfcl (BFCL's Qwen FC decoder: skipped)."""
-    prompt: str = "palaestra"
+    prompt: PromptFormat = PromptFormat.palaestra
     """palaestra (our system prompt, tools as JSON schema) | bfcl_fc (BFCL's FC-mode messages and function docs)."""
     write_bfcl_files: bool = True
     """Write BFCL's result / score files and score CSV under ``<output_dir>/bfcl``."""
