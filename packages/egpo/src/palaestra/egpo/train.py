@@ -18,6 +18,7 @@ evaluation of the trained policy at the end, logged in the same MLflow run. GRPO
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,9 +200,11 @@ def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
         out = trainer.train()
     if cfg.eval.categories:
         from palaestra.egpo.eval import BfclEvalConfig, evaluate_with_client
+        from palaestra.shared.rl import checkpoint
 
+        trained = checkpoint.latest(trainer.ckpt_dir)  # the policy evaluated: named by its saved checkpoint
         eval_cfg = BfclEvalConfig(
-            llm=cfg.llm,
+            llm=dataclasses.replace(cfg.llm, model=str(trained)) if trained else cfg.llm,
             categories=list(cfg.eval.categories),
             limit=cfg.eval.limit,
             limits=dict(cfg.eval.limits),
