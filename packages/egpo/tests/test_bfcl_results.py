@@ -55,7 +55,6 @@ def test_summary_formula_by_hand():
     assert summary["overall"] == pytest.approx(0.1705)
 
 
-@pytest.mark.slow  # BFCL's leaderboard code loads every category's data (about 30 s)
 def test_summary_and_csv_equal_bfcls_own_leaderboard_code(tmp_path):
     from bfcl_eval.eval_checker.eval_runner_helper import generate_leaderboard_csv
 
@@ -72,7 +71,6 @@ def test_summary_and_csv_equal_bfcls_own_leaderboard_code(tmp_path):
         assert ours[column] == theirs[column], (column, ours[column], theirs[column])
 
 
-@pytest.mark.slow  # BFCL's runner over five categories (about 30 s)
 def test_bfcls_own_scorer_reads_our_result_files(tmp_path):
     from bfcl_eval.eval_checker.eval_runner import runner
 
