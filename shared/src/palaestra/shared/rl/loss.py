@@ -54,7 +54,7 @@ class LossConfig:
     epsilon_high: float | None = None
     """Upper clip range: ratio <= 1 + epsilon_high (None: epsilon; DAPO's clip-higher uses e.g. 0.28)."""
     dual_clip: float | None = None
-    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (None: off; MARS uses 3)."""
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (None: off; MARS: 1 + 2ε = 1.4)."""
     kl_coef: float = 0.0
     """β of the k3 KL to the frozen reference model (0: no reference model is kept)."""
     reduction: Reduction = Reduction.grpo
