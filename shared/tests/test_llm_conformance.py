@@ -129,3 +129,11 @@ def test_chat_with_tools_renders_and_generates(client):
     # the chat path equals rendering then generating from token ids
     again = client.generate([out.prompt_token_ids for out in outs], SamplingParams(temperature=0, max_tokens=6))
     assert [x.token_ids for x in again] == [x.token_ids for x in outs]
+
+
+def test_top_k_one_equals_greedy(client):
+    """top_k reaches the sampler (over the OpenAI backend as vLLM's extra body field): k=1 at T=1 is greedy."""
+    prompts = ["Once upon a time", "1 2 3"]
+    greedy = client.generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    top1 = client.generate(prompts, SamplingParams(temperature=1.0, top_k=1, max_tokens=8, seed=11))
+    assert [o.token_ids for o in top1] == [o.token_ids for o in greedy]

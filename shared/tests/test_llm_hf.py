@@ -41,6 +41,31 @@ def test_sampling_logprobs_are_raw_model_logprobs_not_tempered(tiny_llm):
     assert torch.allclose(torch.tensor(out.logprobs), ref, atol=1e-4)
 
 
+def test_top_k_one_is_greedy_and_top_k_never_leaves_the_k_most_likely(tiny_llm):
+    greedy = tiny_llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10))
+    top1 = tiny_llm.generate(PROMPTS, SamplingParams(temperature=1.0, top_k=1, max_tokens=10, seed=3))
+    assert [o.token_ids for o in top1] == [o.token_ids for o in greedy]
+    k = 3
+    outs = tiny_llm.generate(PROMPTS, SamplingParams(temperature=1.5, top_k=k, max_tokens=12, n=4, seed=5))
+    for out in outs:
+        ids = torch.tensor([out.prompt_token_ids + out.token_ids])
+        with torch.no_grad():
+            logits = tiny_llm.model(ids).logits[0, len(out.prompt_token_ids) - 1 : -1].float()
+        ranks = (logits > logits.gather(1, torch.tensor(out.token_ids)[:, None])).sum(1)
+        assert ranks.max().item() < k  # each sampled token is among the k most likely at its position
+    # without top_k the same temperature leaves the top 3 (the check above can fail)
+    free = tiny_llm.generate(PROMPTS, SamplingParams(temperature=1.5, max_tokens=12, n=4, seed=5))
+    worst = 0
+    for out in free:
+        ids = torch.tensor([out.prompt_token_ids + out.token_ids])
+        with torch.no_grad():
+            logits = tiny_llm.model(ids).logits[0, len(out.prompt_token_ids) - 1 : -1].float()
+        worst = max(worst, (logits > logits.gather(1, torch.tensor(out.token_ids)[:, None])).sum(1).max().item())
+    assert worst >= k
+    with pytest.raises(LLMError, match="top_k"):
+        tiny_llm.generate(PROMPTS, SamplingParams(temperature=1.0, top_k=-1))
+
+
 def test_seed_reproducible_and_n_consecutive(tiny_llm):
     params = SamplingParams(temperature=1.0, max_tokens=10, n=3, seed=7)
     a = tiny_llm.generate(PROMPTS[:2], params)

@@ -38,7 +38,7 @@ def test_experiment_configs_resolve(name):
         # MARS's code: dual clip 1 + 2ε (base_worker.py), agg_loss seq-mean-token-sum, sampling T 0.6 / top_p 0.99
         assert cfg.loss.dual_clip == pytest.approx(1 + 2 * cfg.loss.epsilon)
         assert cfg.loss.reduction == "seq-mean-token-sum"
-        assert cfg.rollout.temperature == 0.6 and cfg.rollout.top_p == 0.99
+        assert cfg.rollout.temperature == 0.6 and cfg.rollout.top_p == 0.99 and cfg.rollout.top_k == 100
     if name == "quickstart.yaml":
         from palaestra.shared.jobs import _stage_config
 

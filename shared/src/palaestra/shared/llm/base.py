@@ -68,6 +68,9 @@ class SamplingParams:
     temperature: float = 1.0
     """0 means greedy."""
     top_p: float = 1.0
+    top_k: int = 0
+    """Sample only among the k most likely tokens; 0 = off (transformers and vllm backends; the openai backend
+    sends it as vLLM's extra body field ``top_k``, which ``palaestra serve`` and vLLM honour)."""
     max_tokens: int = 128
     stop: list[str] = field(default_factory=list)
     """Stop strings; the completion ends after the first one (included in the text)."""

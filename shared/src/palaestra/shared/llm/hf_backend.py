@@ -222,7 +222,7 @@ class TransformersClient(LLMClient):
             do_sample=sample,
             temperature=params.temperature if sample else None,
             top_p=params.top_p if sample else None,
-            top_k=0 if sample else None,
+            top_k=params.top_k if sample else None,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.tokenizer.pad_token_id,
         )
@@ -340,6 +340,8 @@ def _check_params(params: SamplingParams) -> None:
         raise LLMError(f"temperature must be >= 0, got {params.temperature}")
     if not 0 < params.top_p <= 1:
         raise LLMError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < 0:
+        raise LLMError(f"top_k must be >= 0 (0 = off), got {params.top_k}")
     if params.top_logprobs < 0:
         raise LLMError(f"top_logprobs must be >= 0, got {params.top_logprobs}")
     if params.max_tokens < 1 or params.n < 1:

@@ -100,8 +100,13 @@ class OpenAIClient(LLMClient):
             "max_tokens": params.max_tokens,
             "n": params.n,
         }
+        extra: dict[str, Any] = {}
         if self._ask_token_ids:
-            kwargs["extra_body"] = {"return_token_ids": True}
+            extra["return_token_ids"] = True
+        if params.top_k > 0:  # not an OpenAI field: vLLM's (and palaestra serve's) extra body field
+            extra["top_k"] = params.top_k
+        if extra:
+            kwargs["extra_body"] = extra
         if params.stop:
             kwargs["stop"] = list(params.stop)
         if params.seed is not None:

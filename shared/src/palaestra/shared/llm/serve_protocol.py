@@ -98,6 +98,8 @@ class _SamplingRequest(_Model):
     model: StrictStr | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
+    top_k: StrictInt | None = None
+    """vLLM's extra field: sample among the k most likely tokens; 0 or -1 = off."""
     max_tokens: Count | None = None
     n: Count | None = None
     stop: StrictStr | list[StrictStr] | None = None
@@ -117,6 +119,8 @@ class _SamplingRequest(_Model):
         for name in ("frequency_penalty", "presence_penalty"):
             if getattr(self, name) not in (None, 0):
                 raise ValueError(f"{name} is not supported by palaestra serve (only 0)")
+        if self.top_k is not None and self.top_k < -1:
+            raise ValueError(f"top_k must be >= -1 (0 or -1 = off), got {self.top_k}")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported by palaestra serve")
         if self.best_of not in (None, 1):
@@ -138,6 +142,7 @@ class _SamplingRequest(_Model):
         return SamplingParams(
             temperature=float(self.temperature if self.temperature is not None else 1.0),
             top_p=float(self.top_p if self.top_p is not None else 1.0),
+            top_k=max(self.top_k or 0, 0),
             max_tokens=self.max_tokens_asked(),
             stop=self.stops(),
             n=self.n or 1,

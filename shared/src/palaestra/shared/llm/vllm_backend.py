@@ -77,6 +77,7 @@ class VLLMClient(LLMClient):
             n=params.n,
             temperature=params.temperature,
             top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,  # vLLM's "off" is -1
             max_tokens=params.max_tokens,
             stop=list(params.stop) or None,
             seed=params.seed,

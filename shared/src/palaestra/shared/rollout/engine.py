@@ -44,6 +44,8 @@ class RolloutConfig:
     """Prompt + response tokens per agent conversation."""
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    """Sample among the k most likely tokens; 0 = off."""
     stop: list[str] = field(default_factory=list)
 
 
@@ -231,6 +233,7 @@ class RolloutEngine:
         params = SamplingParams(
             temperature=self.cfg.temperature,
             top_p=self.cfg.top_p,
+            top_k=self.cfg.top_k,
             max_tokens=self.cfg.max_tokens_per_turn,
             stop=list(self.cfg.stop),
             seed=seed,
