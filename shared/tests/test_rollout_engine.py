@@ -107,6 +107,32 @@ def test_responses_equal_plain_generation_on_the_same_prompt(tiny_llm):
         assert t.turns[0].response_logprobs == pytest.approx(direct.logprobs)
 
 
+def test_response_prefix_is_prompt_tokens_and_the_env_reads_prefix_plus_response(tiny_llm):
+    prefix = "<think>\n"
+    cfg = RolloutConfig(max_tokens_per_turn=5, max_turns=10, temperature=0.0, response_prefix=prefix)
+    envs = []
+    trajs = RolloutEngine(tiny_llm, cfg).run(specs(lambda: envs.append(ToolLoopEnv(2)) or envs[-1], 2)).trajectories
+    prefix_ids = tiny_llm.tokenizer.encode(prefix, add_special_tokens=False)
+    assert prefix_ids and tiny_llm.tokenizer.decode(prefix_ids) == prefix
+    for traj, env in zip(trajs, envs):
+        seed = traj.info["task"]["seed"]
+        rendered = tiny_llm.render([{"role": "user", "content": f"task {seed}"}])
+        assert traj.turns[0].prompt_ids == rendered + prefix_ids  # right after the generation prompt
+        seq = traj.to_sequence()
+        for turn in traj.turns:
+            start = len(turn.prompt_ids)
+            # every response starts right after the prefix's exact ids, which are prompt (untrained) tokens
+            assert seq.input_ids[start - len(prefix_ids) : start] == prefix_ids
+            assert seq.loss_mask[start - len(prefix_ids) : start] == [0] * len(prefix_ids)
+            assert seq.input_ids[start : start + len(turn.response_ids)] == turn.response_ids
+        # greedy: the response is the plain continuation of template + prefix
+        direct = tiny_llm.generate([rendered + prefix_ids], SamplingParams(temperature=0.0, max_tokens=5))[0]
+        assert traj.turns[0].response_ids == direct.token_ids
+        # the env read the whole response: the forced prefix, then the generated text
+        assert env.seen == [prefix + turn.text for turn in traj.turns]
+        assert all(s.startswith(prefix) for s in env.seen)
+
+
 def test_multi_agent_rewards_go_to_each_seat(tiny_llm):
     engine = RolloutEngine(tiny_llm, RolloutConfig(max_tokens_per_turn=4))
     result = engine.run(specs(TwoSeatEnv, 2), seed=1)

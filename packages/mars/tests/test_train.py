@@ -39,6 +39,7 @@ def test_experiment_configs_resolve(name):
         assert cfg.loss.dual_clip == pytest.approx(1 + 2 * cfg.loss.epsilon)
         assert cfg.loss.reduction == "seq-mean-token-sum"
         assert cfg.rollout.temperature == 0.6 and cfg.rollout.top_p == 0.99 and cfg.rollout.top_k == 100
+        assert cfg.rollout.response_prefix == "<think>\n"  # MARS's forced start of the response
     if name == "quickstart.yaml":
         from palaestra.shared.jobs import _stage_config
 

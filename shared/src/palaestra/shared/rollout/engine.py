@@ -47,6 +47,10 @@ class RolloutConfig:
     top_k: int = 0
     """Sample among the k most likely tokens; 0 = off."""
     stop: list[str] = field(default_factory=list)
+    response_prefix: str = ""
+    """Text forced at the start of every response (e.g. MARS's ``"<think>\\n"``): its tokens go after the
+    generation prompt as prompt tokens (not sampled, so not trained; MARS appends it to the prompt text), and the
+    env's `step` gets the prefix + the generated text, the whole response as the env would read it."""
 
 
 @dataclass
@@ -132,6 +136,8 @@ class RolloutEngine:
         # never ask the backend for more than the model holds: it would refuse the prompt and stop the run
         model_context = getattr(client, "context_length", None)
         self.max_context = min(cfg.max_context_tokens, model_context) if model_context else cfg.max_context_tokens
+        prefix = cfg.response_prefix
+        self.prefix_ids = client.tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
 
     def run(self, specs: Sequence[EpisodeSpec], seed: int = 0) -> RolloutResult:
         start = time.perf_counter()
@@ -180,6 +186,7 @@ class RolloutEngine:
             else:
                 last = traj.turns[-1]
                 prompt = self.chat.extend(last.prompt_ids, last.response_ids, messages)
+            prompt = prompt + self.prefix_ids
         except Exception as err:  # the env broke: this episode is lost, the rollout goes on
             ep.fail(err)
             return None
@@ -205,7 +212,7 @@ class RolloutEngine:
             return
         if finish == "length":
             ep.traj(agent).truncated, ep.traj(agent).limit = True, "max_tokens"
-        step = ep.env.step(text)
+        step = ep.env.step(self.cfg.response_prefix + text)
         turn.action = step.info.get("action")
         turn.error = step.info.get("format_error")
         for who, reward in step.rewards.items():
