@@ -133,6 +133,20 @@ def test_response_prefix_is_prompt_tokens_and_the_env_reads_prefix_plus_response
         assert all(s.startswith(prefix) for s in env.seen)
 
 
+class NotedEnv(ToolLoopEnv):
+    def note_response(self, tokens, truncated):
+        self.notes = getattr(self, "notes", []) + [(tokens, truncated)]
+
+
+def test_env_is_told_each_responses_token_count_and_cut(tiny_llm):
+    envs = []
+    cfg = RolloutConfig(max_tokens_per_turn=3, max_turns=10, temperature=1.0)
+    trajs = RolloutEngine(tiny_llm, cfg).run(specs(lambda: envs.append(NotedEnv(3)) or envs[-1], 4)).trajectories
+    for traj, env in zip(trajs, envs):
+        assert env.notes == [(len(t.response_ids), t.finish_reason == "length") for t in traj.turns]
+    assert any(cut for env in envs for _, cut in env.notes)
+
+
 def test_multi_agent_rewards_go_to_each_seat(tiny_llm):
     engine = RolloutEngine(tiny_llm, RolloutConfig(max_tokens_per_turn=4))
     result = engine.run(specs(TwoSeatEnv, 2), seed=1)

@@ -274,3 +274,58 @@ def test_full_prompt_uses_marss_turn_framing():
     env.observe("player_0")
     env.step(render_response("<BET>"))
     assert env.observe("player_1")[1]["content"].startswith("PLAYER INFORMATION:")
+
+
+def _marss_length_penalty(token_length: int) -> float:
+    """MARS's compute_length_penalty (env_manager.py), written out: scale upper 0, lower 0.5, 11..2048, coef 1."""
+    reward = 1 - (token_length - 11) / (2048 - 11)
+    if reward > 0:
+        reward *= 0.0
+    if reward < 0:
+        reward *= 0.5
+    return reward
+
+
+@pytest.mark.parametrize("tokens", [5, 11, 300, 2048, 2049, 3000, 4085, 6000])
+def test_length_penalty_matches_marss_rule(tokens):
+    env = GameEnv("tic_tac_toe", Shaping(valid_turn_bonus=0.05, length_penalty=0.5, length_min=11, length_max=2048))
+    env.reset(0)
+    env.note_response(tokens, truncated=False)
+    step = env.step(render_response("<X(1,1)>"))
+    assert not step.terminated
+    assert step.rewards["player_0"] == pytest.approx(0.05 + _marss_length_penalty(tokens))
+    assert step.rewards["player_1"] == 0.0
+    if tokens == 4085:  # r = 1 - (4085 - 11) / 2037 = -1 exactly
+        assert step.rewards["player_0"] == pytest.approx(0.05 - 0.5)
+    # the note covers one response only: the next step, told nothing, has no length term
+    step = env.step(render_response("<O(0,0)>"))
+    assert step.rewards["player_1"] == pytest.approx(0.05)
+
+
+def test_truncated_response_is_a_format_loss_only_when_asked():
+    for rule, loss in ((True, True), (False, False)):
+        env = GameEnv("tic_tac_toe", Shaping(truncated_is_format_loss=rule, length_penalty=0.5))
+        env.reset(0)
+        env.note_response(4096, truncated=True)
+        step = env.step(render_response("<X(1,1)>"))  # well formed, but cut by the token limit
+        assert step.terminated is loss and step.info.get("format_loss", False) is loss
+        expected = (-11.0 if loss else 0.05) + _marss_length_penalty(4096)
+        assert step.rewards["player_0"] == pytest.approx(expected)
+
+
+def test_the_rollout_engine_tells_the_env_the_length_and_the_cut(tiny_llm):
+    from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
+
+    shaping = Shaping(truncated_is_format_loss=True, length_penalty=0.5, length_min=0, length_max=1)
+    cfg = RolloutConfig(max_tokens_per_turn=2, temperature=1.0)
+    specs = [EpisodeSpec(lambda: GameEnv("tic_tac_toe", shaping), seed=i, group_id=str(i)) for i in range(4)]
+    trajs = RolloutEngine(tiny_llm, cfg).run(specs, seed=0).trajectories
+    first = [t for t in trajs if t.agent == "player_0"]
+    for t in first:
+        turn = t.turns[0]
+        n = len(turn.response_ids)
+        if turn.finish_reason == "length":  # cut: a format loss, whatever the text
+            assert t.info["final"]["format_error"] == "the response hit the token limit"
+        # -11 for the loss (2 tokens cannot hold a well-formed answer) plus 0.5 * (1 - n), MARS's rule on 0..1
+        assert turn.reward == pytest.approx(-11.0 + 0.5 * min(0.0, 1 - n))
+    assert any(t.turns[0].finish_reason == "length" for t in first)

@@ -40,6 +40,8 @@ def test_experiment_configs_resolve(name):
         assert cfg.loss.reduction == "seq-mean-token-sum"
         assert cfg.rollout.temperature == 0.6 and cfg.rollout.top_p == 0.99 and cfg.rollout.top_k == 100
         assert cfg.rollout.response_prefix == "<think>\n"  # MARS's forced start of the response
+        assert cfg.shaping.truncated_is_format_loss and cfg.shaping.length_penalty == 0.5
+        assert (cfg.shaping.length_min, cfg.shaping.length_max) == (11, 2048)
     if name == "quickstart.yaml":
         from palaestra.shared.jobs import _stage_config
 

@@ -16,6 +16,9 @@ change in each player's OpenSpiel return, plus the shaping of `Shaping`
 games, never in poker, and in Hanabi when the last step's reward is 0, as
 MARS's env code does: `Game.pays_draw_bonus`). Chance nodes are
 sampled by the env from its seeded RNG, so ``reset(seed)`` fixes the deal.
+As options (MARS's code, on in the paper config): a response that hit the
+token limit is a format loss, and a response longer than 2,048 tokens costs
+its agent MARS's length penalty (`Shaping.length_reward`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,23 @@ class Shaping:
     """Extra penalty on a format loss, on top of losing (board -1, poker -bet, Hanabi -score)."""
     require_think: bool = True
     """Require the ``<think>...</think>`` block before ``<answer>`` (False: the answer alone is enough)."""
+    truncated_is_format_loss: bool = False
+    """A response that hit the token limit is a format loss (MARS: ``token_length >= 4096`` = max_new_tokens)."""
+    length_penalty: float = 0.0
+    """MARS's length penalty (env_manager.py ``compute_length_penalty``): with L the response's token count,
+    r = 1 - (L - length_min) / (length_max - length_min), and the acting agent gets ``length_penalty * r`` when
+    r < 0 (nothing otherwise: MARS's upper scale is 0), on every turn. MARS: 0.5, 11, 2048. 0 = off."""
+    length_min: int = 11
+    length_max: int = 2048
+
+    def __post_init__(self):
+        if self.length_max <= self.length_min:
+            raise ValueError(f"length_max ({self.length_max}) must exceed length_min ({self.length_min})")
+
+    def length_reward(self, tokens: int) -> float:
+        """The length term for a response of `tokens` tokens (<= 0)."""
+        r = 1.0 - (tokens - self.length_min) / (self.length_max - self.length_min)
+        return self.length_penalty * r if r < 0 else 0.0
 
 
 def agent_name(player: int) -> str:
@@ -96,6 +116,7 @@ class GameEnv(TextEnv):
         self.env_type = self.game.name
         self.state = None
         self._rng = random.Random(0)
+        self._response: tuple[int | None, bool] = (None, False)
 
     # -- protocol ---------------------------------------------------------------
     def reset(self, seed: int | None = None) -> dict[str, Any]:
@@ -112,6 +133,7 @@ class GameEnv(TextEnv):
         self._moves = 0  # moves made so far by all agents: MARS's "Turn-k" counts them
         self.turns = {a: 0 for a in self.agents}
         self.format_loser: str | None = None
+        self._response = (None, False)
         self.done = self.state.is_terminal()
         return {"game": self.game.name, "seed": seed}
 
@@ -185,15 +207,24 @@ class GameEnv(TextEnv):
         """Apply the acting agent's raw response text."""
         if self.done:
             raise RuntimeError("step() on a finished game; call reset()")
+        (tokens, truncated), self._response = self._response, (None, False)
+        agent = agent_name(self.state.current_player())
         action_text, error = parse_answer(action, self.shaping.require_think)
         action_id = None
-        if error is None:
+        if truncated and self.shaping.truncated_is_format_loss:
+            error = "the response hit the token limit"
+        elif error is None:
             action_id = self.game.action_from_string(self.state, action_text)
             if action_id is None:
                 error = f"{action_text!r} is not a legal action"
-        if error is not None:
-            return self._format_loss(error, action_text)
-        return self.step_action(action_id)
+        step = self._format_loss(error, action_text) if error is not None else self.step_action(action_id)
+        if tokens is not None:
+            step.rewards[agent] = step.rewards.get(agent, 0.0) + self.shaping.length_reward(tokens)
+        return step
+
+    def note_response(self, tokens: int, truncated: bool) -> None:
+        """The next `step`'s response length (the rollout engine tells it): scored by the length rules."""
+        self._response = (tokens, truncated)
 
     def step_action(self, action_id: int) -> Step:
         """Apply a legal OpenSpiel action of the acting agent (scripted players use this directly)."""
