@@ -110,6 +110,7 @@ def compute_advantages(steps: Sequence[AdvantageStep], batch: AdvantageInput) ->
         fn = ADVANTAGES.get(step.name)
         _check_options(step, fn)
         values = fn(values, batch, **step.options)
+    assert values is not None  # the pipeline is not empty
     return values
 
 
@@ -306,4 +307,4 @@ def entropy_clipped(
     return out
 
 
-entropy_clipped.uses_entropy = True
+entropy_clipped.uses_entropy = True  # type: ignore[attr-defined]

@@ -111,13 +111,13 @@ def micro_batches(batch: TrainBatch, idx: torch.Tensor, max_tokens: int = 0, max
         return [idx]
     lengths = batch.attention_mask[idx].sum(-1)
     order = idx[torch.argsort(lengths, descending=True, stable=True)]
-    lengths = batch.attention_mask[order].sum(-1).tolist()
+    row_lengths = batch.attention_mask[order].sum(-1).tolist()
     parts: list[torch.Tensor] = []
     start = 0
     for end in range(1, len(order) + 1):
         # rows are sorted by length, so the first row of a part is its longest
         too_many = max_rows and end - start > max_rows
-        too_long = max_tokens and end - start > 1 and (end - start) * lengths[start] > max_tokens
+        too_long = max_tokens and end - start > 1 and (end - start) * row_lengths[start] > max_tokens
         if too_many or too_long:
             parts.append(order[start : end - 1])
             start = end - 1
@@ -146,7 +146,7 @@ def score_batch(
             positions=mb.loss_mask.to(device) > 0,
         )
         logps[idx, : lp.shape[1]] = lp.float().cpu()
-        if with_entropy:
+        if ents is not None and ent is not None:
             ents[idx, : ent.shape[1]] = ent.float().cpu()
     return logps, ents
 

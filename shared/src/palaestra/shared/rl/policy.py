@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from palaestra.shared.config import ConfigError
-from palaestra.shared.llm.base import LLMClient, make_client
+from palaestra.shared.llm.base import DType, LLMClient, make_client
 from palaestra.shared.llm.hf_backend import resolve_device
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.config import LoraConfig, TrainConfig, learner_dtypes
@@ -35,7 +35,7 @@ def check_learner(cfg: TrainConfig) -> None:
 def load_policy(cfg: TrainConfig) -> tuple[LLMClient, torch.nn.Module, torch.dtype]:
     """The learner's client, its model (LoRA-wrapped when enabled) and the compute dtype."""
     check_learner(cfg)
-    client = make_client(dataclasses.replace(cfg.llm, dtype="float32"))
+    client = make_client(dataclasses.replace(cfg.llm, dtype=DType.float32))
     model = client.model
     compute_dtype = getattr(torch, learner_dtypes(cfg.learner, cfg.llm, next(model.parameters()).device.type))
     if cfg.learner.gradient_checkpointing:

@@ -139,7 +139,7 @@ class Trainer:
         self.think_ids = think_token_ids(self.tokenizer)
         if cfg.loss.reduction == "dr_grpo" and not cfg.loss.max_len:
             cfg.loss.max_len = cfg.rollout.max_tokens_per_turn
-        self.ref_model = None
+        self.ref_model: torch.nn.Module | None = None
         self.learner: DistributedLearner | None = None  # learner.world_size > 1: the ranks (rl/distributed.py)
         self.rollouts: LocalRollouts | RayRollouts | None = None
         self.eval_hook = eval_hook or (_default_eval if cfg.eval_tasks else None)
@@ -267,6 +267,7 @@ class Trainer:
         """The eval hook at the current step (once per step: a repeated call returns the same metrics)."""
         if self.eval_history and self.eval_history[-1][0] == self.step:
             return self.eval_history[-1][1]
+        assert self.eval_hook is not None, "no eval hook (eval_tasks is 0)"
         metrics = self.eval_hook(self, self.step)
         self.eval_history.append((self.step, metrics))
         return metrics
@@ -276,6 +277,7 @@ class Trainer:
         cfg, t0 = self.cfg, time.perf_counter()
         # 1. rollout
         self.model.eval()
+        assert self.rollouts is not None  # prepare() started them
         result = self.rollouts.run(self.draw_tasks(self.step), seed=cfg.seed * 100_003 + self.step)
         trajs = [t for t in result.trajectories if not t.failed and t.num_response_tokens > 0]
         if not trajs:
@@ -346,6 +348,7 @@ class Trainer:
         """Mean reward per trajectory over fixed tasks, with a 95% confidence interval (normal approximation)."""
         self.prepare()
         self.model.eval()
+        assert self.rollouts is not None  # prepare() started them
         metrics = reward_summary(self.rollouts.run(eval_specs(self.cfg), seed=self.cfg.seed * 100_003 - 1))
         self.tracker.log_metrics({f"eval/{k}": v for k, v in metrics.items()}, step=self.step)
         return metrics
@@ -367,7 +370,7 @@ class Trainer:
             tokens = self.cfg.learner.micro_batch_tokens
             return self.learner.score(batch, self.cfg.rollout.temperature, tokens, with_entropy=False, ref=True)[0]
         model = self.ref_model if self.ref_model is not None else self.model
-        with contextlib.nullcontext() if self.ref_model is not None else self.model.disable_adapter():
+        with contextlib.nullcontext() if self.ref_model is not None else self.model.disable_adapter():  # type: ignore[operator]
             tokens = self.cfg.learner.micro_batch_tokens
             return score_batch(model, batch, self.cfg.rollout.temperature, tokens, mb, with_entropy=False)[0]
 

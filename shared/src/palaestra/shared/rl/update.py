@@ -97,6 +97,7 @@ def accumulate_gradients(
     for part in micro_batches(batch, idx, micro_batch_tokens):
         rows = batch.rows(part)
         old, adv, ref, ent = (_cut(x, part, rows, device) for x in (old_logps, advantages, ref_logps, entropies))
+        assert adv is not None  # advantages always come with the batch
         loss, m = micro_batch_loss(
             model,
             rows,
