@@ -31,7 +31,7 @@ RL = {"job": "rl.train", "envs": [{"name": "task", "kwargs": {"source": "next_nu
         ("sft_warmup.source=nxt_number", "invalid value for 'sft_warmup.source': unknown task source"),
         ("llm.backend=transformer", "unknown LLM backend 'transformer'; did you mean 'transformers'"),
         ("llm.model=tinny", "invalid value for 'llm.model'"),
-        ("loss.reduction=dapoo", "expected one of [grpo, dapo, dr_grpo]; did you mean 'dapo'"),
+        ("loss.reduction=dapoo", f"expected one of [{', '.join(m.name for m in Reduction)}]; did you mean 'dapo'"),
         ("llm.dtype=bfloat61", "did you mean 'bfloat16'"),
         ("advantages=[{name: entropy_clipped, options: {lamb: 0.4}}]", "takes no argument 'lamb'; did you mean 'lam'"),
     ],
@@ -160,7 +160,7 @@ def test_show_prints_every_field_with_type_default_and_docstring():
     out = _palaestra("show", "rl.train")
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert "loss.reduction: Reduction {grpo, dapo, dr_grpo} = grpo" in text
+    assert f"loss.reduction: Reduction {{{', '.join(m.name for m in Reduction)}}} = grpo" in text
     assert "\nsteps: int = 10\n    RL steps (one rollout + its updates each).\n" in text
     assert "envs[].name: str = task" in text
     from palaestra.shared.rl.loss import LossConfig as Loss
