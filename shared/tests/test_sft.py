@@ -100,3 +100,12 @@ def test_bad_data_is_a_clear_error(tmp_path):
         load_samples(SFTOptions(data_path=str(bad)))
     with pytest.raises(ConfigError, match="not found"):
         load_samples(SFTOptions(data_path=str(tmp_path / "missing.jsonl")))
+
+
+def test_max_length_that_cuts_every_assistant_token_is_a_clear_error(tiny_llm):
+    tok = tiny_llm.tokenizer
+    ids, mask = tokenize(tok, CONVERSATION, 4096)
+    first = mask.index(1)
+    assert any(tokenize(tok, CONVERSATION, first + 1)[1])  # one assistant token left: trainable
+    with pytest.raises(ConfigError, match=f"max_length {first} cuts every assistant token"):
+        tokenize(tok, CONVERSATION, first)

@@ -73,6 +73,11 @@ def tokenize(tokenizer, sample: dict, max_length: int) -> tuple[list[int], list[
     ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
     if not any(mask):
         raise ValueError("the chat template marks no assistant tokens (it needs {% generation %} markers)")
+    if not any(mask[:max_length]):  # else the batch loss would be 0/0 = NaN mid-run
+        raise ConfigError(
+            f"sft: max_length {max_length} cuts every assistant token of a {len(ids)}-token conversation "
+            f"(its first assistant token is at {mask.index(1)}); raise max_length"
+        )
     return ids[:max_length], mask[:max_length]
 
 
