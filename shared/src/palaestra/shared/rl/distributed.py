@@ -45,7 +45,6 @@ The ranks themselves are in rl/distributed_rank.py.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ from palaestra.shared.rl.batch import TrainBatch
 from palaestra.shared.rl.config import LearnerConfig, OptimConfig, TrainConfig
 from palaestra.shared.rl.distributed_rank import STRATEGIES, LearnerRank
 from palaestra.shared.rl.loss import LossConfig
-from palaestra.shared.rl.update import NonFiniteLoss
+from palaestra.shared.rl.update import over_minibatches
 
 
 class DistributedLearner:
@@ -183,33 +182,22 @@ class DistributedLearner:
     ) -> dict[str, float]:
         """`rl.update.ppo_update` on the ranks: the same shuffled minibatches (a function of seed and step),
         one `update` (optimizer step) each; the metrics averaged over the steps."""
-        mb = cfg.minibatch_size or len(batch)
-        gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
-        sums: dict[str, float] = {}
-        count = 0
-        for epoch in range(cfg.ppo_epochs):
-            order = torch.randperm(len(batch), generator=gen) if mb < len(batch) else torch.arange(len(batch))
-            for start in range(0, len(batch), mb):
-                m = self.update(
-                    batch,
-                    order[start : start + mb],
-                    advantages,
-                    cfg.loss,
-                    cfg.rollout.temperature,
-                    cfg.learner.micro_batch_tokens,
-                    old_logps=old_logps,
-                    ref_logps=ref_logps,
-                    entropies=entropies,
-                )
-                if not math.isfinite(m["loss"]):
-                    raise NonFiniteLoss(
-                        f"non-finite loss ({m['loss']}) at step {step + 1}, epoch {epoch}, minibatch {start // mb}"
-                    )
-                m.pop("tokens")
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-        return {k: v / count for k, v in sums.items()}
+        return over_minibatches(
+            cfg,
+            step,
+            len(batch),
+            lambda idx: self.update(
+                batch,
+                idx,
+                advantages,
+                cfg.loss,
+                cfg.rollout.temperature,
+                cfg.learner.micro_batch_tokens,
+                old_logps=old_logps,
+                ref_logps=ref_logps,
+                entropies=entropies,
+            ),
+        )
 
     def _all_indexed(self, call) -> list:
         return self.ray.get([call(r, i) for i, r in enumerate(self.ranks)])

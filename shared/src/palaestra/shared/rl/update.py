@@ -19,6 +19,7 @@ rows, multiplied by the world size when the gradients are averaged across ranks
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -144,35 +145,57 @@ def ppo_update(
     """``cfg.ppo_epochs`` passes over `batch` in shuffled minibatches of ``cfg.minibatch_size`` rows (0: all),
     one optimizer step each (gradients accumulated over micro-batches, clipped to ``optim.max_grad_norm``).
     The shuffle is a function of (seed, step). Returns the metrics averaged over the optimizer steps."""
-    mb = cfg.minibatch_size or len(batch)
+
+    def gradients(idx: torch.Tensor) -> dict[str, float]:
+        optimizer.zero_grad(set_to_none=True)
+        return accumulate_gradients(
+            model,
+            batch,
+            idx,
+            advantages,
+            cfg.loss,
+            cfg.rollout.temperature,
+            cfg.learner.micro_batch_tokens,
+            old_logps=old_logps,
+            ref_logps=ref_logps,
+            entropies=entropies,
+        )
+
+    def optimizer_step(m: dict[str, float]) -> None:
+        if cfg.optim.max_grad_norm:
+            params = [p for p in model.parameters() if p.requires_grad]
+            m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm))
+        optimizer.step()
+
+    return over_minibatches(cfg, step, len(batch), gradients, optimizer_step)
+
+
+def over_minibatches(
+    cfg: TrainConfig,
+    step: int,
+    rows: int,
+    update: Callable[[torch.Tensor], dict[str, float]],
+    apply: Callable[[dict[str, float]], None] | None = None,
+) -> dict[str, float]:
+    """The PPO schedule shared by the in-process and the sharded learner: ``cfg.ppo_epochs`` passes over
+    ``rows`` rows in shuffled minibatches (the shuffle a function of seed and step). ``update(idx)`` returns a
+    minibatch's metrics; a non-finite loss raises `NonFiniteLoss` before ``apply(metrics)`` (the optimizer
+    step). Returns the metrics averaged over the minibatches."""
+    mb = cfg.minibatch_size or rows
     gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
     sums: dict[str, float] = {}
     count = 0
     for epoch in range(cfg.ppo_epochs):
-        order = torch.randperm(len(batch), generator=gen) if mb < len(batch) else torch.arange(len(batch))
-        for start in range(0, len(batch), mb):
-            optimizer.zero_grad(set_to_none=True)
-            m = accumulate_gradients(
-                model,
-                batch,
-                order[start : start + mb],
-                advantages,
-                cfg.loss,
-                cfg.rollout.temperature,
-                cfg.learner.micro_batch_tokens,
-                old_logps=old_logps,
-                ref_logps=ref_logps,
-                entropies=entropies,
-            )
+        order = torch.randperm(rows, generator=gen) if mb < rows else torch.arange(rows)
+        for start in range(0, rows, mb):
+            m = update(order[start : start + mb])
             if not math.isfinite(m["loss"]):
                 raise NonFiniteLoss(
                     f"non-finite loss ({m['loss']}) at step {step + 1}, epoch {epoch}, minibatch {start // mb}"
                 )
             m.pop("tokens")
-            if cfg.optim.max_grad_norm:
-                params = [p for p in model.parameters() if p.requires_grad]
-                m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm))
-            optimizer.step()
+            if apply is not None:
+                apply(m)
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
             count += 1
