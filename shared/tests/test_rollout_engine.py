@@ -134,8 +134,8 @@ def test_response_prefix_is_prompt_tokens_and_the_env_reads_prefix_plus_response
 
 
 class NotedEnv(ToolLoopEnv):
-    def note_response(self, tokens, truncated):
-        self.notes = getattr(self, "notes", []) + [(tokens, truncated)]
+    def note_response(self, tokens, truncated, prompt_tokens=0):
+        self.notes = getattr(self, "notes", []) + [(tokens, truncated, prompt_tokens)]
 
 
 def test_env_is_told_each_responses_token_count_and_cut(tiny_llm):
@@ -143,8 +143,8 @@ def test_env_is_told_each_responses_token_count_and_cut(tiny_llm):
     cfg = RolloutConfig(max_tokens_per_turn=3, max_turns=10, temperature=1.0)
     trajs = RolloutEngine(tiny_llm, cfg).run(specs(lambda: envs.append(NotedEnv(3)) or envs[-1], 4)).trajectories
     for traj, env in zip(trajs, envs):
-        assert env.notes == [(len(t.response_ids), t.finish_reason == "length") for t in traj.turns]
-    assert any(cut for env in envs for _, cut in env.notes)
+        assert env.notes == [(len(t.response_ids), t.finish_reason == "length", len(t.prompt_ids)) for t in traj.turns]
+    assert any(cut for env in envs for _, cut, _ in env.notes)
 
 
 def test_multi_agent_rewards_go_to_each_seat(tiny_llm):

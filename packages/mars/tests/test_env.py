@@ -329,3 +329,59 @@ def test_the_rollout_engine_tells_the_env_the_length_and_the_cut(tiny_llm):
         # -11 for the loss (2 tokens cannot hold a well-formed answer) plus 0.5 * (1 - n), MARS's rule on 0..1
         assert turn.reward == pytest.approx(-11.0 + 0.5 * min(0.0, 1 - n))
     assert any(t.turns[0].finish_reason == "length" for t in first)
+
+
+def _marss_overlong_sequence(sequence_length: int, prompt_tokens: int, token_length: int) -> bool:
+    """MARS's get_env_input (env_manager.py), written out: token_left = sequence_length - current_sequence_length -
+    token_length, where current_sequence_length is the length of the prompt the model answered; overlong when
+    token_left <= 1000."""
+    token_left = sequence_length - prompt_tokens - token_length
+    return token_left <= 1000
+
+
+@pytest.mark.parametrize(("prompt_tokens", "tokens"), [(100, 50), (31000, 767), (31000, 768), (31767, 1), (0, 31768)])
+def test_overlong_sequence_is_a_format_loss_as_marss_rule(prompt_tokens, tokens):
+    loss = _marss_overlong_sequence(32768, prompt_tokens, tokens)
+    assert loss is ((prompt_tokens, tokens) in {(31000, 768), (31767, 1), (0, 31768)})  # the boundary: 1000 left
+    env = GameEnv("kuhn_poker", Shaping(sequence_length=32768, sequence_margin=1000))
+    env.reset(3)
+    env.note_response(tokens, truncated=False, prompt_tokens=prompt_tokens)
+    step = env.step(render_response("<BET>"))  # well formed and legal
+    assert step.terminated is loss and step.info.get("format_loss", False) is loss
+    # the offender loses its ante (1) and the format penalty 10, the other agent gets 0; else the bet goes through
+    assert step.rewards["player_0"] == pytest.approx(-11.0 if loss else 0.05)
+    assert step.rewards.get("player_1", 0.0) == 0.0
+    # off (sequence_length 0, the default): the same response is played
+    env = GameEnv("kuhn_poker")
+    env.reset(3)
+    env.note_response(tokens, truncated=False, prompt_tokens=prompt_tokens)
+    assert not env.step(render_response("<BET>")).terminated
+
+
+def test_overlong_sequence_settings_are_checked():
+    with pytest.raises(ValueError, match="sequence_margin"):
+        Shaping(sequence_length=1000, sequence_margin=1000)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        Shaping(sequence_length=-1)
+
+
+def test_the_rollout_engine_tells_the_env_the_prompt_length(tiny_llm):
+    """End to end: the overlong-sequence rule sees the prompt the engine built. The first prompt's length is
+    measured by a first rollout; a sequence of that + 100 tokens with margin 99 then loses the first move (at most
+    99 left after any non-empty response), + 400 does not (24 tokens at most per response)."""
+    from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
+
+    cfg = RolloutConfig(max_tokens_per_turn=24, temperature=1.0, max_turns=1, stop=["</answer>"])
+
+    def first_turn(shaping: Shaping):
+        spec = EpisodeSpec(lambda: GameEnv("kuhn_poker", shaping, prompt="compact"), seed=0, group_id="0")
+        trajs = RolloutEngine(tiny_llm, cfg).run([spec], seed=0).trajectories
+        return next(t for t in trajs if t.agent == "player_0").turns[0]
+
+    n = len(first_turn(Shaping()).prompt_ids)
+    why = "at most 99 tokens of the sequence are left"
+    for extra, loss in ((100, True), (400, False)):
+        turn = first_turn(Shaping(sequence_length=n + extra, sequence_margin=99))
+        assert len(turn.prompt_ids) == n and 1 <= len(turn.response_ids) <= 24
+        assert _marss_overlong_sequence(n + extra + 901, len(turn.prompt_ids), len(turn.response_ids)) is loss
+        assert (turn.error == why) is loss

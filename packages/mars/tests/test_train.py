@@ -42,6 +42,9 @@ def test_experiment_configs_resolve(name):
         assert cfg.rollout.response_prefix == "<think>\n"  # MARS's forced start of the response
         assert cfg.shaping.truncated_is_format_loss and cfg.shaping.length_penalty == 0.5
         assert (cfg.shaping.length_min, cfg.shaping.length_max) == (11, 2048)
+        # MARS's overlong_sequence: <= 1,000 of its sequence_length 32,768 left is a format loss
+        assert (cfg.shaping.sequence_length, cfg.shaping.sequence_margin) == (32768, 1000)
+        assert cfg.rollout.max_context_tokens == cfg.shaping.sequence_length
     if name == "quickstart.yaml":
         from palaestra.shared.jobs import _stage_config
 

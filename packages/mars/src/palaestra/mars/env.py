@@ -17,8 +17,10 @@ games, never in poker, and in Hanabi when the last step's reward is 0, as
 MARS's env code does: `Game.pays_draw_bonus`). Chance nodes are
 sampled by the env from its seeded RNG, so ``reset(seed)`` fixes the deal.
 As options (MARS's code, on in the paper config): a response that hit the
-token limit is a format loss, and a response longer than 2,048 tokens costs
-its agent MARS's length penalty (`Shaping.length_reward`).
+token limit is a format loss, so is a response after which at most 1,000
+tokens of the 32,768-token sequence are left (`Shaping.overlong_sequence`),
+and a response longer than 2,048 tokens costs its agent MARS's length
+penalty (`Shaping.length_reward`).
 """
 
 from __future__ import annotations
@@ -67,10 +69,27 @@ class Shaping:
     r < 0 (nothing otherwise: MARS's upper scale is 0), on every turn. MARS: 0.5, 11, 2048. 0 = off."""
     length_min: int = 11
     length_max: int = 2048
+    sequence_length: int = 0
+    """MARS's overlong-sequence rule (env_manager.py ``get_env_input``): a response after which at most
+    `sequence_margin` tokens of the `sequence_length`-token sequence are left (sequence_length - prompt tokens -
+    response tokens <= sequence_margin) is a format loss. MARS: 32768 (its ``sequence_length``) and 1000. 0 = off."""
+    sequence_margin: int = 1000
 
     def __post_init__(self):
         if self.length_max <= self.length_min:
             raise ValueError(f"length_max ({self.length_max}) must exceed length_min ({self.length_min})")
+        if self.sequence_length < 0 or self.sequence_margin < 0:
+            raise ValueError(
+                f"sequence_length ({self.sequence_length}) and sequence_margin ({self.sequence_margin}) must be >= 0"
+            )
+        if self.sequence_length and self.sequence_margin >= self.sequence_length:
+            raise ValueError(
+                f"sequence_margin ({self.sequence_margin}) must be below sequence_length ({self.sequence_length})"
+            )
+
+    def overlong_sequence(self, prompt_tokens: int, tokens: int) -> bool:
+        """MARS's rule: too few tokens of the sequence are left after this response (False when the rule is off)."""
+        return bool(self.sequence_length) and self.sequence_length - prompt_tokens - tokens <= self.sequence_margin
 
     def length_reward(self, tokens: int) -> float:
         """The length term for a response of `tokens` tokens (<= 0)."""
@@ -116,7 +135,7 @@ class GameEnv(TextEnv):
         self.env_type = self.game.name
         self.state = None
         self._rng = random.Random(0)
-        self._response: tuple[int | None, bool] = (None, False)
+        self._response: tuple[int | None, bool, int] = (None, False, 0)
 
     # -- protocol ---------------------------------------------------------------
     def reset(self, seed: int | None = None) -> dict[str, Any]:
@@ -133,7 +152,7 @@ class GameEnv(TextEnv):
         self._moves = 0  # moves made so far by all agents: MARS's "Turn-k" counts them
         self.turns = {a: 0 for a in self.agents}
         self.format_loser: str | None = None
-        self._response = (None, False)
+        self._response = (None, False, 0)
         self.done = self.state.is_terminal()
         return {"game": self.game.name, "seed": seed}
 
@@ -207,12 +226,14 @@ class GameEnv(TextEnv):
         """Apply the acting agent's raw response text."""
         if self.done:
             raise RuntimeError("step() on a finished game; call reset()")
-        (tokens, truncated), self._response = self._response, (None, False)
+        (tokens, truncated, prompt_tokens), self._response = self._response, (None, False, 0)
         agent = agent_name(self.state.current_player())
         action_text, error = parse_answer(action, self.shaping.require_think)
         action_id = None
         if truncated and self.shaping.truncated_is_format_loss:
             error = "the response hit the token limit"
+        elif tokens is not None and self.shaping.overlong_sequence(prompt_tokens, tokens):
+            error = f"at most {self.shaping.sequence_margin} tokens of the sequence are left"
         elif error is None:
             action_id = self.game.action_from_string(self.state, action_text)
             if action_id is None:
@@ -222,9 +243,10 @@ class GameEnv(TextEnv):
             step.rewards[agent] = step.rewards.get(agent, 0.0) + self.shaping.length_reward(tokens)
         return step
 
-    def note_response(self, tokens: int, truncated: bool) -> None:
-        """The next `step`'s response length (the rollout engine tells it): scored by the length rules."""
-        self._response = (tokens, truncated)
+    def note_response(self, tokens: int, truncated: bool, prompt_tokens: int = 0) -> None:
+        """The next `step`'s response and prompt lengths (the rollout engine tells them): scored by the length
+        rules."""
+        self._response = (tokens, truncated, prompt_tokens)
 
     def step_action(self, action_id: int) -> Step:
         """Apply a legal OpenSpiel action of the acting agent (scripted players use this directly)."""

@@ -212,7 +212,7 @@ class RolloutEngine:
             return
         if finish == "length":
             ep.traj(agent).truncated, ep.traj(agent).limit = True, "max_tokens"
-        ep.env.note_response(len(ids), truncated=finish == "length")
+        ep.env.note_response(len(ids), truncated=finish == "length", prompt_tokens=len(prompt))
         step = ep.env.step(self.cfg.response_prefix + text)
         turn.action = step.info.get("action")
         turn.error = step.info.get("format_error")

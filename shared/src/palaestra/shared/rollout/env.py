@@ -69,9 +69,10 @@ class TextEnv:
         """Apply the acting agent's raw response text."""
         raise NotImplementedError
 
-    def note_response(self, tokens: int, truncated: bool) -> None:
-        """Called by the rollout engine right before `step`: how many tokens the model generated for this response
-        and whether it stopped at the token limit (an env may score length; the default ignores it)."""
+    def note_response(self, tokens: int, truncated: bool, prompt_tokens: int = 0) -> None:
+        """Called by the rollout engine right before `step`: how many tokens the model generated for this response,
+        whether it stopped at the token limit, and how long the prompt it answered was (forced response prefix
+        included) (an env may score length; the default ignores it)."""
 
     def tools(self, agent: str) -> list[dict] | None:
         """JSON-schema tools for `agent`'s chat template, or None."""
