@@ -16,7 +16,10 @@ vLLM's documented offline API (0.10+ / 0.33: ``LLM(model, worker_extension_cls=.
   worker passes to ``model_runner.model.load_weights`` (vLLM's own loader, which knows
   how to shard and fuse HF parameter names); the prefix cache is reset afterwards, since
   cached KV blocks were computed with the old weights. Tensors travel pickled on CPU: fine
-  for small models; a large-model deployment would broadcast over NCCL instead.
+  for small models;
+- or over NCCL (``workers.weight_sync: nccl``, rollout/vllm_weight_sync.py): the engine is built
+  with vLLM's weight-transfer engine (``weight_transfer_config``, idle until a trainer connects) and
+  `init_weight_transfer` ... `finish_weight_update` are the engine's side of vLLM 0.33's handshake.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ from __future__ import annotations
 from typing import Any
 
 from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams
+
+
+def engine_dtype(config: LLMConfig) -> str:
+    """The dtype of the engine's weights: bf16 for ``auto``."""
+    return "bfloat16" if config.dtype == "auto" else str(config.dtype)
 
 
 class WeightLoaderExtension:
@@ -55,12 +63,13 @@ class VLLMClient(LLMClient):
         self.llm = vllm.LLM(
             model=path,
             tokenizer=path,
-            dtype="bfloat16" if config.dtype == "auto" else config.dtype,
+            dtype=engine_dtype(config),
             gpu_memory_utilization=config.gpu_memory_utilization,
             tensor_parallel_size=config.tensor_parallel_size,
             seed=config.seed,
             logprobs_mode="raw_logprobs",
             worker_extension_cls=f"{__name__}.WeightLoaderExtension",
+            weight_transfer_config={"backend": "nccl"},  # idle until a trainer connects (NCCL weight sync)
         )
         self.context_length = int(self.llm.llm_engine.model_config.max_model_len)
 
@@ -102,6 +111,33 @@ class VLLMClient(LLMClient):
         weights = [(name, tensor.detach().to("cpu")) for name, tensor in state_dict.items()]
         self.llm.collective_rpc("palaestra_load_weights", args=(weights,))
         self.llm.reset_prefix_cache()
+
+    # -- the engine's side of vLLM's NCCL weight transfer (rollout/vllm_weight_sync.py) --
+    def transfer_world_size(self) -> int:
+        """This engine's GPU workers (TP x PP x DP): the ranks it takes in the weight-transfer group."""
+        return int(self.llm.get_world_size(include_dp=True))
+
+    def init_weight_transfer(self, init_info: dict) -> None:
+        """Join the trainer's NCCL group (vLLM's ``NCCLWeightTransferInitInfo`` fields; blocks until it does)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info: dict | list[dict]) -> None:
+        """Receive the trainer's broadcast (blocks inside NCCL) and load it into the model."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        self.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+
+    def finish_weight_update(self) -> None:
+        self.llm.finish_weight_update()
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+    def shutdown_weight_transfer(self) -> None:
+        self.llm.shutdown_weight_transfer_engine()
 
     def close(self) -> None:
         del self.llm

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from palaestra.shared.config import ConfigError, JobConfig, registry_kwargs, registry_name
+from palaestra.shared.config import ConfigError, JobConfig, registry_kwargs, registry_name, value_check
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.sft import SFTOptions
 from palaestra.shared.rollout.engine import RolloutConfig
+from palaestra.shared.rollout.vllm_weight_sync import WeightSync
 
 
 @dataclass
@@ -50,6 +51,13 @@ class WorkersConfig:
     num_gpus: float = 0
     llm: LLMConfig | None = None
     """The workers' backend (e.g. vllm on GPU nodes); None: the learner's `llm`."""
+    weight_sync: WeightSync = field(
+        default=WeightSync.object_store,
+        metadata=value_check("palaestra.shared.rollout.vllm_weight_sync:check_weight_sync"),
+    )
+    """How the workers get the learner's weights after each step: object_store (one copy in Ray's object
+    store; CPU, any backend) | nccl (vLLM workers on GPUs: one batched NCCL broadcast from the trainer's
+    GPU, rollout/vllm_weight_sync.py; not run on a GPU yet)."""
 
 
 @dataclass

@@ -32,8 +32,9 @@ the model then lives in the trainer's own process.
 - Weights out: `state_dict` gathers the full HF state dict on rank 0
   (``get_model_state_dict(full_state_dict=True, cpu_offload=True)``); the
   trainer hands it to the rollout workers in one object-store transfer. vLLM
-  workers get it the same way (`VLLMClient.load_weights`); vLLM's own NCCL
-  weight-transfer path is not wired in yet.
+  workers get it the same way (`VLLMClient.load_weights`), or, with
+  ``workers.weight_sync: nccl``, in one NCCL broadcast from the trainer's GPU
+  through vLLM's own weight-transfer engine (rollout/vllm_weight_sync.py).
 - Checkpoints: rank 0 writes the gathered weights with ``save_pretrained``
   (given a copy: transformers 5.20 empties the dict it is given); every rank
   writes its shard of weights and AdamW state with torch.distributed.checkpoint

@@ -211,8 +211,9 @@ class Trainer:
         cfg = self.cfg
         if cfg.workers.num_workers > 0:
             w = cfg.workers
+            llm = w.llm or cfg.llm
             self.rollouts = RayRollouts(
-                w.llm or cfg.llm, cfg.rollout, w.num_workers, cfg.cluster, w.num_cpus, w.num_gpus
+                llm, cfg.rollout, w.num_workers, cfg.cluster, w.num_cpus, w.num_gpus, weight_sync=w.weight_sync
             )
             self.rollouts.sync(self.policy_state())
         else:

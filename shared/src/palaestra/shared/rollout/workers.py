@@ -11,8 +11,9 @@ Both kinds answer ``run(specs, seed) -> RolloutResult`` and ``sync(state_dict)``
   which worker ran it. After each update the learner calls ``sync``: the state
   dict goes into the object store once (``ray.put``) and every worker loads it
   (``client.load_weights``: a tensor copy for transformers, vLLM's weight-update
-  path for vllm). A worker that dies is replaced, given the current weights,
-  and its shard is run again.
+  path for vllm). With ``weight_sync="nccl"`` (vLLM workers on GPUs) the weights
+  go over NCCL instead (rollout/vllm_weight_sync.py). A worker that dies is
+  replaced, given the current weights, and its shard is run again.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from palaestra.shared.config import ClusterConfig
 from palaestra.shared.llm.base import LLMClient, LLMConfig, make_client
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine, RolloutResult
+from palaestra.shared.rollout.vllm_weight_sync import NcclWeightSync, WeightSync
 
 
 class LocalRollouts:
@@ -58,6 +60,10 @@ class RolloutWorker:
         self.client.load_weights(state_dict)
         return True
 
+    def weight_transfer(self, method: str, *args: Any) -> Any:
+        """One call of vLLM's NCCL weight-transfer handshake on this worker's client (`VLLMClient`)."""
+        return getattr(self.client, method)(*args)
+
     def pid(self) -> int:
         import os
 
@@ -76,6 +82,7 @@ class RayRollouts:
         num_cpus: float = 1,
         num_gpus: float = 0,
         max_restarts_per_step: int = 3,
+        weight_sync: WeightSync = WeightSync.object_store,
     ):
         from palaestra.shared import cluster as ray_cluster
 
@@ -85,8 +92,13 @@ class RayRollouts:
         self.max_restarts = max_restarts_per_step
         self.weights_ref: Any = None
         self.restarts = 0
+        self.nccl: NcclWeightSync | None = None
         self.workers = [self._start() for _ in range(num_workers)]
         self.ray.get([w.pid.remote() for w in self.workers])  # fail here, not mid-step, if a model cannot load
+        if weight_sync == WeightSync.nccl:
+            from palaestra.shared.llm.vllm_backend import engine_dtype
+
+            self.nccl = NcclWeightSync(self.workers, self.ray.get, engine_dtype(llm))
 
     def _start(self):
         worker = self.actor_cls.remote(self.llm, self.cfg, 1)
@@ -95,8 +107,11 @@ class RayRollouts:
         return worker
 
     def sync(self, state_dict: dict | None) -> None:
-        """Push new weights to every worker (one copy in the object store)."""
+        """Push new weights to every worker (one copy in the object store, or one NCCL broadcast)."""
         if state_dict is None:
+            return
+        if self.nccl is not None:
+            self.nccl.send(state_dict)
             return
         self.weights_ref = self.ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
         self._call_all(lambda w: w.load_weights.remote(self.weights_ref))
@@ -117,7 +132,7 @@ class RayRollouts:
                 self.restarts += 1
                 if restarts > self.max_restarts:
                     raise RuntimeError(f"rollout workers died {restarts} times in one step; giving up") from None
-                self.workers[i] = self._start()  # a fresh replica with the current weights
+                self._replace(i)  # a fresh replica with the current weights
                 pending[self.workers[i].run.remote(shards[i], seed * 1009 + i)] = i
         return _merge([r for r in results if r is not None], restarts)
 
@@ -127,9 +142,16 @@ class RayRollouts:
             try:
                 self.ray.get(ref)
             except self.ray.exceptions.RayActorError:
-                self.workers[i] = self._start()
+                self._replace(i)
+
+    def _replace(self, i: int) -> None:
+        self.workers[i] = self._start()
+        if self.nccl is not None:  # a new NCCL group with the new worker, which gets the current weights
+            self.nccl.reconnect(self.workers)
 
     def close(self) -> None:
+        if self.nccl is not None:
+            self.nccl.close()
         for w in self.workers:
             self.ray.kill(w)
         self.workers = []

@@ -1,0 +1,156 @@
+"""NCCL weight sync to vLLM workers (rollout/vllm_weight_sync.py): the parts a CPU can check.
+
+What is sent (each tensor once, in order, cast), which ranks each engine takes, the RPC rounds the
+workers see, and the config setting. NCCL itself, vLLM's bucket packing and its loaders need vLLM on
+GPUs (tools/gpu_check_vllm_sync.py); none of that is pretended here.
+"""
+
+import pytest
+import torch
+
+from palaestra.shared.config import ConfigError
+from palaestra.shared.jobs import load_config
+from palaestra.shared.rollout.vllm_weight_sync import (
+    NcclWeightSync,
+    VLLMWorkersClient,
+    WeightSync,
+    group_ranks,
+    wire_params,
+    wire_tensors,
+)
+
+RL = {"job": "rl.train", "envs": [{"name": "task", "kwargs": {"source": "next_number", "reward": "exact_answer"}}]}
+
+
+def tied_state_dict():
+    """A small HF-like state dict: layers in order, a tied head (a second name for the embedding), an int buffer."""
+    g = torch.Generator().manual_seed(0)
+    embed = torch.randn(11, 4, generator=g)
+    sd = {"model.embed_tokens.weight": embed}
+    for i in range(2):
+        sd[f"model.layers.{i}.self_attn.q_proj.weight"] = torch.randn(4, 4, generator=g)
+        sd[f"model.layers.{i}.mlp.up_proj.weight"] = torch.randn(6, 4, generator=g)
+        sd[f"model.layers.{i}.input_layernorm.weight"] = torch.ones(4)
+    sd["model.norm.weight"] = torch.rand(4, generator=g)
+    sd["model.position_ids"] = torch.arange(5)
+    sd["lm_head.weight"] = embed  # tied: the same tensor under a second name
+    return sd
+
+
+def test_each_tensor_is_sent_once_in_order_and_cast():
+    sd = tied_state_dict()
+    params = wire_params(sd, torch.bfloat16)
+    expected_names = [n for n in sd if n != "lm_head.weight"]  # the alias goes under its first name only
+    assert [p.name for p in params] == expected_names
+    assert all(p.shape == tuple(sd[p.name].shape) for p in params)
+    assert {p.name: p.dtype for p in params}["model.position_ids"] == torch.int64  # integers are not cast
+    assert all(p.dtype == torch.bfloat16 for p in params if p.name != "model.position_ids")
+
+    sent = list(wire_tensors(sd, params, "cpu"))
+    assert [n for n, _ in sent] == expected_names
+    for name, tensor in sent:  # each equals torch's own cast of the original, shape and dtype as declared
+        assert torch.equal(tensor, sd[name].to(tensor.dtype))
+        assert tensor.is_contiguous() and tensor.dtype == dict((p.name, p.dtype) for p in params)[name]
+
+
+def test_views_of_different_elements_are_not_aliases():
+    base = torch.arange(12.0).reshape(3, 4)
+    sd = {
+        "a": base[0],
+        "b": base[1],
+        "c": base.t()[0],
+        "same_as_a": base[0],
+        "empty": torch.empty(0),
+        "e2": torch.empty(0),
+    }
+    assert [p.name for p in wire_params(sd, torch.float32)] == ["a", "b", "c", "empty", "e2"]
+
+
+def test_weights_that_no_longer_match_the_group_are_a_clear_error():
+    sd = tied_state_dict()
+    params = wire_params(sd, torch.float32)
+    changed = dict(sd, **{"model.norm.weight": torch.ones(5)})
+    with pytest.raises(ValueError, match=r"'model.norm.weight' \(4,\) is shape \(5,\)") as err:
+        list(wire_tensors(changed, params, "cpu"))
+    assert "\n" not in str(err.value)
+    del changed["model.norm.weight"]
+    with pytest.raises(ValueError, match="'model.norm.weight' .* is missing"):
+        list(wire_tensors(changed, params, "cpu"))
+    with pytest.raises(TypeError, match="'x' is a str, not a tensor"):
+        wire_params({"x": "w"}, torch.float32)
+
+
+@pytest.mark.parametrize("sizes", [[1], [2, 1, 4], [8, 8]])
+def test_every_engine_gets_its_own_ranks_after_the_trainer(sizes):
+    offsets, world = group_ranks(sizes)
+    ranks = [set(range(o, o + n)) for o, n in zip(offsets, sizes)]
+    assert set().union(*ranks) == set(range(1, world))  # rank 0 is the trainer; no rank unused
+    assert sum(map(len, ranks)) == world - 1  # and none shared
+    with pytest.raises(ValueError, match="engine 1 reports 0 GPU workers"):
+        group_ranks([1, 0])
+
+
+class FakeWorker:
+    """A rollout worker handle: ``weight_transfer.remote(method, *args)`` recorded; the engine's size answered."""
+
+    def __init__(self, gpus):
+        self.gpus, self.calls = gpus, []
+        self.weight_transfer = self
+
+    def remote(self, method, *args):
+        self.calls.append((method, args))
+        return self.gpus if method == "transfer_world_size" else None
+
+
+def get(refs):
+    return list(refs)
+
+
+def test_client_fans_each_round_out_to_every_worker_with_its_rank_offset():
+    workers = [FakeWorker(2), FakeWorker(1), FakeWorker(4)]
+    client = VLLMWorkersClient(workers, get)
+    assert client.world_size == 8
+    info = {"master_address": "10.0.0.1", "master_port": 1234, "world_size": 8, "packed": True}
+    client.init_weight_transfer_engine(info)
+    client.start_weight_update()
+    client.update_weights({"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2]]})
+    client.finish_weight_update()
+    offsets = []
+    for w in workers:
+        methods = [m for m, _ in w.calls]
+        assert methods == [
+            "transfer_world_size",
+            "init_weight_transfer",
+            "start_weight_update",
+            "update_weights",
+            "finish_weight_update",
+        ]
+        init = w.calls[1][1][0]
+        assert {k: v for k, v in init.items() if k != "rank_offset"} == info  # the rest of vLLM's init info as is
+        offsets.append(init["rank_offset"])
+        assert w.calls[3][1] == ({"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2]]},)
+    assert offsets == [1, 3, 4]
+    with pytest.raises(ValueError, match="the group has 8 ranks; init info says 9"):
+        client.init_weight_transfer_engine(dict(info, world_size=9))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_nccl_without_a_gpu_in_the_trainer_is_a_one_line_error():
+    sync = NcclWeightSync([FakeWorker(1)], get, "bfloat16")
+    with pytest.raises(RuntimeError, match="no CUDA GPU; use object_store") as err:
+        sync.send(tied_state_dict())
+    assert "\n" not in str(err.value)
+
+
+def test_the_setting_is_checked_at_resolve():
+    assert load_config(RL, []).workers.weight_sync is WeightSync.object_store
+    cfg = load_config(RL, ["workers.num_workers=2", "workers.weight_sync=nccl", "workers.llm={backend: vllm}"])
+    assert cfg.workers.weight_sync == "nccl"
+    for overrides, message in [
+        (["workers.weight_sync=ncl"], "did you mean 'nccl'"),
+        (["workers.num_workers=1", "workers.weight_sync=nccl"], "nccl needs vLLM rollout workers"),
+        (["workers.weight_sync=nccl", "workers.llm={backend: vllm}"], "workers.num_workers >= 1"),
+    ]:
+        with pytest.raises(ConfigError, match=message) as err:
+            load_config(RL, overrides)
+        assert "\n" not in str(err.value)
