@@ -154,3 +154,73 @@ def test_the_setting_is_checked_at_resolve():
         with pytest.raises(ConfigError, match=message) as err:
             load_config(RL, overrides)
         assert "\n" not in str(err.value)
+
+
+def test_loopback_through_vllms_own_trainer_engine(monkeypatch):
+    """Where vLLM is installed (GPU nodes): our source and client driven by vLLM's own trainer engine, on CPU
+    tensors, with the NCCL communicator and CUDA streams replaced by recorders. The broadcast buckets must be
+    what vLLM's receiving side expects (its cut rule, re-implemented here from packed_nccl_broadcast_consumer)
+    and unpack (vLLM's unpack_tensor) to the weights in bf16. This checks the wire format against the vLLM
+    actually installed; it is not the GPU path (tools/gpu_check_vllm_sync.py is)."""
+    import contextlib
+    import math
+
+    pytest.importorskip("vllm")
+    import vllm.distributed.weight_transfer.nccl_engine as nccl_engine
+    import vllm.distributed.weight_transfer.packed_tensor as packed
+
+    from palaestra.shared.rollout import vllm_weight_sync
+
+    class Stream:
+        def synchronize(self):
+            pass
+
+    class Comm:
+        sent: list = []
+
+        def broadcast(self, tensor, src, stream=None):
+            assert src == 0
+            self.sent.append(tensor.clone())
+
+        def destroy(self):
+            pass
+
+    comm = Comm()
+    monkeypatch.setattr(packed, "_get_streams", lambda device, n: tuple(Stream() for _ in range(n)))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    monkeypatch.setattr(vllm_weight_sync, "_sender_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(nccl_engine, "open_trainer_endpoint", lambda info: comm)
+
+    sd = tied_state_dict()
+    workers = [FakeWorker(2), FakeWorker(1)]
+    bucket = 100  # bytes: several buckets for this small state dict
+    sync = NcclWeightSync(workers, get, "bfloat16", bucket_bytes=bucket)
+    sync.send(sd)
+    calls = dict(workers[0].calls[1:])
+    assert calls["init_weight_transfer"][0]["packed"] and calls["init_weight_transfer"][0]["world_size"] == 4
+    update = calls["update_weights"][0]
+    expected = {n: t.to(torch.bfloat16) if t.is_floating_point() else t for n, t in sd.items() if n != "lm_head.weight"}
+    assert update["names"] == list(expected)
+    cuts, size, chunks = [], 0, []
+    for name, dtype, shape in zip(update["names"], update["dtype_names"], update["shapes"]):
+        nbytes = math.prod(shape) * getattr(torch, dtype).itemsize
+        cuts.append((name, shape, getattr(torch, dtype), nbytes))
+        size += nbytes
+        if size > bucket:
+            chunks.append(cuts)
+            cuts, size = [], 0
+    chunks += [cuts] if cuts else []
+    assert [sum(c[3] for c in chunk) for chunk in chunks] == [t.numel() for t in comm.sent]
+    received = {}
+    for chunk, buffer in zip(chunks, comm.sent):
+        names, shapes, dtypes, sizes = map(list, zip(*chunk))
+        received.update(packed.unpack_tensor(buffer, names, shapes, dtypes, sizes))
+    assert received.keys() == expected.keys()
+    assert all(torch.equal(received[n], expected[n]) for n in expected)
+    comm.sent.clear()
+    sync.send(sd)  # a second sync: the same buckets, no names/dtypes/shapes resent
+    assert workers[0].calls[-2] == ("update_weights", ({"names": [], "dtype_names": [], "shapes": []},))
+    assert len(comm.sent) == len(chunks)
