@@ -11,7 +11,14 @@ point names a module whose import registers its jobs. Job functions import
 their heavy dependencies inside, so listing jobs stays instant.
 
 The built-in ``pipeline`` job runs a list of stages, each a job config of its
-own, as nested MLflow runs (the quickstart is one).
+own, as nested MLflow runs (the quickstart is one). A stage without an
+``output_dir`` of its own writes to the pipeline's; stages refer to the
+pipeline's output directory, and so to each other's files, through
+``${output_dir}`` (OmegaConf interpolation: the ``stages`` mapping resolves
+against the pipeline config, overrides included), so ``output_dir=DIR`` moves
+every stage's files together: ``output_dir=${output_dir}/egpo`` for a stage's
+own directory, ``path: ${output_dir}/datagen/x/samples.jsonl`` for a file an
+earlier stage wrote.
 
 A job's summary (the dict it returns) may carry two keys for people rather
 than for MLflow: ``headline``, one line with the job's headline figure and its
@@ -157,7 +164,8 @@ class PipelineConfig(JobConfig):
     """Run several job configs in order, each as a nested MLflow run under this one."""
 
     stages: dict[str, Any] = field(default_factory=dict)
-    """Stage name -> a job config (inline mapping with a ``job`` key, or ``{config: path, overrides: [...]}``)."""
+    """Stage name -> a job config (inline mapping with a ``job`` key, or ``{config: path, overrides: [...]}``);
+    ``${output_dir}`` in a stage is the pipeline's output directory."""
     only: list[str] = field(default_factory=list)
     """Run only these stages (empty: all)."""
     config_dir: str = "."

@@ -1,0 +1,68 @@
+"""The quickstart's stages find each other's files under whatever ``output_dir`` the pipeline is given.
+
+Stages refer to the pipeline's output directory through ``${output_dir}``; a
+literal ``outputs/quickstart/...`` path would break ``output_dir=DIR``.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from palaestra.shared.config import to_dict
+from palaestra.shared.jobs import load_config, run_job, stage_configs
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
+
+
+def _strings(tree):
+    if isinstance(tree, dict):
+        for value in tree.values():
+            yield from _strings(value)
+    elif isinstance(tree, list):
+        for value in tree:
+            yield from _strings(value)
+    elif isinstance(tree, str):
+        yield tree
+
+
+def test_every_stage_follows_an_overridden_output_dir(tmp_path):
+    out = tmp_path / "qs"
+    stages = stage_configs(load_config(QUICKSTART, [f"output_dir={out}"]))
+    for name, stage in stages.items():
+        assert Path(stage.output_dir).is_relative_to(out), f"stage {name} writes to {stage.output_dir}"
+        leftovers = [s for s in _strings(to_dict(stage)) if "outputs/" in s]  # e.g. outputs/quickstart/...
+        assert not leftovers, f"stage {name} names a fixed output directory: {leftovers}"
+    # the files a stage reads are the ones the stage before it writes, by each job's own path rules
+    datagen_file = stages["datagen"].output_path  # datagen's rule: <output_dir>/datagen/<name>/samples.jsonl
+    assert datagen_file == out / "datagen" / "quickstart" / "samples.jsonl"
+    (egpo_env,) = stages["egpo"].envs
+    assert Path(egpo_env.kwargs["source_kwargs"]["path"]) == datagen_file
+    selfplay = stages["mars_selfplay"]
+    checkpoint = Path(selfplay.output_dir) / "checkpoints" / f"step_{selfplay.steps:06d}"  # the trainer's layout
+    assert Path(stages["mars_eval"].llm.model) == checkpoint
+
+
+@pytest.mark.slow
+def test_egpo_stage_reads_what_datagen_wrote_under_another_output_dir(tmp_path, tracking, monkeypatch):
+    """Run the datagen stage (shrunk: 4 items on one API, in this process) under output_dir=tmp, then build the
+    egpo stage's environment from its resolved config: it must load the samples datagen wrote, each turn a task."""
+    from palaestra.shared.rl.episodes import make_env
+
+    monkeypatch.chdir(tmp_path)  # nothing may land under the default outputs/quickstart either
+    out = tmp_path / "elsewhere"
+    track = f"tracking={json.dumps({'experiment': 'qs', 'uri': tracking.uri, 'artifact_root': tracking.artifact_root})}"
+    cfg = load_config(QUICKSTART, [f"output_dir={out}", "only=[datagen]", track])
+    cfg.stages["datagen"]["overrides"] = ["num_samples=4", "workers=0", "envs=[MathAPI]"]
+    run_job(cfg)
+    written = out / "datagen" / "quickstart" / "samples.jsonl"
+    rows = [json.loads(line) for line in written.read_text().splitlines()]
+    assert rows, "datagen wrote no samples"
+    assert not (tmp_path / "outputs").exists()
+
+    cfg.only = ["egpo"]
+    (spec,) = stage_configs(cfg)["egpo"].envs
+    env = make_env(spec.name, spec.kwargs)
+    assert {task["id"].rsplit("-", 1)[0] for task in env.samples} == {row["id"] for row in rows}  # <record>-<turn>
+    first_user = next(m["content"] for m in rows[0]["messages"] if m["role"] == "user")
+    assert any(m.get("content") == first_user for m in env.samples[0]["messages"])
