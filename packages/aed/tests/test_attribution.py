@@ -169,3 +169,53 @@ def test_t_bone_at_a_crossing_the_crossing_vehicle_strikes_and_the_victim_had_to
     assert rec.right_of_way == "b" and classify(rec, "intersection") == "intersection_crossing"
     assert RuleJudge().explain(rec) == (True, "2: crossing conflict, the victim had to yield")
     env.close()
+
+
+def frames_until_contact(road, dt):
+    """Step `road` frame by frame (as `step_road` does); the polygons before the contact frame and the record."""
+    victim, other = road.vehicles[:2]
+    roles = {id(victim): "victim", id(other): "adv0"}
+    history = History(int(round(1 / dt)))
+    history.record(0.0, road.vehicles)
+    t = 0.0
+    for _ in range(int(5.0 / dt)):
+        before = victim.polygon(), other.polygon()
+        records = step_road(road, dt, t, int(t), roles, history)
+        t += dt
+        if records:
+            return before, records[0]
+    raise AssertionError("no contact")
+
+
+def test_late_cut_in_recorded_beside_the_lane_centre_is_still_a_cut_in():
+    # highway-fast's 5 Hz frames: the adversary moving over (0.2 rad) 10 m ahead and slower is struck from behind,
+    # but the record (after the frame's overlap) puts it more than 1.5 m aside: the centre-offset rule said side-swipe
+    road, (victim, adv) = straight_vehicles((0.0, 4.0, 0.0, 25.0), (10.0, 0.5, 0.2, 18.0))
+    adv.target_lane_index = ("0", "1", 1)  # what a ControlledVehicle moving over would carry
+    (victim_before, adv_before), rec = frames_until_contact(road, dt=0.2)
+    # independent check of the contact axis: before the frame the two overlapped across the victim's heading
+    # (lateral projections intersect) but not along it (the adversary's back was still ahead of the victim's front)
+    xs_v, ys_v, xs_a, ys_a = victim_before[:, 0], victim_before[:, 1], adv_before[:, 0], adv_before[:, 1]
+    assert xs_a.min() > xs_v.max() and ys_a.max() > ys_v.min()
+    assert rec.contact_axis == "longitudinal" and rec.striker == "victim" and rec.long > 0
+    assert abs(rec.lat) >= 1.5  # beyond the old rule's lateral threshold
+    assert rec.b_in_a_lane_s < 3.0 and classify(rec, "highway") == "cut_in"
+
+
+def test_adversary_clipping_the_victim_front_while_moving_over_is_a_side_swipe():
+    # the adversary moves over only 3 m ahead: its flank meets the victim's front corner (it strikes, sideways)
+    road, (victim, adv) = straight_vehicles((0.0, 4.0, 0.0, 25.0), (3.0, 0.4, 0.25, 25.0))
+    adv.target_lane_index = ("0", "1", 1)
+    (victim_before, adv_before), rec = frames_until_contact(road, dt=0.2)
+    assert adv_before[:, 0].min() < victim_before[:, 0].max()  # overlapping along the heading before the frame
+    assert rec.contact_axis == "lateral" and rec.striker == "adv0"
+    assert classify(rec, "highway") == "side_swipe"
+
+
+def test_follower_changing_lanes_into_the_back_of_a_settled_leader_is_a_rear_end_not_a_cut_in():
+    road, (victim, lead) = straight_vehicles((0.0, 0.0, 0.25, 25.0), (12.0, 4.0, 0.0, 12.0))
+    victim.target_lane_index = ("0", "1", 1)
+    _, rec = frames_until_contact(road, dt=0.2)
+    assert rec.contact_axis == "longitudinal" and rec.striker == "victim" and rec.long > 0
+    assert rec.b_in_a_lane_s >= 3.0  # the leader was in that lane all along: the victim is the one who moved
+    assert classify(rec, "highway") == "rear_end"

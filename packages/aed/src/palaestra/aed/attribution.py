@@ -22,7 +22,22 @@ the other, ``v_a . n`` against ``v_b . (-n)`` with ``n`` pointing from a to b.
 In a rear-end the normal is longitudinal and the follower strikes; in a side
 contact it is lateral and the vehicle moving sideways strikes, whichever of
 them is ahead (a centre-to-centre direction would blame the faster follower);
-at a crossing, the vehicle whose front meets the other's side.
+at a crossing, the vehicle whose front meets the other's side. The record keeps
+that snapped axis (``contact_axis``): ``longitudinal`` when one vehicle's
+front met the other's back, ``lateral`` for a side contact.
+
+Classification (`classify`) on roads where traffic shares a direction
+(highway, merge's main road) reads the contact axis, not the centre offset:
+a side contact is a side-swipe; a front-to-back contact is a cut-in when the
+leader entered the follower's lane (or was still entering it: a late cut-in,
+its centre up to a lane width aside) less than ``CUT_IN_WINDOW_S`` before
+contact while the follower kept its lane, else a rear-end. A threshold on the
+lateral offset alone called late cut-ins side-swipes: at highway-env's 5 Hz
+frames a contact is recorded after up to a frame of overlap, and a leader
+struck from behind while moving over is recorded 1.5-2.3 m aside. A
+front-to-back contact also needs the other more ahead (or behind) than aside
+(``|long| > |lat|``): near highway-env's steepest lane-change heading (pi/4)
+the snapped axis of a front corner driven into a flank is ambiguous.
 
 `History` keeps the last few seconds of every vehicle (lane, target lane,
 speed) so that a judge can ask how long a vehicle had been in a lane and how
@@ -44,7 +59,8 @@ CROSSING_RAD = 0.5
 LONGITUDINAL_LAT_M = 1.5
 """Lateral offset (m) below which a same-direction contact is longitudinal (rear-end / cut-in)."""
 CUT_IN_WINDOW_S = 3.0
-"""A leader that entered the follower's lane less than this long before contact cut in."""
+"""A leader that entered the follower's lane less than this long before contact cut in (our choice: the AED
+paper defines the type in words, a vehicle changing into the AV's lane just ahead of it, with no number)."""
 MERGE_LANES = {("j", "k"), ("k", "b")}
 RING_NODES = {"se", "ex", "ee", "nx", "ne", "wx", "we", "sx"}
 
@@ -91,6 +107,9 @@ class CollisionRecord:
     right_of_way: str = ""
     """Which of a and b had the right of way at a crossing (``a``, ``b``, or ``""`` when equal / not a crossing):
     the higher highway-env lane ``priority``, and in a roundabout the vehicle already on the ring."""
+    contact_axis: str = ""
+    """Axis of the contact normal in a's frame: ``longitudinal`` (a's front or back met the other), ``lateral``
+    (a side contact), ``""`` when unknown (records made before the field existed)."""
     accident_type: str = ""
     """Filled by `classify` (taxonomy in palaestra.aed.rewards)."""
     victim_responsible: bool | None = None
@@ -219,6 +238,8 @@ def make_record(
         d = np.asarray(b.position, float) - np.asarray(a.position, float)
         normal = d / (np.linalg.norm(d) or 1.0)
     b_velocity = getattr(b, "velocity", np.zeros(2))
+    along = np.array([math.cos(a.heading), math.sin(a.heading)])
+    longitudinal = abs(float(np.dot(snap_to_frame(normal, float(a.heading)), along))) > 0.5
     striker = a_role if not b_vehicle or striker_of(a.velocity, b_velocity, normal) == "a" else b_role
     a_changing = getattr(a, "target_lane_index", a.lane_index) != a.lane_index or history.changed_lane_within(a, 1.0)
     b_changing = b_vehicle and (
@@ -245,6 +266,7 @@ def make_record(
         a_min_accel=history.min_accel(a),
         a_headway_s=history.headway(a, b) if b_vehicle else 99.0,
         right_of_way=right_of_way(a, b) if b_vehicle else "",
+        contact_axis="longitudinal" if longitudinal else "lateral",
     )
 
 
@@ -258,12 +280,29 @@ def classify(rec: CollisionRecord, scenario: str) -> str:
         return "merge_conflict"
     if scenario == "roundabout" and (crossing or not all(set(seg) <= RING_NODES for seg in lanes)):
         return "roundabout_entry"
-    if crossing:
+    if crossing and (scenario == "intersection" or not rec.contact_axis):
         return "intersection_crossing" if scenario == "intersection" else "side_swipe"
-    if abs(rec.lat) < LONGITUDINAL_LAT_M:
-        leader_in_lane_s = rec.b_in_a_lane_s if rec.long > 0 else rec.a_in_b_lane_s
-        return "cut_in" if leader_in_lane_s < CUT_IN_WINDOW_S else "rear_end"
-    return "side_swipe"
+    if not rec.contact_axis:  # older records: the centre offset stands in for the contact axis
+        front_to_back = abs(rec.lat) < LONGITUDINAL_LAT_M
+    else:  # lane changes tilt a vehicle up to ~0.8 rad at low speed: the axis decides, not the heading
+        front_to_back = rec.contact_axis == "longitudinal" and abs(rec.long) > abs(rec.lat)
+    if not front_to_back:
+        return "side_swipe"
+    return "cut_in" if leader_cut_in(rec) else "rear_end"
+
+
+def leader_cut_in(rec: CollisionRecord) -> bool:
+    """Whether the leader of a front-to-back contact entered the follower's lane less than `CUT_IN_WINDOW_S`
+    before it, or was still entering it, while the follower kept its lane (module docstring)."""
+    if rec.long > 0:  # b leads
+        in_lane_s, leader_moving, follower_moving = rec.b_in_a_lane_s, rec.b_lane_changing, rec.a_lane_changing
+    else:
+        in_lane_s, leader_moving, follower_moving = rec.a_in_b_lane_s, rec.a_lane_changing, rec.b_lane_changing
+    if rec.a_lane == rec.b_lane:  # the leader's lane index already switched: how long ago
+        return in_lane_s < CUT_IN_WINDOW_S
+    # not yet in the follower's lane, yet its back met the follower's front: it was moving over (a late cut-in),
+    # unless the follower was the one changing lanes (it ran into a leader settled in the lane it entered)
+    return leader_moving and not follower_moving
 
 
 def step_road(road, dt: float, t: float, step: int, roles: dict[int, str], history: History) -> list[CollisionRecord]:

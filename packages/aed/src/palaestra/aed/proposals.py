@@ -43,6 +43,7 @@ test, vehicle "a") with another road user ("b"). `record` is a dict (metres, sec
   "b_min_accel", "a_min_accel": hardest acceleration over the last second (negative = braking, m/s^2),
   "a_headway_s": a's time headway to b one second before contact (99 if b was not ahead),
   "striker": "victim" or b's role, whichever drove into the other along the contact normal,
+  "contact_axis": "longitudinal" (a's front or back met b) or "lateral" (a side contact), in a's frame,
   "b_role": "adv0", "adv1", ... (an adversary), "npc" (other traffic) or "object",
   "right_of_way": "a", "b" or "" (who had priority at a crossing).
 Only `math` is available (no imports). Return True if the collision is of your type, else False."""
