@@ -119,3 +119,47 @@ def test_fc_tasks_max_tools_and_first_turn_only(tmp_path):
     assert again[0]["tools"] == first[0]["tools"]  # seeded: the same tools each time
     with pytest.raises(ValueError, match="max_tools"):
         fc_tasks(path=str(path), max_tools=-1)
+
+
+def test_fc_tasks_min_args_and_think_args(tmp_path):
+    from palaestra.egpo.train import fc_tasks
+
+    def row(name, args):
+        call = {"function": {"name": name, "arguments": json.dumps(args)}}
+        return {"messages": [{"role": "user", "content": name}, {"role": "assistant", "tool_calls": [call]}]}
+
+    tools = [
+        {"name": "none", "parameters": {"type": "object", "properties": {}}},
+        {"name": "one", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}},
+        {
+            "name": "two",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "x": {"type": "integer"},
+                    "y": {"type": "integer"},
+                    "z": {"type": "integer", "default": 0},
+                },
+                "required": ["x", "y"],
+            },
+        },
+    ]
+    rows = [row("none", {}), row("one", {"a": "q"}), row("two", {"y": 2, "x": 1})]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({**r, "tools": tools}) + "\n" for r in rows))
+    assert [s["messages"][-1]["content"] for s in fc_tasks(path=str(path), min_args=1)] == ["one", "two"]
+    kept = fc_tasks(path=str(path), min_args=2, with_answers=True, think_args=True)
+    assert len(kept) == 1
+    answer = kept[0]["messages"][-1]["content"]
+    # the thought names the arguments in the answer's order; the optional z (default, not given) is not named
+    assert answer.startswith("<think>Call two with y, x.</think>")
+    assert json.loads(answer.split("<tool_call>")[1].split("</tool_call>")[0]) == {
+        "name": "two",
+        "arguments": {"y": 2, "x": 1},
+    }
+    plain = fc_tasks(path=str(path), min_args=2, with_answers=True)
+    assert plain[0]["messages"][-1]["content"].startswith("<think>Call two.</think>")
+    with pytest.raises(ValueError, match="min_args"):
+        fc_tasks(path=str(path), min_args=-1)
+    with pytest.raises(ValueError, match="at least 3 arguments"):
+        fc_tasks(path=str(path), min_args=3)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from palaestra.egpo.tasks import FCTask, exact_ground_truth
+from palaestra.egpo.tasks import FCTask, canonical_calls, exact_ground_truth
 
 SHORT_SYSTEM_PROMPT = "Think in <think></think>, then call tools in <tool_call></tool_call>, or reply."
 
@@ -66,7 +66,15 @@ def synthetic_tasks(
     return tasks
 
 
-def reference_thinking(task: FCTask) -> str:
-    """A short chain of thought for SFT answers."""
-    names = [next(iter(g)) for g in task.ground_truth]
-    return f"Call {' and '.join(names)}." if names else "No tool fits."
+def reference_thinking(task: FCTask, with_args: bool = False) -> str:
+    """A short chain of thought for SFT answers: the functions to call (``with_args``: and the arguments
+    each one fills, in the reference answer's order, e.g. "Call f with a, b.")."""
+    if not task.ground_truth:
+        return "No tool fits."
+    if not with_args:
+        return f"Call {' and '.join(next(iter(g)) for g in task.ground_truth)}."
+    parts = []
+    for call in canonical_calls(task.ground_truth, task.tools):
+        args = ", ".join(call["arguments"])
+        parts.append(f"{call['name']} with {args}" if args else f"{call['name']} with no arguments")
+    return f"Call {' and '.join(parts)}."

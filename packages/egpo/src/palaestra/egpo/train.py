@@ -47,6 +47,8 @@ def fc_tasks(
     compact_tools: bool = False,
     max_tools: int = 0,
     first_turn_only: bool = False,
+    min_args: int = 0,
+    think_args: bool = False,
 ) -> list[dict]:
     """Function-calling samples (``messages``, ``tools``, ``ground_truth``) for the ``task`` env and SFT.
 
@@ -57,7 +59,11 @@ def fc_tasks(
     task's list drawn at random (seeded per task); the prompt stays in the chat template's JSON format and
     shrinks from a whole environment's docs (1-3k tokens in datagen's output) to a few hundred tokens.
     ``first_turn_only``: of a multi-turn record, keep only the task of its first user turn (the later ones
-    carry the whole conversation so far in their prompt)."""
+    carry the whole conversation so far in their prompt).
+    ``min_args``: keep only tasks whose every expected call passes at least this many arguments (tasks with
+    no call are dropped too when > 0): SFT data that shows argument filling, not calls with 0 or 1 argument.
+    ``think_args``: the reference thought of ``with_answers`` names the arguments each call fills
+    ("Call f with a, b.") instead of the function only."""
     from palaestra.egpo.synthetic import synthetic_tasks
 
     tasks: list[FCTask] = []
@@ -71,9 +77,22 @@ def fc_tasks(
         raise ValueError("fc_tasks: no tasks; set path (JSONL), bfcl_category or synthetic (a count)")
     if max_tools < 0:
         raise ValueError(f"fc_tasks: max_tools must be >= 0, got {max_tools}")
+    if min_args < 0:
+        raise ValueError(f"fc_tasks: min_args must be >= 0, got {min_args}")
+    if min_args:
+        tasks = [t for t in tasks if t.ground_truth and min(_given_args(t)) >= min_args]
+        if not tasks:
+            raise ValueError(f"fc_tasks: no task has calls with at least {min_args} arguments")
     if max_tools:
         tasks = [subset_tools(t, max_tools, seed) for t in tasks]
-    return [task_sample(t, with_answers, compact_tools) for t in tasks]
+    return [task_sample(t, with_answers, compact_tools, think_args) for t in tasks]
+
+
+def _given_args(task: FCTask) -> list[int]:
+    """Arguments each call of the task's reference answer passes (`canonical_calls`)."""
+    from palaestra.egpo.tasks import canonical_calls
+
+    return [len(c["arguments"]) for c in canonical_calls(task.ground_truth, task.tools)]
 
 
 def _user_turns(task: FCTask) -> int:
@@ -105,7 +124,9 @@ def compact_signature(tool: dict) -> str:
     return f"{doc['name']}({params})"
 
 
-def task_sample(task: FCTask, with_answer: bool = False, compact_tools: bool = False) -> dict[str, Any]:
+def task_sample(
+    task: FCTask, with_answer: bool = False, compact_tools: bool = False, think_args: bool = False
+) -> dict[str, Any]:
     from palaestra.egpo.synthetic import reference_thinking
     from palaestra.egpo.tasks import canonical_calls
 
@@ -113,7 +134,7 @@ def task_sample(task: FCTask, with_answer: bool = False, compact_tools: bool = F
     if with_answer:
         calls = [ToolCall(c["name"], c["arguments"]) for c in canonical_calls(task.ground_truth, task.tools)]
         content = "I cannot help with that using these tools." if not calls else ""
-        text = format_calls(calls, thinking=reference_thinking(task), content=content)
+        text = format_calls(calls, thinking=reference_thinking(task, think_args), content=content)
         messages = [*messages, {"role": "assistant", "content": text}]
     sample = {
         "id": task.id,
