@@ -192,6 +192,9 @@ class NcclWeightSync:
         self.params, self.state = params, state_dict
         if self.engine is None:
             self.connect()
+        device = _sender_device()
+        if device.type == "cuda":  # vLLM packs on its own streams: the optimizer's writes must have landed
+            torch.cuda.synchronize(device)
         self.engine.send_weights()
 
     def connect(self) -> None:
