@@ -69,7 +69,9 @@ class VLLMClient(LLMClient):
             seed=config.seed,
             logprobs_mode="raw_logprobs",
             worker_extension_cls=f"{__name__}.WeightLoaderExtension",
-            weight_transfer_config={"backend": "nccl"},  # idle until a trainer connects (NCCL weight sync)
+            # vLLM's NCCL weight-transfer engine, idle until a trainer connects (workers.weight_sync: nccl); vLLM
+            # 0.33 then turns off flashinfer's MoE expert-parallel kernels and two AMD decode runtimes, no dense model's
+            weight_transfer_config={"backend": "nccl"},
         )
         self.context_length = int(self.llm.llm_engine.model_config.max_model_len)
 
