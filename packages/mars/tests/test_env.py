@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pyspiel
 import pytest
@@ -385,3 +386,28 @@ def test_the_rollout_engine_tells_the_env_the_prompt_length(tiny_llm):
         assert len(turn.prompt_ids) == n and 1 <= len(turn.response_ids) <= 24
         assert _marss_overlong_sequence(n + extra + 901, len(turn.prompt_ids), len(turn.response_ids)) is loss
         assert (turn.error == why) is loss
+
+
+def test_minimal_prompt_is_the_state_alone_and_shows_each_seat_its_card():
+    """`minimal`: one user message per turn (no system prompt, no PLAYER INFORMATION), the acting seat's card in
+    it; every Kuhn information state gets its own conversation whose last card line is the state's card."""
+    from palaestra.mars.model_policy import information_state_prompts
+
+    env = GameEnv("kuhn_poker", prompt="minimal")
+    env.reset(0)
+    first = env.observe("player_0")
+    assert [m["role"] for m in first] == ["user"] and first[0]["content"].startswith("GAME STATE:\nYour card: ")
+    assert "PLAYER INFORMATION" not in first[0]["content"]
+    env.step(render_response("<BET>"))
+    second = env.observe("player_1")
+    assert [m["role"] for m in second] == ["user"]
+    assert second[0]["content"].startswith("player_0 took action <BET>.\n\nGAME STATE:\nYour card: ")
+    prompts = information_state_prompts("kuhn_poker", "minimal")
+    assert len(prompts) == 12
+    texts = set()
+    for key, (_, conversation, _, strings) in prompts.items():
+        assert strings == ["<PASS>", "<BET>"]
+        last = conversation[-1]["content"]
+        assert re.findall(r"Your card: ([JQK])\.", last) == ["JQK"[int(key[0])]]
+        texts.add(repr(conversation))
+    assert len(texts) == 12

@@ -166,3 +166,51 @@ def test_equilibrium_mover_plays_cfr_and_mixes_in_random(tmp_path):
     assert pure["K after a pass"] and set(pure["K after a pass"]) == {"<BET>"}
     noisy = choices(1.0)["J facing a bet"]
     assert 0.3 < noisy.count("<BET>") / len(noisy) < 0.7
+
+
+def test_card_strength_mover_bets_or_calls_by_its_card():
+    """Each recorded decision's card is read back from the conversation the model sees; the bet-or-call frequency
+    per card matches strength (J, Q, K) within 4 binomial standard deviations, before and after a bet."""
+    strength = [0.1, 0.5, 0.9]
+    rows = legal_move_conversations(
+        "kuhn_poker", 1500, seed=3, mover="card_strength", prompt="minimal", strength=strength
+    )
+    counts: dict[tuple[str, bool], list[int]] = {}
+    for row in rows:
+        msgs = row["messages"]
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            seen = msgs[i - 1]["content"]
+            card = re.search(r"Your card: ([JQK])\.", seen).group(1)
+            facing_bet = "took action <BET>" in seen
+            action, error = parse_answer(m["content"])
+            assert error is None and action in ("<PASS>", "<BET>")
+            counts.setdefault((card, facing_bet), []).append(action == "<BET>")
+    assert len(counts) == 6  # every card meets both situations
+    for (card, _), bets in counts.items():
+        p = strength["JQK".index(card)]
+        assert abs(sum(bets) / len(bets) - p) < 4 * (p * (1 - p) / len(bets)) ** 0.5 + 1e-9
+
+
+def test_card_strength_mover_is_checked():
+    with pytest.raises(ValueError, match="kuhn_poker"):
+        legal_move_conversations("leduc_poker", 2, mover="card_strength", strength=[0.1, 0.5, 0.9])
+    with pytest.raises(ValueError, match="kuhn_poker"):
+        legal_move_conversations("kuhn_poker", 2, mover="card_strength")
+    with pytest.raises(ValueError, match="three probabilities"):
+        legal_move_conversations("kuhn_poker", 2, mover="card_strength", strength=[0.1, 1.5, 0.9])
+
+
+def test_scripted_players_draws_are_independent_of_the_deal():
+    """A player seeded with the episode's seed (as the SFT data, versus and play do) must not repeat the draws that
+    dealt the cards: a 'bet with probability 0.2 whatever the card' player bets about 0.2 of the time with each card
+    (with a shared stream it bet 0.6 with J: the deal's draw u < 1/3 was reused as the bet draw)."""
+    env = GameEnv("kuhn_poker", prompt="minimal")
+    bets = {0: [], 1: [], 2: []}
+    for episode in range(3000):
+        env.reset(episode)
+        rng = random.Random(episode)  # the player's own stream, seeded as the callers do
+        bets[env.state.history()[0]].append(rng.random() < 0.2)
+    for card, b in bets.items():
+        assert abs(sum(b) / len(b) - 0.2) < 4 * (0.16 / len(b)) ** 0.5, card

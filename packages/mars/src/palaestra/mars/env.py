@@ -40,10 +40,13 @@ END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>")
 
 
 class PromptStyle(StrEnum):
-    """full: MARS's prompts; compact: no rules, instructions or notes (short contexts for tiny CPU models)."""
+    """full: MARS's prompts; compact: no rules, instructions or notes (short contexts for tiny CPU models);
+    minimal: compact without the system prompt and PLAYER INFORMATION, each turn only what happened since and the
+    GAME STATE / LEGAL ACTIONS (the shortest context: the acting seat's private information close to its answer)."""
 
     full = "full"
     compact = "compact"
+    minimal = "minimal"
 
 
 PROMPTS = tuple(p.value for p in PromptStyle)
@@ -139,7 +142,9 @@ class GameEnv(TextEnv):
 
     # -- protocol ---------------------------------------------------------------
     def reset(self, seed: int | None = None) -> dict[str, Any]:
-        self._rng = random.Random(seed)
+        # a stream of its own: scripted players are seeded with the same episode seed, and a player's
+        # random.Random(seed) would otherwise repeat the draws that dealt the cards (its bets correlated with them)
+        self._rng = random.Random(None if seed is None else f"mars-deal/{seed}")
         self.state = self.game.new_initial_state()
         self._resolve_chance()
         for _ in range(self._rng.randint(0, self.opening_moves) if self.opening_moves else 0):
@@ -168,7 +173,7 @@ class GameEnv(TextEnv):
         player = self.agents.index(agent)
         unseen, self._unseen[agent] = self._unseen[agent], []
         legal = self.game.legal_action_strings(self.state)
-        compact = self.prompt == "compact"
+        compact = self.prompt in ("compact", "minimal")
         note = "" if compact else self.game.action_note()
         state = self.game.render_state(self.state, player)
         if compact and self.game.kind == KIND_BOARD:
@@ -190,6 +195,8 @@ class GameEnv(TextEnv):
         if self._greeted[agent]:
             return [{"role": "user", "content": turn}]
         self._greeted[agent] = True
+        if self.prompt == "minimal":
+            return [{"role": "user", "content": turn}]
         if compact:
             first = f"PLAYER INFORMATION:\n{self.game.player_information(player)}\n\n{turn}"
             return [{"role": "system", "content": self.game.system_prompt()}, {"role": "user", "content": first}]
@@ -257,7 +264,7 @@ class GameEnv(TextEnv):
         for other in self.agents:
             if other != agent:
                 seen = {"agent": agent, "turn": self._moves, "action": text}
-                if self.game.kind == KIND_BOARD and self.prompt != "compact":
+                if self.game.kind == KIND_BOARD and self.prompt == "full":
                     seen["state"] = self.game.render_state(self.state, self.agents.index(other))
                     seen["legal"] = self.game.legal_action_strings(self.state)
                 self._unseen[other].append(seen)

@@ -19,7 +19,11 @@ The mover picks the recorded moves:
 - ``mcts``: OpenSpiel MCTS (50 simulations);
 - ``equilibrium`` (poker): samples the cached CFR / CFR+ equilibrium (`solvers`); with
   ``random_fraction`` a stochastic, card-aware, non-optimal policy (the Kuhn demonstration's
-  warm start: half equilibrium, half uniform).
+  warm start of its first runs: half equilibrium, half uniform);
+- ``card_strength`` (Kuhn poker): bet or call with probability ``strength[card]`` (J, Q, K), pass or fold
+  otherwise, whatever the betting: a card-aware, non-optimal rule of thumb whose targets differ strongly by
+  card (a 2M model learns to read its card from them in a CPU budget, where half-equilibrium data left it
+  card-blind; see ``docs/experiments.md``).
 
 ``random_fraction`` mixes in uniformly random legal moves (with ``mover:
 first``: a policy that keeps some entropy for self-play to explore with, and
@@ -39,7 +43,7 @@ from typing import Any
 from palaestra.mars.env import GameEnv, Shaping, render_response
 from palaestra.mars.players import MCTSPlayer, Player, RandomPlayer
 
-MOVERS = ("random", "first", "mcts", "equilibrium")
+MOVERS = ("random", "first", "mcts", "equilibrium", "card_strength")
 OPPONENTS = ("self", "random")
 
 
@@ -81,6 +85,25 @@ class FirstLegalPlayer(Player):
         return render_response(self.rng.choice(legal[: self.k]))
 
 
+class CardStrengthPlayer(Player):
+    """Kuhn poker: bet or call with probability ``strength[card]`` (card 0, 1, 2 = J, Q, K), else pass or fold."""
+
+    name = "card_strength"
+
+    def __init__(self, strength: list[float], seed: int = 0):
+        if len(strength) != 3 or not all(0.0 <= p <= 1.0 for p in strength):
+            raise ValueError(f"card_strength needs three probabilities in [0, 1] (J, Q, K), not {strength!r}")
+        self.strength = [float(p) for p in strength]
+        self.rng = random.Random(seed)
+
+    def reset(self, seed: int) -> None:
+        self.rng.seed(seed)
+
+    def act(self, env: GameEnv) -> str:
+        card = env.state.history()[env.current_player]
+        return render_response("<BET>" if self.rng.random() < self.strength[card] else "<PASS>")
+
+
 def legal_move_conversations(
     game: str,
     episodes: int,
@@ -92,6 +115,7 @@ def legal_move_conversations(
     shaping: Shaping | None = None,
     prompt: str = "full",
     equilibrium_cache: str = "outputs/mars/cache",
+    strength: list[float] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per recorded seat per episode: ``{"messages": [...], "game": ..., "agent": ...}``."""
     if mover not in MOVERS:
@@ -102,11 +126,17 @@ def legal_move_conversations(
         raise ValueError(f"first_k must be >= 1, not {first_k}")
     if opponent not in OPPONENTS:
         raise ValueError(f"opponent must be one of {', '.join(OPPONENTS)}, not {opponent!r}")
+    if mover == "card_strength" and (game != "kuhn_poker" or strength is None):
+        raise ValueError(
+            f"mover card_strength is for kuhn_poker with strength: [pJ, pQ, pK] (got {game!r}, {strength})"
+        )
     env = GameEnv(game, shaping, prompt)
     if mover == "random":
         player: Player = RandomPlayer(seed)
     elif mover == "first":
         player = FirstLegalPlayer(random_fraction, seed, first_k)
+    elif mover == "card_strength":
+        player = CardStrengthPlayer(strength, seed)
     elif mover == "mcts":
         player = MCTSPlayer(env.game, max_simulations=50, rollout_count=1, seed=seed, solve=True)
     else:
