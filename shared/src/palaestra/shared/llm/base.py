@@ -55,6 +55,9 @@ class LLMConfig:
     """Per-request timeout (openai backend)."""
     max_batch_size: int = 64
     """Largest batch the backend generates at once (transformers backend)."""
+    hf_generate: bool = False
+    """Decode with transformers' ``model.generate`` instead of the backend's own loop (transformers backend; the
+    loop gives the same greedy tokens and samples by the same rule, faster: see ``palaestra.shared.llm.hf_decode``)."""
     gpu_memory_utilization: float = 0.5
     """Share of GPU memory for vLLM's KV cache (vllm backend)."""
     tensor_parallel_size: int = 1

@@ -1,4 +1,5 @@
-"""The `transformers` backend: batched generation with `model.generate`, on CPU or GPU.
+"""The `transformers` backend: batched generation on CPU or GPU, by the lean decode loop of `hf_decode` (default)
+or by ``model.generate`` (``llm.hf_generate: true``).
 
 Prompts (token ids, or text encoded without special tokens) are sorted by
 length, left-padded and generated in chunks of ``max_batch_size``; results come
@@ -11,10 +12,11 @@ the stop string: the tokens after it are dropped and the text is cut just after
 the stop string (which it includes).
 
 Logprobs are of the sampled tokens under the model itself: log-softmax of the
-raw logits, before temperature and top-p (what PPO's ratio needs). They are
-recorded step by step by a logits processor that keeps only the current step's
-distribution, so memory stays O(batch x vocab) instead of HF's ``output_logits``
-O(batch x steps x vocab).
+raw logits, before temperature and top-p (what PPO's ratio needs). Both paths
+score each step as it comes (``generate``'s through a logits processor), so
+memory stays O(batch x vocab) instead of HF's ``output_logits`` O(batch x steps
+x vocab). The two paths give the same greedy tokens and sample by the same rule
+(HF's temperature, top-k, top-p); a seed draws different samples in each.
 
 ``seed`` makes a call reproducible: sampling runs under a forked torch RNG
 seeded with it (the global RNG is left untouched).
@@ -46,6 +48,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams
+from palaestra.shared.llm.hf_decode import StopRows, decode
 from palaestra.shared.llm.models import load_tokenizer, resolve_model_path
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -111,16 +114,19 @@ class _LogprobRecorder(LogitsProcessor):
             return sequences.new_zeros((sequences.shape[0], 0)).float()
         return torch.cat(self.scored, dim=1)
 
-    def top_logprobs(self) -> list[list[list[list[float | int]]]]:
-        """Per row, per generated token: ``[[token_id, logprob], ...]`` of the k most likely tokens (after `finish`)."""
+    def top_logprobs(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """[batch, generated, k] ids and logprobs of the k most likely tokens (after `finish`)."""
         if not self.top:
-            return []
-        ids = torch.cat([i for i, _ in self.top], dim=1).tolist()
-        values = torch.cat([v for _, v in self.top], dim=1).tolist()
-        return [
-            [[[i, v] for i, v in zip(step_ids, step_values)] for step_ids, step_values in zip(row_ids, row_values)]
-            for row_ids, row_values in zip(ids, values)
-        ]
+            return None
+        return torch.cat([i for i, _ in self.top], dim=1), torch.cat([v for _, v in self.top], dim=1)
+
+
+def _top_pairs(ids: torch.Tensor, values: torch.Tensor) -> list[list[list[list[float | int]]]]:
+    """Per row, per generated token: ``[[token_id, logprob], ...]``."""
+    return [
+        [[[i, v] for i, v in zip(step_ids, step_values)] for step_ids, step_values in zip(row_ids, row_values)]
+        for row_ids, row_values in zip(ids.tolist(), values.tolist())
+    ]
 
 
 class _StepHookCriteria(StoppingCriteria):
@@ -144,10 +150,12 @@ class _StopOnStrings(StoppingCriteria):
         self.window = 2 * max(len(s) for s in stops) + 4
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        tails = input_ids[:, max(self.prompt_len, input_ids.shape[1] - self.window) :].tolist()
-        texts = self.tokenizer.batch_decode(tails)
-        done = [any(s in t for s in self.stops) for t in texts]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+        return self.flags(input_ids[:, self.prompt_len :])  # type: ignore[return-value]
+
+    def flags(self, generated: torch.Tensor) -> torch.Tensor:
+        """[rows] bool: the last `window` generated tokens of a row contain a stop string."""
+        texts = self.tokenizer.batch_decode(generated[:, -self.window :].tolist())
+        return torch.tensor([any(s in t for s in self.stops) for t in texts], device=generated.device)
 
 
 class TransformersClient(LLMClient):
@@ -248,29 +256,50 @@ class TransformersClient(LLMClient):
         input_ids, attention_mask = self.batch_inputs(batch)
         width = input_ids.shape[1]
         max_new = min(params.max_tokens, self.context_length - width)
-        recorder = _LogprobRecorder(top_k=params.top_logprobs if params.logprobs else 0)
-        criteria = StoppingCriteriaList([_StopOnStrings(self.tokenizer, params.stop, width)] if params.stop else [])
-        if on_step is not None:
-            criteria.append(_StepHookCriteria(on_step, positions if positions is not None else list(range(len(batch)))))
+        positions = positions if positions is not None else list(range(len(batch)))
+        strings = _StopOnStrings(self.tokenizer, params.stop, width) if params.stop else None
+        top_k = params.top_logprobs if params.logprobs else 0
         t0 = time.perf_counter()
-        sequences = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            generation_config=self.generation_config(params, max_new),
-            logits_processor=LogitsProcessorList([recorder]),
-            stopping_criteria=criteria,
-        )
+        if self.config.hf_generate:
+            recorder = _LogprobRecorder(top_k=top_k)
+            criteria = StoppingCriteriaList([strings] if strings else [])
+            if on_step is not None:
+                criteria.append(_StepHookCriteria(on_step, positions))
+            sequences = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=self.generation_config(params, max_new),
+                logits_processor=LogitsProcessorList([recorder]),
+                stopping_criteria=criteria,
+            )
+            generated, scores, top = sequences[:, width:], recorder.finish(sequences), recorder.top_logprobs()
+        else:
+            sample = params.temperature > 0
+            out = decode(
+                self.model,
+                input_ids,
+                attention_mask,
+                max_new_tokens=max_new,
+                eos_ids=self.eos_token_ids,
+                pad_id=self.tokenizer.pad_token_id,
+                temperature=params.temperature,
+                top_p=params.top_p if sample else 1.0,
+                top_k=params.top_k if sample else 0,
+                top_logprobs=top_k,
+                stop_rows=_loop_stops(strings, on_step, positions),
+            )
+            generated, scores = out.tokens, out.logprobs
+            top = (out.top_ids, out.top_logprobs) if out.top_ids is not None and out.top_logprobs is not None else None
         elapsed = time.perf_counter() - t0
-        generated = sequences[:, width:]
-        logprobs = recorder.finish(sequences).cpu().tolist() if params.logprobs else None
-        top = recorder.top_logprobs()
+        logprobs = scores.cpu().tolist() if params.logprobs else None
+        pairs = _top_pairs(*top) if top else None
         rows = generated.cpu().tolist()
         completions = []
         for row, (prompt, tokens) in enumerate(zip(batch, rows)):
             completion = self._finish(prompt, tokens, logprobs[row] if logprobs else None, params)
             completion.extra["batch_seconds"] = elapsed
-            if top:
-                completion.extra["top_logprobs"] = top[row][: len(completion.token_ids)]
+            if pairs:
+                completion.extra["top_logprobs"] = pairs[row][: len(completion.token_ids)]
             completions.append(completion)
         return completions
 
@@ -327,6 +356,22 @@ class TransformersClient(LLMClient):
         self.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _loop_stops(strings: _StopOnStrings | None, on_step: StepHook | None, positions: list[int]) -> StopRows | None:
+    """The decode loop's per-step end check: stop strings and the step hook (called on the live rows only)."""
+    if strings is None and on_step is None:
+        return None
+
+    def stop_rows(live: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+        flags = strings.flags(generated) if strings is not None else torch.zeros(len(live), dtype=torch.bool)
+        if on_step is not None:
+            hooked = on_step([positions[r] for r in live.tolist()], generated[:, -1].tolist())
+            if hooked is not None:
+                flags = flags.cpu() | torch.tensor(hooked, dtype=torch.bool)
+        return flags
+
+    return stop_rows
 
 
 def _first_stop(text: str, stops: list[str]) -> int | None:
