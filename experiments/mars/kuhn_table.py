@@ -1,21 +1,41 @@
-"""The Kuhn demonstration's table from MLflow: exploitability per evaluation step of kuhn_cpu.yaml runs (RL) and
-kuhn_cpu_control.yaml runs (no RL), by seed, with the uniform policy and the warm start's SFT target for reference.
+"""The Kuhn demonstration's tables from MLflow: exploitability per evaluation step of kuhn_cpu.yaml runs (RL) and
+kuhn_cpu_control.yaml runs (no RL), by seed, and each run's policy read off the model (P(<BET>) at the 12
+information states) at its first and last evaluation, from the runs' per-evaluation JSON artifacts.
 
-    python experiments/mars/kuhn_table.py [--tracking-uri sqlite:///mlruns/mlflow.db] [--experiment mars-kuhn]
+    python experiments/mars/kuhn_table.py [--tracking-uri sqlite:///mlruns/mlflow.db] [--experiment mars-kuhn] \
+        [--output-dir-contains kuhn_cpu_r2]
 
-Prints a markdown table (the one in packages/mars/docs/experiments.md).
+Prints markdown tables (the ones in packages/mars/docs/experiments.md). Only finished runs whose output_dir
+contains the given text count (revision 2 of the configs writes under outputs/mars/kuhn_cpu_r2/).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+
+STATES = ["0", "1", "2", "0p", "1p", "2p", "0b", "1b", "2b", "0pb", "1pb", "2pb"]
+"""OpenSpiel's Kuhn information states: the card (0 J, 1 Q, 2 K), then the betting (p pass, b bet)."""
+
+
+def _policy(client, run_id: str, step: int) -> dict[str, float] | None:
+    """P(<BET>) by information state from the run's eval_results JSON of `step` (None when absent)."""
+    try:
+        path = client.download_artifacts(run_id, f"eval_results_step{step:05d}.json")
+    except Exception:
+        return None
+    for record in json.loads(Path(path).read_text()):
+        if "policy" in record:
+            return {k: v[1] for k, v in record["policy"].items()}
+    return None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tracking-uri", default=f"sqlite:///{Path('mlruns/mlflow.db').resolve()}")
     parser.add_argument("--experiment", default="mars-kuhn")
+    parser.add_argument("--output-dir-contains", default="kuhn_cpu_r2")
     args = parser.parse_args()
     import mlflow
 
@@ -26,20 +46,32 @@ def main() -> None:
     rows = {}
     for run in client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"]):
         params = run.data.params
+        if args.output_dir_contains not in params.get("output_dir", ""):
+            continue
         kind = "control" if "kuhn_cpu_control" in params.get("output_dir", "") else "RL"
         history = client.get_metric_history(run.info.run_id, "eval/kuhn_poker/exploitability")
         if run.info.status == "FINISHED" and history:
-            sft = params.get("sft_warmup.steps")
-            rows[(kind, int(params["seed"]))] = (sft, sorted((m.step, m.value) for m in history))
-    print("| run | seed | SFT steps | exploitability at RL step 0, 5, 10, ... | end | end - start |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for (kind, seed), (sft, hist) in sorted(rows.items()):
+            hist = sorted((m.step, m.value) for m in history)
+            minutes = (run.info.end_time - run.info.start_time) / 60000
+            first, last = _policy(client, run.info.run_id, hist[0][0]), _policy(client, run.info.run_id, hist[-1][0])
+            rows[(kind, int(params["seed"]))] = (params.get("sft_warmup.steps"), hist, minutes, first, last)
+    print("| run | seed | SFT steps | exploitability at RL step 0, 5, 10, ... | end | end - start | minutes |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for (kind, seed), (sft, hist, minutes, _, _) in sorted(rows.items()):
         values = ", ".join(f"{v:.3f}" for _, v in hist)
         start, end = hist[0][1], hist[-1][1]
         delta = f"{end - start:+.3f}" if kind == "RL" else "-"
-        print(f"| {kind} | {seed} | {sft} | {values} | {end:.3f} | {delta} |")
-    print("| uniform policy | - | - | 0.458 (11/24) | | |")
-    print("| SFT target (CFR half, uniform half) | - | - | 0.199 | | |")
+        print(f"| {kind} | {seed} | {sft} | {values} | {end:.3f} | {delta} | {minutes:.1f} |")
+    print()
+    print("P(<BET>) read off the model at each information state (card J/Q/K = 0/1/2; p pass, b bet so far):")
+    print()
+    print("| run | seed | when | " + " | ".join(STATES) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in STATES) + " |")
+    for (kind, seed), (_, hist, _, first, last) in sorted(rows.items()):
+        for when, table in (("first eval", first), ("last eval", last)):
+            if table is not None:
+                cells = " | ".join(f"{table.get(s, float('nan')):.2f}" for s in STATES)
+                print(f"| {kind} | {seed} | {when} (step {hist[0 if when == 'first eval' else -1][0]}) | {cells} |")
 
 
 if __name__ == "__main__":
