@@ -2,14 +2,19 @@
 
 1. One GRPO training step (rollout + advantages + one PPO update) of
    palaestra's `Trainer` vs TRL's `GRPOTrainer` on the same model (`tiny`),
-   prompts, group size, completion length, sampling, loss (DAPO token mean, no
-   KL, one update per generation, so both skip the old-logprob forward), float32
-   and no gradient checkpointing: the steps interleaved (one of each in turn, in
-   one process), median and spread of each and the ratio (goal >= 1.5).
+   prompts, group size, completion length, sampling (temperature 1, top_p 1,
+   top_k off), loss (DAPO token mean, no KL, one update per generation, so both
+   skip the old-logprob forward), float32 and no gradient checkpointing: the
+   steps interleaved (one of each in turn, in one process), median and spread of
+   each (wall clock and CPU time) and the ratio (goal >= 1.5), with each side's
+   generation time and mean completion length. Ours decodes with the
+   transformers backend's own loop (`hf_decode`: one prefill per prompt shared
+   by its group, ended rows leave the batch); ``--hf-generate`` makes it use
+   ``model.generate`` as TRL does.
 2. The rollout engine's generated tokens/s vs plain batched ``model.generate``
    on the same prompt ids and the same number of new tokens.
 
-    .venv/bin/python tools/bench_rl.py [--steps 6] [--prompts 8] [--group 8] [--tokens 32] [--threads 1]
+    .venv/bin/python tools/bench_rl.py [--steps 6] [--prompts 8] [--group 8] [--tokens 32] [--threads 1] [--hf-generate]
 """
 
 from __future__ import annotations
@@ -50,7 +55,9 @@ def ours(args):
         job="rl.train",
         output_dir=tempfile.mkdtemp(),
         tracking=TrackingConfig(enabled=False),
-        llm=LLMConfig(model="tiny", device="cpu", max_batch_size=args.prompts * args.group),
+        llm=LLMConfig(
+            model="tiny", device="cpu", max_batch_size=args.prompts * args.group, hf_generate=args.hf_generate
+        ),
         envs=[EnvSpec("task", {"reward": "bench_length", "source_kwargs": {"num_samples": args.prompts}})],
         rollout=RolloutConfig(group_size=args.group, max_tokens_per_turn=args.tokens, temperature=1.0),
         loss=LossConfig(reduction="dapo"),
@@ -66,9 +73,10 @@ def ours(args):
     return trainer
 
 
-def interleaved_steps(args) -> tuple[list[float], list[float]]:
+def interleaved_steps(args) -> dict[str, list[float]]:
     """Seconds per training step of TRL's `GRPOTrainer` and of ours, one of each in turn: after each TRL step
-    (timed by a callback from its begin to its end), one of our steps runs inside the same callback."""
+    (timed by a callback from its begin to its end), one of our steps runs inside the same callback. Wall-clock
+    and CPU seconds (this process's, all threads) of each: on a loaded machine the CPU time is the steadier."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -76,18 +84,22 @@ def interleaved_steps(args) -> tuple[list[float], list[float]]:
     from palaestra.shared.llm.models import resolve_model_path
 
     trainer = ours(args)
-    trl_times: list[float] = []
-    our_times: list[float] = []
+    keys = ("trl", "ours", "trl_cpu", "ours_cpu", "trl_gen", "ours_gen", "trl_tokens", "ours_tokens")
+    times: dict[str, list[float]] = {k: [] for k in keys}
 
     class Interleave(TrainerCallback):
         def on_step_begin(self, *a, **k):
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, *a, **k):
-            trl_times.append(time.perf_counter() - self.t0)
-            t0 = time.perf_counter()
-            trainer.train_step()
-            our_times.append(time.perf_counter() - t0)
+            times["trl"].append(time.perf_counter() - self.t0)
+            times["trl_cpu"].append(time.process_time() - self.c0)
+            t0, c0 = time.perf_counter(), time.process_time()
+            metrics = trainer.train_step()
+            times["ours"].append(time.perf_counter() - t0)
+            times["ours_cpu"].append(time.process_time() - c0)
+            times["ours_gen"].append(metrics["perf/rollout_s"])
+            times["ours_tokens"].append(metrics["rollout/response_tokens_mean"])
 
     data = Dataset.from_list([{"prompt": p} for p in prompts(args.prompts)] * (args.steps + 1))
     config = GRPOConfig(
@@ -117,8 +129,18 @@ def interleaved_steps(args) -> tuple[list[float], list[float]]:
         train_dataset=data,
         callbacks=[Interleave()],
     )
+    generate = peer._generate
+
+    def timed_generate(*a, **k):  # TRL's generation phase (tokenize, generate, decode), timed from outside
+        t0 = time.perf_counter()
+        out = generate(*a, **k)
+        times["trl_gen"].append(time.perf_counter() - t0)
+        times["trl_tokens"].append(sum(len(c) for c in out[1]) / len(out[1]))
+        return out
+
+    peer._generate = timed_generate  # type: ignore[method-assign]
     peer.train()
-    return trl_times[1:], our_times[1:]  # TRL's first step is its warm-up (ours warmed up before)
+    return {k: v[1:] for k, v in times.items()}  # TRL's first step is its warm-up (ours warmed up before)
 
 
 def spread(times: list[float]) -> str:
@@ -175,23 +197,32 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--hf-generate", action="store_true", help="ours decodes with model.generate (as TRL)")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(
-        f"setting: tiny model, {args.prompts} prompts x {args.group} samples, {args.tokens} new tokens, CPU, "
-        f"{args.threads} thread(s), {args.steps} timed steps"
+        f"setting: tiny model, {args.prompts} prompts x {args.group} samples, {args.tokens} new tokens at most, "
+        f"temperature 1, top_p 1, top_k off, float32, CPU, {args.threads} thread(s), {args.steps} timed steps; "
+        f"ours decodes with {'model.generate' if args.hf_generate else 'its own loop'}, TRL with model.generate"
     )
     import statistics
 
-    trl_times, our_times = interleaved_steps(args)
-    ratios = [t / o for t, o in zip(trl_times, our_times)]
-    print(f"training step  palaestra {spread(our_times)}   TRL GRPOTrainer {spread(trl_times)}")
+    times = interleaved_steps(args)
+    for clock, suffix in (("wall", ""), ("CPU", "_cpu")):
+        trl_times, our_times = times["trl" + suffix], times["ours" + suffix]
+        ratios = [t / o for t, o in zip(trl_times, our_times)]
+        print(f"training step ({clock})  palaestra {spread(our_times)}   TRL GRPOTrainer {spread(trl_times)}")
+        print(
+            f"               ratio of medians {statistics.median(trl_times) / statistics.median(our_times):.2f}x, "
+            f"per interleaved pair {min(ratios):.2f}-{max(ratios):.2f}x (goal >= 1.5x)"
+        )
     print(
-        f"               ratio of medians {statistics.median(trl_times) / statistics.median(our_times):.2f}x, "
-        f"per interleaved pair {min(ratios):.2f}-{max(ratios):.2f}x (goal >= 1.5x)"
+        f"of which generation (wall)  palaestra {spread(times['ours_gen'])}   TRL {spread(times['trl_gen'])}\n"
+        f"mean completion tokens  palaestra {statistics.mean(times['ours_tokens']):.1f}   "
+        f"TRL {statistics.mean(times['trl_tokens']):.1f}"
     )
     engine_tps, plain_tps, in_backend = generation(args)
     print(
