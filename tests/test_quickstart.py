@@ -66,3 +66,41 @@ def test_egpo_stage_reads_what_datagen_wrote_under_another_output_dir(tmp_path, 
     assert {task["id"].rsplit("-", 1)[0] for task in env.samples} == {row["id"] for row in rows}  # <record>-<turn>
     first_user = next(m["content"] for m in rows[0]["messages"] if m["role"] == "user")
     assert any(m.get("content") == first_user for m in env.samples[0]["messages"])
+
+
+def test_mars_warm_start_teaches_responses_that_its_games_accept(tmp_path, tiny_llm):
+    """Each assistant turn of the quickstart's mars SFT data, as the chat template renders it (the tokens the model
+    learns and then samples), parses under the game's parser as the move it records and ends with the stop string
+    within the training rollout's and the evaluation's token limits: a format loss there is the model's, not a
+    template, parser or length mismatch of the setup."""
+    from palaestra.mars.env import parse_answer
+    from palaestra.shared.rl.sft import tokenize
+    from palaestra.shared.rollout.tasks import TASKS
+
+    stages = stage_configs(load_config(QUICKSTART, [f"output_dir={tmp_path}", "only=[mars_selfplay,mars_eval]"]))
+    train, evaluate = stages["mars_selfplay"], stages["mars_eval"]
+    assert train.llm.model == "tiny" and not train.rollout.response_prefix
+    assert "</answer>" in train.rollout.stop and "</answer>" in evaluate.stop
+    sft = train.sft_warmup
+    samples = TASKS.get(sft.source)(**{**sft.source_kwargs, "episodes": 20})
+    tokenizer = tiny_llm.tokenizer
+    turns = 0
+    for sample in samples:
+        ids, mask = tokenize(tokenizer, sample, sft.max_length)
+        spans, span = [], []  # the assistant turns: runs of masked tokens
+        for token, learned in zip(ids, mask, strict=True):
+            if learned:
+                span.append(token)
+            elif span:
+                spans.append(span)
+                span = []
+        spans += [span] if span else []
+        recorded = [m["content"] for m in sample["messages"] if m["role"] == "assistant"]
+        assert len(spans) == len(recorded)
+        for span, content in zip(spans, recorded, strict=True):
+            action, error = parse_answer(tokenizer.decode(span), train.shaping.require_think)
+            assert error is None and action == parse_answer(content)[0]
+            length = next(k for k in range(1, len(span) + 1) if "</answer>" in tokenizer.decode(span[:k]))
+            assert length <= min(train.rollout.max_tokens_per_turn, evaluate.max_tokens)
+            turns += 1
+    assert turns >= 20
