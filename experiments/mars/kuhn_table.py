@@ -68,7 +68,8 @@ def main() -> None:
     print("| run | seed | when | " + " | ".join(STATES) + " |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in STATES) + " |")
     for (kind, seed), (_, hist, _, first, last) in sorted(rows.items()):
-        for when, table in (("first eval", first), ("last eval", last)):
+        evals = (("first eval", first), ("last eval", last)) if len(hist) > 1 else (("the evaluation", first),)
+        for when, table in evals:
             if table is not None:
                 cells = " | ".join(f"{table.get(s, float('nan')):.2f}" for s in STATES)
                 print(f"| {kind} | {seed} | {when} (step {hist[0 if when == 'first eval' else -1][0]}) | {cells} |")
