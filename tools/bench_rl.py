@@ -156,7 +156,8 @@ def generation(args) -> tuple[float, float, float]:
     from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
     from palaestra.shared.rollout.tasks import TaskEnv
 
-    client = make_client(LLMConfig(model="tiny", device="cpu", max_batch_size=args.prompts * args.group))
+    size = args.prompts * args.group
+    client = make_client(LLMConfig(model="tiny", device="cpu", max_batch_size=size, hf_generate=args.hf_generate))
     n = args.prompts * args.group
     engine = RolloutEngine(client, RolloutConfig(group_size=1, max_tokens_per_turn=args.tokens))
     specs = [EpisodeSpec(lambda: TaskEnv(source_kwargs={"num_samples": n}), seed=i, group_id=str(i)) for i in range(n)]
