@@ -5,7 +5,9 @@ information states) at its first and last evaluation, from the runs' per-evaluat
     python experiments/mars/kuhn_table.py [--tracking-uri sqlite:///mlruns/mlflow.db] [--experiment mars-kuhn] \
         [--output-dir-contains kuhn_cpu_r2]
 
-Prints markdown tables (the ones in packages/mars/docs/experiments.md). Only finished runs whose output_dir
+Prints markdown tables (the ones in packages/mars/docs/experiments.md). The RL train reward is the mean reward per
+seat trajectory of the first and last RL step (legal games: about +0.05 per turn; a format loss costs its seat
+the bet + 1). Only finished runs whose output_dir
 contains the given text count (revision 2 of the configs writes under outputs/mars/kuhn_cpu_r2/).
 """
 
@@ -54,20 +56,22 @@ def main() -> None:
             hist = sorted((m.step, m.value) for m in history)
             minutes = (run.info.end_time - run.info.start_time) / 60000
             first, last = _policy(client, run.info.run_id, hist[0][0]), _policy(client, run.info.run_id, hist[-1][0])
-            rows[(kind, int(params["seed"]))] = (params.get("sft_warmup.steps"), hist, minutes, first, last)
-    print("| run | seed | SFT steps | exploitability at RL step 0, 5, 10, ... | end | end - start | minutes |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for (kind, seed), (sft, hist, minutes, _, _) in sorted(rows.items()):
+            reward = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/reward_mean"))
+            rewards = f"{reward[0][1]:+.2f} -> {reward[-1][1]:+.2f}" if reward else "-"
+            rows[(kind, int(params["seed"]))] = (params.get("sft_warmup.steps"), hist, minutes, first, last, rewards)
+    print("| run | seed | SFT steps | exploitability at RL step 0, 5, ... | end | end - start | RL reward | min |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (kind, seed), (sft, hist, minutes, _, _, rewards) in sorted(rows.items()):
         values = ", ".join(f"{v:.3f}" for _, v in hist)
         start, end = hist[0][1], hist[-1][1]
         delta = f"{end - start:+.3f}" if kind == "RL" else "-"
-        print(f"| {kind} | {seed} | {sft} | {values} | {end:.3f} | {delta} | {minutes:.1f} |")
+        print(f"| {kind} | {seed} | {sft} | {values} | {end:.3f} | {delta} | {rewards} | {minutes:.1f} |")
     print()
     print("P(<BET>) read off the model at each information state (card J/Q/K = 0/1/2; p pass, b bet so far):")
     print()
     print("| run | seed | when | " + " | ".join(STATES) + " |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in STATES) + " |")
-    for (kind, seed), (_, hist, _, first, last) in sorted(rows.items()):
+    for (kind, seed), (_, hist, _, first, last, _) in sorted(rows.items()):
         evals = (("first eval", first), ("last eval", last)) if len(hist) > 1 else (("the evaluation", first),)
         for when, table in evals:
             if table is not None:
