@@ -108,3 +108,30 @@ def test_passive_adversaries_keep_their_lane_and_target_speed():
         if term or trunc:
             break
     assert [a.target_lane_index for a in env.advs] == lanes and [a.target_speed for a in env.advs] == speeds
+
+
+def test_reward_state_says_how_long_the_adversary_has_been_in_the_victim_lane():
+    # scripted: move into the victim's lane, then keep it; the clock is the policy step (1 s = 5 frames on
+    # highway-fast), counted from the first frame in the lane
+    env = AdversaryEnv("highway", "cut_in", overrides={"vehicles_count": 8}, max_steps=8)
+    checked = 0
+    for seed in range(20):
+        env.reset(seed=seed)
+        seen = []
+        for _ in range(6):
+            rel = env.state(0, env._event([], []))["rel"]
+            action = 1 if rel["same_lane"] else (0 if rel["lat"] > 0 else 2)  # LANE_LEFT/RIGHT toward it, then IDLE
+            _, _, term, trunc, _ = env.step(action)
+            rel = env.state(0, env._event([], []))["rel"]
+            seen.append((rel["same_lane"], rel["in_victim_lane_s"], env.victim.lane_index))
+            if term or trunc:
+                break
+        for (same0, s0, lane0), (same1, s1, lane1) in zip(seen, seen[1:]):
+            assert s1 == 0.0 if not same1 else 0.0 <= s1 <= 4.0
+            if same1 and not same0 and lane1 == lane0:  # entered during this step
+                assert s1 < 1.0
+                checked += 1
+            if same0 and same1 and lane1 == lane0:  # one more second in the same lane, up to the 4 s of history
+                assert s1 == pytest.approx(min(s0 + 1.0, 4.0), abs=1e-6)
+                checked += 1
+    assert checked >= 3

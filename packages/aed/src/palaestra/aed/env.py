@@ -352,6 +352,7 @@ class AdversaryEnv(gym.Env):
                 "lat": lat,
                 "dist": dist,
                 "same_lane": float(adv.lane_index == victim.lane_index),
+                "in_victim_lane_s": float(self.history.time_in_lane(adv, victim.lane_index)),
                 "closing_speed": closing,
                 "ttc": min(ttc, 99.0),
                 "heading_diff": float((adv.heading - victim.heading + math.pi) % (2 * math.pi) - math.pi),

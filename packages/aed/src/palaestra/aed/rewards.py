@@ -20,8 +20,10 @@ where ``sample`` is the state.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+from palaestra.aed.attribution import CUT_IN_WINDOW_S
 from palaestra.shared.rewards import REWARDS
 
 TAXONOMY: dict[str, str] = {
@@ -51,7 +53,9 @@ reward(state) -> float is called once per policy step (1 s of simulated time in 
   state["rel"]: the adversary relative to the victim:
       {"long": longitudinal offset in the victim's frame (+ = adversary ahead of the victim),
        "lat": lateral offset (+ = toward the victim's right-hand lanes), "dist": centre distance,
-       "same_lane": 1 if both are in the same lane, "closing_speed": speed at which the gap shrinks (+ = closing),
+       "same_lane": 1 if both are in the same lane,
+       "in_victim_lane_s": how long the adversary has been in the victim's lane (0 when not in it; 4 = 4 s or more),
+       "closing_speed": speed at which the gap shrinks (+ = closing),
        "ttc": time to collision (99 when not closing), "heading_diff": adversary heading minus victim heading}
   state["event"]: what happened during this step:
       {"victim_collision": 1 if the victim collided with anyone this step,
@@ -65,6 +69,12 @@ Only the `math` module is available (no imports). The function must return a fin
 finite floats (its components, e.g. {"proximity": ..., "collision": ...}): the reward is their sum, and each
 component's statistics over training are reported back to you.
 """
+
+
+LANE_WIDTH_M = 4.0
+"""highway-env's ``StraightLane.DEFAULT_WIDTH``: the lateral offset of a neighbouring lane's centre."""
+VEHICLE_LENGTH_M = 5.0
+"""highway-env's ``Vehicle.LENGTH``: centre offset minus this is the bumper-to-bumper gap of two vehicles in line."""
 
 
 def _collision_bonus(state: dict, target: str) -> float:
@@ -90,17 +100,30 @@ def rear_end(state: dict) -> float:
     return shaping + _collision_bonus(state, "rear_end")
 
 
-def cut_in(state: dict) -> float:
-    """Drive slightly ahead of the victim in a neighbouring lane, change into its lane at a short gap, and stay
-    there while it closes in (a cut-in counts only within 3 s of entering the lane: `attribution.classify`)."""
+def cut_in(state: dict) -> dict[str, float]:
+    """Get just ahead of the victim in a neighbouring lane while it is faster, change into its lane at a short gap,
+    and be struck from behind within the cut-in window (`attribution.classify`: 3 s after entering its lane).
+
+    Components: ``setup`` (closeness to the launch point: a neighbouring lane, bumper gap 3 m ahead, more while
+    the victim closes in), ``merge`` (on the step the adversary enters the victim's lane ahead of it: larger for a
+    shorter gap and a faster victim), ``hold`` (ahead in its lane while it closes in, within the window), and the
+    bonus for a cut-in accident only. A merge pays several steps' worth of setup, so that waiting beside the
+    victim is not the best use of an episode; it pays nothing under a 1 m gap, which ends in clipping the victim's
+    front corner (a side-swipe). Weights and shapes are our choice (the AED paper describes its expert rewards
+    only in words)."""
     rel = state["rel"]
-    shaping = _proximity(state)
-    if 0 < rel["long"] < 25:
-        shaping += 0.1 * (1.0 - abs(rel["lat"]) / 8.0 if abs(rel["lat"]) < 8 else 0.0)
-        shaping += 0.1 * state["adv"]["lane_changing"]
-        if rel["same_lane"] and rel["long"] < 15:
-            shaping += 0.1 * (1.0 - rel["long"] / 15.0) + 0.05 * max(0.0, rel["closing_speed"]) / 5
-    return shaping + _collision_bonus(state, "cut_in")
+    gap = rel["long"] - VEHICLE_LENGTH_M  # bumper to bumper, + = the adversary's back ahead of the victim's front
+    closing = max(0.0, min(rel["closing_speed"], 8.0)) / 8.0
+    merge = hold = 0.0
+    slot = math.exp(-(((gap - 3.0) / 10.0) ** 2) - ((abs(rel["lat"]) - LANE_WIDTH_M) / 3.0) ** 2)
+    setup = 0.15 * slot * (0.5 + 0.5 * closing)
+    if rel["same_lane"] and 0.0 < gap < 15.0:
+        setup = 0.0
+        if rel["in_victim_lane_s"] < 1.0 and gap > 1.0:  # entered during this step (a policy step is 1 s here)
+            merge = 2.0 * (1.0 - gap / 15.0) * (0.5 + 0.5 * closing)
+        elif rel["in_victim_lane_s"] < CUT_IN_WINDOW_S:
+            hold = 0.2 * closing
+    return {"setup": setup, "merge": merge, "hold": hold, "collision": _collision_bonus(state, "cut_in")}
 
 
 def side_swipe(state: dict) -> float:
