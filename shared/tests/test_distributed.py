@@ -26,6 +26,7 @@ def _batch(vocab: int, seed: int = 0) -> tuple[TrainBatch, torch.Tensor]:
         attention[row, :k] = 1
         ids[row, k:] = 0
         loss_mask[row, 2 : k - 1] = 1.0  # the first tokens are the "prompt"
+    ids[1:4, :3] = ids[0, :3]  # rows 0-3 share theirs (learner.shared_prompt runs it once per micro-batch)
     turn = torch.where(loss_mask > 0, 0, -1)
     batch = TrainBatch(ids, attention, loss_mask, turn, torch.zeros_like(loss_mask, dtype=torch.bool))
     advantages = torch.randn((n, width - 1), generator=gen) * loss_mask

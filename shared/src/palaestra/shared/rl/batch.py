@@ -127,11 +127,17 @@ def micro_batches(batch: TrainBatch, idx: torch.Tensor, max_tokens: int = 0, max
 
 @torch.no_grad()
 def score_batch(
-    model, batch: TrainBatch, temperature: float, max_tokens: int = 0, max_rows: int = 0, with_entropy: bool = True
+    model,
+    batch: TrainBatch,
+    temperature: float,
+    max_tokens: int = 0,
+    max_rows: int = 0,
+    with_entropy: bool = True,
+    shared_prompt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the model's tokens (``loss_mask``; 0 elsewhere) under `model`, without
     gradients, one forward per micro-batch (`micro_batches` with `max_tokens` / `max_rows`); (N, L-1)
-    tensors in the batch's row order."""
+    tensors in the batch's row order. ``shared_prompt``: see `loss.token_logprobs_and_entropy`."""
     device = next(model.parameters()).device
     logps = torch.zeros(batch.loss_mask.shape)
     ents = torch.zeros(batch.loss_mask.shape) if with_entropy else None
@@ -144,6 +150,7 @@ def score_batch(
             temperature,
             with_entropy,
             positions=mb.loss_mask.to(device) > 0,
+            shared_prompt=shared_prompt,
         )
         logps[idx, : lp.shape[1]] = lp.float().cpu()
         if ents is not None and ent is not None:

@@ -79,6 +79,12 @@ class LearnerConfig:
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward (the model's own activation
     checkpointing, non-reentrant): the same gradients for far less activation memory."""
+    shared_prompt: bool = True
+    """Run each distinct prompt of a micro-batch through the decoder once for all its rows (a group's
+    samples) and only the rows' own tokens on top of its cache, in the update and in log-prob scoring
+    (rl/shared_prompt.py): the same log-probs and gradients up to float rounding. False: one forward over
+    the whole rows. A model that cannot share (sliding-window layers, no cache) runs that, with a warning;
+    so does the sharded learner with strategy fsdp (its ranks must make the same decoder calls)."""
     compute_dtype: str = "auto"
     """auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16. The learner's weights stay float32
     (the master copy the optimizer updates); bfloat16 runs forward and backward under autocast."""

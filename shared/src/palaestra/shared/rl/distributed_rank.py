@@ -26,19 +26,28 @@ STRATEGIES = ("fsdp", "ddp")
 
 
 class LogProbs(torch.nn.Module):
-    """The root that FSDP2 / DDP wrap: its forward is `token_logprobs_and_entropy` over the HF model.
+    """The root that FSDP2 / DDP wrap: its forward is `token_logprobs_and_entropy` over the HF model
+    (at ``positions``, sharing prompts when ``shared_prompt``).
 
     The chunked log-probs call the decoder and the output head separately; run inside the root's
     forward, FSDP2's root hooks gather the root's parameters (embeddings, head) around both, and DDP
     prepares its gradient reduction.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, shared_prompt: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.shared_prompt = model, shared_prompt
 
-    def forward(self, input_ids, attention_mask, temperature: float, with_entropy: bool):
-        return token_logprobs_and_entropy(self.model, input_ids, attention_mask, temperature, with_entropy)
+    def forward(self, input_ids, attention_mask, temperature: float, with_entropy: bool, positions=None):
+        return token_logprobs_and_entropy(
+            self.model,
+            input_ids,
+            attention_mask,
+            temperature,
+            with_entropy,
+            positions=positions,
+            shared_prompt=self.shared_prompt and positions is not None,
+        )
 
 
 class LearnerRank:
@@ -96,13 +105,16 @@ class LearnerRank:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model.to(self.device)  # the HF model (its names are the checkpoint's)
-        self.root = self._shard(LogProbs(self.model))
+        # FSDP2 gathers a layer's shard for each call of it, so all ranks must make the same decoder calls;
+        # whether a micro-batch shares a prompt is decided per rank: only DDP shares
+        shared = learner.shared_prompt and self.strategy == "ddp"
+        self.root = self._shard(LogProbs(self.model, shared))
         self.engine: torch.nn.Module = self.root
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             self.engine = DistributedDataParallel(self.root, device_ids=[0] if self.cuda else None)
-        self.ref = self._shard(LogProbs(ref.to(self.device))) if ref is not None else None
+        self.ref = self._shard(LogProbs(ref.to(self.device), shared)) if ref is not None else None
         self.optimizer = torch.optim.AdamW(self.root.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
         return sum(p.numel() for p in self.model.parameters())
 
@@ -162,7 +174,7 @@ class LearnerRank:
                     continue
                 rows = batch.rows(parts[k])
                 ids, mask = rows.input_ids.to(self.device), rows.attention_mask.to(self.device)
-                lp, ent = model(ids, mask, temperature, with_entropy)
+                lp, ent = model(ids, mask, temperature, with_entropy, rows.loss_mask.to(self.device) > 0)
             logps[parts[k], : lp.shape[1]] = lp.float().cpu()
             if ents is not None and ent is not None:
                 ents[parts[k], : ent.shape[1]] = ent.float().cpu()
@@ -195,7 +207,11 @@ class LearnerRank:
                     cut = {name: _cut(data.get(name), parts[k], rows, self.device) for name in _STEP_TENSORS}
                     with_entropy = cut["entropies"] is None
                     logps, ent = self.engine(
-                        rows.input_ids.to(self.device), rows.attention_mask.to(self.device), temperature, with_entropy
+                        rows.input_ids.to(self.device),
+                        rows.attention_mask.to(self.device),
+                        temperature,
+                        with_entropy,
+                        rows.loss_mask.to(self.device) > 0,  # the output head runs on the model's tokens only
                     )
                     loss, m = policy_loss(
                         logps,

@@ -27,11 +27,14 @@ losses and gradients add up to the unsplit ones exactly.
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from palaestra.shared.rl.shared_prompt import shared_prompt_hidden, unsupported
 
 REDUCTIONS = ("grpo", "dapo", "dr_grpo", "seq-mean-token-sum")
 
@@ -163,11 +166,16 @@ def token_logprobs_and_entropy(
     with_entropy: bool = True,
     chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
     positions: torch.Tensor | None = None,
+    shared_prompt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each next token under `model` (logits / temperature), and the entropy there; shape (B, L-1).
 
     `positions` (B, L-1) bool: score only these target positions (e.g. the model's own tokens; the output
     head is then not run on prompt or environment tokens, as TRL's ``logits_to_keep``); the others are 0.
+
+    `shared_prompt` (with `positions`): rows with the same prompt (the tokens before their first scored
+    position, e.g. a GRPO group's samples) run it through the decoder once (`shared_prompt.shared_prompt_hidden`);
+    a model that cannot (`shared_prompt.unsupported`) runs the plain forward, with a warning.
 
     The decoder's hidden states go through the output head a chunk of positions at a time (about
     `chunk_elements` logits each), in float32, so no (B, L, vocab) logits tensor exists. With gradients
@@ -177,13 +185,17 @@ def token_logprobs_and_entropy(
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: adapters stay active
     head = base.get_output_embeddings()
-    hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
-    batch, width, dim = hidden.shape
-    hidden = hidden.reshape(batch * width, dim)
+    batch, width = input_ids.shape[0], input_ids.shape[1] - 1
     targets = input_ids[:, 1:].reshape(-1)
-    if positions is not None:
-        keep = positions.reshape(-1).nonzero().squeeze(-1)
-        hidden, targets = hidden.index_select(0, keep), targets.index_select(0, keep)
+    keep = None if positions is None else positions.reshape(-1).nonzero().squeeze(-1)
+    if keep is not None:
+        targets = targets.index_select(0, keep)
+    hidden = _shared_prompt_hidden(base, input_ids, attention_mask, positions) if shared_prompt else None
+    if hidden is None:
+        hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+        hidden = hidden.reshape(batch * width, hidden.shape[-1])
+        if keep is not None:
+            hidden = hidden.index_select(0, keep)
     score = functools.partial(
         _chunk_scores,
         head=head,
@@ -204,6 +216,17 @@ def token_logprobs_and_entropy(
     return _unflatten(torch.cat(logps), batch, width, positions), (
         _unflatten(torch.cat(ents), batch, width, positions) if with_entropy else None
     )
+
+
+def _shared_prompt_hidden(base, input_ids, attention_mask, positions) -> torch.Tensor | None:
+    """`shared_prompt.shared_prompt_hidden`, or None (the plain forward) when the model cannot share prompts."""
+    if positions is None:
+        raise ValueError("shared_prompt needs the scored positions (the prompt is what precedes the first)")
+    reason = unsupported(base)
+    if reason is not None:
+        warnings.warn(f"learner.shared_prompt: {type(base).__name__} runs the plain forward: {reason}", stacklevel=3)
+        return None
+    return shared_prompt_hidden(base, input_ids, attention_mask, positions)
 
 
 def _unflatten(values: torch.Tensor, batch: int, width: int, positions: torch.Tensor | None) -> torch.Tensor:

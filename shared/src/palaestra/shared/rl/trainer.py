@@ -294,7 +294,9 @@ class Trainer:
                 if self.learner is not None:
                     old_logps, entropy = self.learner.score(batch, cfg.rollout.temperature, tokens)
                 else:
-                    old_logps, entropy = score_batch(self.model, batch, cfg.rollout.temperature, tokens, max_rows=mb)
+                    old_logps, entropy = score_batch(
+                        self.model, batch, cfg.rollout.temperature, tokens, mb, shared_prompt=cfg.learner.shared_prompt
+                    )
             if cfg.loss.kl_coef:
                 ref_logps = self._reference_logps(batch, mb)
         # 4. advantages
@@ -373,7 +375,8 @@ class Trainer:
         model = self.ref_model if self.ref_model is not None else self.model
         with contextlib.nullcontext() if self.ref_model is not None else self.model.disable_adapter():  # type: ignore[operator]
             tokens = self.cfg.learner.micro_batch_tokens
-            return score_batch(model, batch, self.cfg.rollout.temperature, tokens, mb, with_entropy=False)[0]
+            shared = self.cfg.learner.shared_prompt
+            return score_batch(model, batch, self.cfg.rollout.temperature, tokens, mb, False, shared)[0]
 
     # -- tasks, weights, checkpoints -------------------------------------------
     def draw_tasks(self, step: int) -> list[EpisodeSpec]:

@@ -41,12 +41,14 @@ def micro_batch_loss(
     temperature: float,
     normalizer: float,
     with_entropy: bool = False,
+    shared_prompt: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one micro-batch (its share of the minibatch's loss) with its graph, and its metrics.
 
     The (rows, T) tensors are on the model's device, trimmed to ``rows``' width. ``old_logps`` None:
     on-policy, the old log-probs are the current ones detached (ratio 1, the same gradient).
     ``with_entropy``: the entropies (for the metrics) come from this forward, without gradient.
+    ``shared_prompt``: rows with the same prompt run it once (`loss.token_logprobs_and_entropy`).
     """
     device = next(model.parameters()).device
     logps, ent = token_logprobs_and_entropy(
@@ -56,6 +58,7 @@ def micro_batch_loss(
         temperature,
         with_entropy=with_entropy,
         positions=rows.loss_mask.to(device) > 0,  # the output head runs on the model's tokens only
+        shared_prompt=shared_prompt,
     )
     return policy_loss(
         logps,
@@ -81,6 +84,7 @@ def accumulate_gradients(
     ref_logps: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
     normalizer: float | None = None,
+    shared_prompt: bool = False,
 ) -> dict[str, float]:
     """Backward over the rows `idx` of `batch` in micro-batches; the gradients add up in ``.grad``.
 
@@ -110,6 +114,7 @@ def accumulate_gradients(
             temperature,
             normalizer,
             with_entropy=entropies is None,
+            shared_prompt=shared_prompt,
         )
         if not torch.isfinite(loss):
             return {"loss": float(loss.item()), "tokens": tokens_total}
@@ -159,6 +164,7 @@ def ppo_update(
             old_logps=old_logps,
             ref_logps=ref_logps,
             entropies=entropies,
+            shared_prompt=cfg.learner.shared_prompt,
         )
 
     def optimizer_step(m: dict[str, float]) -> None:
