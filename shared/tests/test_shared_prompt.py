@@ -166,3 +166,24 @@ def test_a_model_that_cannot_share_runs_the_plain_forward_with_a_warning(tiny_ll
     assert lp[scored].abs().min() > 0
     with pytest.raises(ValueError, match="shared_prompt needs the scored positions"):
         token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask, shared_prompt=True)
+
+
+def test_the_learner_setting_reaches_the_update(tiny_llm):
+    from palaestra.shared.rl.config import TrainConfig
+    from palaestra.shared.rl.update import ppo_update
+
+    batch = make_batch(tiny_llm.model.config.vocab_size)
+    _, _, adv = loss_inputs(batch)
+    weights = {}
+    for shared in (True, False):
+        model = copy.deepcopy(tiny_llm.model).train()
+        cfg = TrainConfig()
+        cfg.learner.shared_prompt = shared
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        seen, hook = decoder_batches(model)
+        ppo_update(model, optimizer, batch, adv.float(), cfg, step=0)
+        hook.remove()
+        assert seen == ([(4, 6), (len(ROWS), 13)] if shared else [tuple(batch.input_ids.shape)])
+        weights[shared] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert not torch.equal(weights[True], torch.cat([p.flatten() for p in tiny_llm.model.parameters()]))
+    assert torch.allclose(weights[True], weights[False], rtol=0, atol=1e-6)
