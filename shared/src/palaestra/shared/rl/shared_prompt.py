@@ -92,7 +92,7 @@ def shared_prompt_hidden(
         return None
     device = input_ids.device
     rows_t = torch.tensor(rows, device=device)
-    first = {}
+    first: dict[int, int] = {}
     for i, g in zip(rows, group_of):
         first.setdefault(g, i)
     reps = torch.tensor([first[g] for g in range(len(groups))], device=device)
