@@ -41,6 +41,9 @@ def test_every_stage_follows_an_overridden_output_dir(tmp_path):
     selfplay = stages["mars_selfplay"]
     checkpoint = Path(selfplay.output_dir) / "checkpoints" / f"step_{selfplay.steps:06d}"  # the trainer's layout
     assert Path(stages["mars_eval"].llm.model) == checkpoint
+    # the evaluation prompts as the warm start and the self-play did (a `compact` eval of a `minimal`-trained model
+    # lost 67% of its games on format)
+    assert stages["mars_eval"].prompt == selfplay.prompt == selfplay.sft_warmup.source_kwargs["prompt"]
 
 
 @pytest.mark.slow
