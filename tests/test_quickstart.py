@@ -46,6 +46,18 @@ def test_every_stage_follows_an_overridden_output_dir(tmp_path):
     assert stages["mars_eval"].prompt == selfplay.prompt == selfplay.sft_warmup.source_kwargs["prompt"]
 
 
+def test_mars_package_quickstart_equals_the_main_quickstarts_mars_stages(tmp_path):
+    """experiments/mars/quickstart.yaml (for a lab with only palaestra-mars installed) resolves to the same mars
+    stages as the main quickstart, under the default and an overridden output_dir."""
+    mars_quickstart = QUICKSTART.parent / "mars" / "quickstart.yaml"
+    for overrides in ([], [f"output_dir={tmp_path}"]):
+        main = stage_configs(load_config(QUICKSTART, [*overrides, "only=[mars_selfplay,mars_eval]"]))
+        alone = stage_configs(load_config(mars_quickstart, overrides))
+        assert list(alone) == ["mars_selfplay", "mars_eval"]
+        for name in alone:
+            assert to_dict(alone[name]) == to_dict(main[name]), f"stage {name} differs"
+
+
 @pytest.mark.slow
 def test_egpo_stage_reads_what_datagen_wrote_under_another_output_dir(tmp_path, tracking, monkeypatch):
     """Run the datagen stage (shrunk: 4 items on one API, in this process) under output_dir=tmp, then build the

@@ -49,7 +49,9 @@ def test_experiment_configs_resolve(name):
         from palaestra.shared.jobs import _stage_config
 
         stages = {k: _stage_config(cfg, k, v) for k, v in cfg.stages.items()}
-        assert stages["mars_selfplay"].job == "mars.train" and stages["mars_eval"].opponents == ["random", "mcts"]
+        assert stages["mars_selfplay"].job == "mars.train"
+        assert stages["mars_eval"].opponents == ["random", "equilibrium"]
+        assert stages["mars_selfplay"].games[0].game == "kuhn_poker"
     if name == "ablation.yaml":
         from palaestra.shared.jobs import _stage_config
 
