@@ -90,6 +90,15 @@ def test_smollm2_cpu_arms_differ_in_the_advantage_key_only():
     assert egpo.llm.model == sft.save_dir
     evals = [_stage_config(pipeline, n, pipeline.stages[n]) for n in ("baseline", "sft_eval")]
     assert all(e.categories == list(egpo.eval.categories) and e.limits == dict(egpo.eval.limits) for e in evals)
+    # revision 8: three seeds per arm, each pair one key apart, every arm from the same SFT model
+    for seed in (0, 1, 2):
+        g8, e8 = (
+            _stage_config(pipeline, n, pipeline.stages[n]) for n in (f"grpo_r8_seed{seed}", f"egpo_r8_seed{seed}")
+        )
+        assert {k for k in vars(g8) if getattr(g8, k) != getattr(e8, k)} == {"advantages", "output_dir", "tracking"}
+        assert g8.seed == seed and e8.llm.model == sft.save_dir and list(e8.eval.categories) == evals[0].categories
+        assert [a.name for a in e8.advantages] == ["grpo", "entropy_clipped"]
+        assert [a.name for a in g8.advantages] == ["grpo"]
 
 
 def test_fc_tasks_max_tools_and_first_turn_only(tmp_path):
