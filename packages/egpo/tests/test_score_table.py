@@ -34,6 +34,14 @@ def test_table_reads_bfcl_score_files_and_wilson_intervals(tmp_path, capsys):
     ]
     main([f"sft={sft}", "--categories", "simple_python"])
     assert "| sft | 4/16 [0.10, 0.49] |" in capsys.readouterr().out
+    # pooled rows sum the runs' counts: 0/50 + 4/16 = 4/66, the interval over the 66 answers
+    p, n = 4 / 66, 66
+    centre, half = (
+        (p + Z * Z / (2 * n)) / (1 + Z * Z / n),
+        Z * (p * (1 - p) / n + Z * Z / (4 * n * n)) ** 0.5 / (1 + Z * Z / n),
+    )
+    main([f"both={base},{sft}", "--categories", "simple_python", "multiple"])
+    assert f"| both | 4/66 [{centre - half:.2f}, {centre + half:.2f}] | 15/24 [" in capsys.readouterr().out
 
 
 def test_missing_scores_and_bad_arguments_are_one_line_errors(tmp_path, capsys):
@@ -41,6 +49,9 @@ def test_missing_scores_and_bad_arguments_are_one_line_errors(tmp_path, capsys):
         read_counts(tmp_path, "parallel")
     with pytest.raises(SystemExit):
         main([str(tmp_path)])
+    assert "expected LABEL=DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([f"run={tmp_path},"])
     assert "expected LABEL=DIR" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main([f"run={tmp_path}"])

@@ -7,6 +7,10 @@ Each run is an ``egpo.eval`` output (or an ``egpo.train`` run's ``eval/``): its 
 
     python -m palaestra.egpo.score_table "baseline=outputs/egpo/run/baseline" "SFT=outputs/egpo/run/sft_eval" \
         --categories simple_python multiple parallel
+
+A row may pool several runs (``LABEL=DIR1,DIR2,...``, e.g. the seeds of one arm): their counts are summed
+and the interval is over the pooled answers. Runs of one model on the same entries are not independent
+draws of entries, so such an interval says how well the pooled answers are known, not the entries.
 """
 
 from __future__ import annotations
@@ -37,25 +41,35 @@ def cell(correct: int, total: int) -> str:
     return f"{correct}/{total} [{low:.2f}, {high:.2f}]"
 
 
-def table(runs: list[tuple[str, str | Path]], categories: list[str]) -> str:
-    """The markdown table: a row per ``(label, run directory)``, a column per category."""
+def pooled_counts(runs: list[str | Path], category: str) -> tuple[int, int]:
+    """(correct, total) of `category` summed over `runs`."""
+    counts = [read_counts(run, category) for run in runs]
+    return sum(c for c, _ in counts), sum(t for _, t in counts)
+
+
+def table(runs: list[tuple[str, str | Path | list[str | Path]]], categories: list[str]) -> str:
+    """The markdown table: a row per ``(label, run directory or directories to pool)``, a column per category."""
     lines = [f"| model | {' | '.join(categories)} |", "| --- |" + " --- |" * len(categories)]
     for label, run in runs:
-        lines.append(f"| {label} | {' | '.join(cell(*read_counts(run, c)) for c in categories)} |")
+        pooled = run if isinstance(run, list) else [run]
+        lines.append(f"| {label} | {' | '.join(cell(*pooled_counts(pooled, c)) for c in categories)} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", help="LABEL=DIR: a row label and an egpo.eval output directory")
+    parser.add_argument(
+        "runs", nargs="+", help="LABEL=DIR[,DIR...]: a row label and egpo.eval output directories (several: pooled)"
+    )
     parser.add_argument("--categories", nargs="+", default=["simple_python", "multiple", "parallel"])
     args = parser.parse_args(argv)
-    runs = []
+    runs: list[tuple[str, str | Path | list[str | Path]]] = []
     for item in args.runs:
         label, sep, run = item.partition("=")
-        if not sep or not label or not run:
-            parser.error(f"expected LABEL=DIR, got {item!r}")
-        runs.append((label, run))
+        dirs: list[str | Path] = list(run.split(","))
+        if not sep or not label or not all(dirs):
+            parser.error(f"expected LABEL=DIR[,DIR...], got {item!r}")
+        runs.append((label, dirs))
     try:
         print(table(runs, args.categories))
     except (FileNotFoundError, ValueError) as err:
