@@ -99,6 +99,10 @@ def test_smollm2_cpu_arms_differ_in_the_advantage_key_only():
         assert g8.seed == seed and e8.llm.model == sft.save_dir and list(e8.eval.categories) == evals[0].categories
         assert [a.name for a in e8.advantages] == ["grpo", "entropy_clipped"]
         assert [a.name for a in g8.advantages] == ["grpo"]
+    # multi_turn_base: the baseline and the SFT model under the same evaluation settings
+    base_mt, sft_mt = (_stage_config(pipeline, n, pipeline.stages[n]) for n in ("baseline_mt", "sft_eval_mt"))
+    assert {k for k in vars(base_mt) if getattr(base_mt, k) != getattr(sft_mt, k)} == {"llm", "output_dir", "tracking"}
+    assert base_mt.categories == ["multi_turn_base"] and sft_mt.llm.model == sft.save_dir
 
 
 def test_fc_tasks_max_tools_and_first_turn_only(tmp_path):
