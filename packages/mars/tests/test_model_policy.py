@@ -107,3 +107,30 @@ def test_scored_tokens_are_the_templates_rendering_of_the_response():
     expected = rendered[len(generation_prompt) :].split("</answer>")[0] + "</answer>"
     assert client.tokenizer.decode(ids) == expected
     assert "</think>\n<answer>" in expected  # this template's rendering differs from the raw string
+
+
+def test_read_off_equals_the_policy_sampled_after_a_forced_response_prefix():
+    """With ``rollout.response_prefix`` (kuhn_cpu.yaml: ``<think></think>\\n<answer><``) the model samples only what
+    follows the prefix. The read-off scores whole responses; the prefix is common to both actions, so after
+    normalizing over them it equals P(rest | prompt + prefix), computed here as the rollout engine builds it."""
+    import torch
+
+    from palaestra.shared.llm import LLMConfig, make_client
+
+    client = make_client(LLMConfig(model="tiny", device="cpu", seed=3))
+    tok, model = client.tokenizer, client.model
+    prefix = "<think></think>\n<answer><"
+    prefix_ids = tok.encode(prefix, add_special_tokens=False)  # the engine's prompt tokens after the template
+    _, table = read_policy(response_scorer(client), "kuhn_poker", "minimal")
+    for key, (_, conversation, legal, strings) in information_state_prompts("kuhn_poker", "minimal").items():
+        prompt = client.render(conversation) + prefix_ids
+        logps = []
+        for s in strings:  # the sampled continuation: the action without its "<", then "</answer>"
+            rest = tok.encode(s[1:] + "</answer>", add_special_tokens=False)
+            ids = torch.tensor([prompt + rest])
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            logps.append(float(torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None]).sum()))
+        z = math.log(sum(math.exp(lp) for lp in logps))
+        expected = [math.exp(lp - z) for lp in logps]
+        assert [table[key][a] for a in legal] == pytest.approx(expected, abs=1e-5), key
