@@ -59,7 +59,7 @@ def main() -> None:
             reward = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/reward_mean"))
             rewards = f"{reward[0][1]:+.2f} -> {reward[-1][1]:+.2f}" if reward else "-"
             rows[(kind, int(params["seed"]))] = (params.get("sft_warmup.steps"), hist, minutes, first, last, rewards)
-    print("| run | seed | SFT steps | exploitability at each evaluation (RL step 0, then every eval_every) | end | end - start | RL reward | min |")
+    print("| run | seed | SFT steps | exploitability at each evaluation | end | end - start | RL reward | min |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for (kind, seed), (sft, hist, minutes, _, _, rewards) in sorted(rows.items()):
         values = ", ".join(f"{v:.3f}" for _, v in hist)
