@@ -87,14 +87,17 @@ def test_mars_warm_start_teaches_responses_that_its_games_accept(tmp_path, tiny_
     """Each assistant turn of the quickstart's mars SFT data, as the chat template renders it (the tokens the model
     learns and then samples), parses under the game's parser as the move it records and ends with the stop string
     within the training rollout's and the evaluation's token limits: a format loss there is the model's, not a
-    template, parser or length mismatch of the setup."""
+    template, parser or length mismatch of the setup. Where the self-play forces a response prefix (its tokens are
+    prompt tokens there, only the rest is sampled), every learned turn starts with exactly that prefix, and the
+    evaluation, which forces none, has room for the whole turn."""
     from palaestra.mars.env import parse_answer
     from palaestra.shared.rl.sft import tokenize
     from palaestra.shared.rollout.tasks import TASKS
 
     stages = stage_configs(load_config(QUICKSTART, [f"output_dir={tmp_path}", "only=[mars_selfplay,mars_eval]"]))
     train, evaluate = stages["mars_selfplay"], stages["mars_eval"]
-    assert train.llm.model == "tiny" and not train.rollout.response_prefix
+    assert train.llm.model == "tiny"
+    prefix = train.rollout.response_prefix
     assert "</answer>" in train.rollout.stop and "</answer>" in evaluate.stop
     sft = train.sft_warmup
     samples = TASKS.get(sft.source)(**{**sft.source_kwargs, "episodes": 20})
@@ -115,7 +118,11 @@ def test_mars_warm_start_teaches_responses_that_its_games_accept(tmp_path, tiny_
         for span, content in zip(spans, recorded, strict=True):
             action, error = parse_answer(tokenizer.decode(span), train.shaping.require_think)
             assert error is None and action == parse_answer(content)[0]
+            text = tokenizer.decode(span)
+            assert text.startswith(prefix), f"{text!r} does not start with the forced prefix {prefix!r}"
+            forced = len(tokenizer.encode(prefix, add_special_tokens=False)) if prefix else 0
+            assert span[:forced] == tokenizer.encode(prefix, add_special_tokens=False)[:forced]  # same token ids
             length = next(k for k in range(1, len(span) + 1) if "</answer>" in tokenizer.decode(span[:k]))
-            assert length <= min(train.rollout.max_tokens_per_turn, evaluate.max_tokens)
+            assert length - forced <= train.rollout.max_tokens_per_turn and length <= evaluate.max_tokens
             turns += 1
     assert turns >= 20
