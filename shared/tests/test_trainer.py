@@ -78,6 +78,30 @@ def test_resume_continues_exactly(tmp_path):
     assert all(torch.equal(sa["state"][i]["exp_avg"], sb["state"][i]["exp_avg"]) for i in sa["state"])
 
 
+def test_trainer_warms_up_from_zero(tmp_path):
+    """With warmup, step 0 updates at lr 0 (the weights stay; AdamW's first step would otherwise move every
+    weight by about lr), step 1 at lr / 2, and each step's rate is logged as train/lr."""
+    cfg = small_config(
+        tmp_path,
+        steps=2,
+        checkpoint_every=0,
+        ppo_epochs=1,
+        minibatch_size=0,
+        optim=OptimConfig(lr=1e-3, warmup_steps=2),
+    )
+    trainer = Trainer(cfg)
+    trainer.prepare()
+    before = weights(trainer.model)
+    first = trainer.train_step()
+    assert first["train/lr"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in weights(trainer.model).items())
+    second = trainer.train_step()
+    assert second["train/lr"] == pytest.approx(5e-4)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
+    assert any(not torch.equal(before[k], v) for k, v in weights(trainer.model).items())
+    trainer.close()
+
+
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
     @ADVANTAGES.register("test_nan_after_two")
     def nan_after_two(values, batch, *, calls=[0]):  # noqa: B006  (a counter across calls)

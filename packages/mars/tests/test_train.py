@@ -45,6 +45,9 @@ def test_experiment_configs_resolve(name):
         # MARS's overlong_sequence: <= 1,000 of its sequence_length 32,768 left is a format loss
         assert (cfg.shaping.sequence_length, cfg.shaping.sequence_margin) == (32768, 1000)
         assert cfg.rollout.max_context_tokens == cfg.shaping.sequence_length
+        # MARS's optimizer (agentic_val_*_selfplay.yaml): betas (0.9, 0.95), wd 0.05, 10 warmup steps, cosine
+        assert list(cfg.optim.betas) == [0.9, 0.95] and cfg.optim.weight_decay == 0.05
+        assert cfg.optim.warmup_steps == 10 and cfg.optim.schedule == "cosine" and cfg.optim.min_lr == 0.0
     if name == "quickstart.yaml":
         from palaestra.shared.jobs import _stage_config
 

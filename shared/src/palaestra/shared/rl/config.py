@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from palaestra.shared.config import ConfigError, JobConfig, registry_kwargs, registry_name, value_check
@@ -26,12 +27,39 @@ class EnvSpec:
     """Share of the tasks drawn from this env."""
 
 
+class LRSchedule(StrEnum):
+    """The learning rate after warmup (rl/optim.py)."""
+
+    constant = "constant"
+    cosine = "cosine"
+
+
 @dataclass
 class OptimConfig:
+    """The learner's AdamW and its learning-rate schedule (rl/optim.py), a function of the RL step."""
+
     lr: float = 1e-6
+    """Peak learning rate."""
     weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW's (beta1, beta2); torch's default. MARS: (0.9, 0.95)."""
     max_grad_norm: float = 1.0
     """Gradient clipping (0: off)."""
+    warmup_steps: int = 0
+    """RL steps of linear warmup from 0: step s < warmup_steps updates at lr * s / warmup_steps, so the first
+    update has lr 0 (as HF's and Megatron's warmup schedulers). MARS: 10."""
+    schedule: LRSchedule = LRSchedule.constant
+    """After warmup: `constant` at lr, or `cosine` from lr toward min_lr over the run's steps (MARS)."""
+    min_lr: float = 0.0
+    """The cosine schedule's floor (MARS: 0, ROLL's default)."""
+
+    def __post_init__(self) -> None:
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr <= self.lr:
+            raise ConfigError(f"optim.min_lr must be in [0, optim.lr={self.lr}], got {self.min_lr}")
 
 
 @dataclass

@@ -203,6 +203,10 @@ class DistributedLearner:
     def _all_indexed(self, call) -> list:
         return self.ray.get([call(r, i) for i, r in enumerate(self.ranks)])
 
+    def set_learning_rate(self, lr: float) -> None:
+        """Every rank's AdamW updates at `lr` from now on (the trainer sets it once per RL step)."""
+        self._all(lambda r: r.set_learning_rate.remote(lr))
+
     def full_gradients(self) -> dict[str, torch.Tensor]:
         return self._all(lambda r: r.full_gradients.remote())[0]
 

@@ -20,6 +20,7 @@ from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.rl.batch import TrainBatch, micro_batches
 from palaestra.shared.rl.config import LearnerConfig, OptimConfig, learner_dtypes
 from palaestra.shared.rl.loss import LossConfig, loss_normalizer, policy_loss, token_logprobs_and_entropy
+from palaestra.shared.rl.optim import make_optimizer, set_learning_rate
 from palaestra.shared.rl.update import TOKEN_MEANS
 
 STRATEGIES = ("fsdp", "ddp")
@@ -115,7 +116,7 @@ class LearnerRank:
 
             self.engine = DistributedDataParallel(self.root, device_ids=[0] if self.cuda else None)
         self.ref = self._shard(LogProbs(ref.to(self.device), shared)) if ref is not None else None
-        self.optimizer = torch.optim.AdamW(self.root.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+        self.optimizer = make_optimizer(self.root.parameters(), optim)
         return sum(p.numel() for p in self.model.parameters())
 
     def _shard(self, root: LogProbs) -> LogProbs:
@@ -254,6 +255,9 @@ class LearnerRank:
             total = total.full_tensor()  # sum of the shards' squares across ranks
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return float(total)
+
+    def set_learning_rate(self, lr: float) -> None:
+        set_learning_rate(self.optimizer, lr)
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """The last update's gradient, whole, on CPU (a check of the sharded arithmetic)."""

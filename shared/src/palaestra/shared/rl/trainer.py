@@ -100,6 +100,7 @@ from palaestra.shared.rl.batch import build_batch, score_batch, think_entropy, t
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.distributed import DistributedLearner
 from palaestra.shared.rl.episodes import draw_tasks, eval_specs, reward_summary
+from palaestra.shared.rl.optim import learning_rate, make_optimizer, set_learning_rate
 from palaestra.shared.rl.policy import autocast, check_learner, load_policy, policy_state, think_token_ids
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.update import NonFiniteLoss, ppo_update
@@ -131,11 +132,7 @@ class Trainer:
         self.device = next(self.model.parameters()).device
         self.ckpt_dir = Path(cfg.output_dir) / "checkpoints"
         self.step = 0
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=cfg.optim.lr,
-            weight_decay=cfg.optim.weight_decay,
-        )
+        self.optimizer = make_optimizer((p for p in self.model.parameters() if p.requires_grad), cfg.optim)
         self.think_ids = think_token_ids(self.tokenizer)
         if cfg.loss.reduction == "dr_grpo" and not cfg.loss.max_len:
             cfg.loss.max_len = cfg.rollout.max_tokens_per_turn
@@ -304,7 +301,12 @@ class Trainer:
         adv_in = AdvantageInput.from_trajectories(trajs, *entropies)
         values = compute_advantages(cfg.advantages, adv_in)
         advantages = token_advantages(values, batch.turn_index)
-        # 5. PPO epochs over minibatches
+        # 5. PPO epochs over minibatches, at this step's learning rate
+        lr = learning_rate(cfg.optim, self.step, cfg.steps)
+        if self.learner is not None:
+            self.learner.set_learning_rate(lr)
+        else:
+            set_learning_rate(self.optimizer, lr)
         self.model.train()
         try:
             with self._autocast():
@@ -332,6 +334,7 @@ class Trainer:
             "train/reward_mean": float(np.mean([t.total_reward for t in trajs])),
             "train/advantage_mean": float(flat_adv.mean()),
             "train/advantage_std": float(flat_adv.std()),
+            "train/lr": lr,
             **{f"train/{k}": v for k, v in updates.items()},
             "perf/tokens_per_s": result.stats["generated_tokens"] / max(t_rollout, 1e-9),
             "perf/step_s": step_s,
