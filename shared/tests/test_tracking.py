@@ -202,3 +202,24 @@ def test_log_figure_per_step_keeps_every_plot(tracking, tmp_path):
     assert Image.open(local).size == (150, 100)  # 3x2 inches at 50 dpi: a real PNG of the figure
     disabled = Tracker(TrackingConfig(enabled=False))
     assert disabled.log_figure(new_figure()[0], "x", step=1) is None
+
+
+def _open_store(uri: str, root: str, barrier) -> str:
+    from palaestra.shared.tracking import Tracker
+
+    barrier.wait()  # every process opens the new store at the same moment
+    return Tracker(TrackingConfig(experiment="race", uri=uri, artifact_root=root))._experiment_id("race")
+
+
+def test_jobs_started_at_once_on_a_new_sqlite_store_all_run(tmp_path):
+    """Two jobs started together on a fresh sqlite store both ran MLflow's schema migrations, and one died
+    ('duplicate column name: step'); a lock beside the database lets the first create it."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(4)
+        with ctx.Pool(4) as pool:
+            ids = pool.starmap(_open_store, [(uri, str(tmp_path / "artifacts"), barrier)] * 4)
+    assert len(set(ids)) == 1  # one experiment, found or created by each

@@ -51,6 +51,26 @@ def default_uri() -> str:
     return f"sqlite:///{Path('mlruns').absolute() / 'mlflow.db'}"
 
 
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<db>.lock`` beside a sqlite store. Jobs started together on a new store each
+    ran MLflow's schema migrations and all but one died ('duplicate column name: step'); under the lock the
+    first creates the store and the others find it made. Other stores need no lock."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _mlflow():
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
@@ -189,7 +209,8 @@ class Tracker:
         if self._mlflow_client is None:  # one client per tracker, not one per logging call
             from mlflow.tracking import MlflowClient
 
-            self._mlflow_client = MlflowClient(self.uri)
+            with _store_lock(self.uri):  # the client creates (and migrates) a new sqlite store
+                self._mlflow_client = MlflowClient(self.uri)
         return self._mlflow_client
 
     def _experiment_id(self, name: str) -> str:
