@@ -103,6 +103,12 @@ def test_smollm2_cpu_arms_differ_in_the_advantage_key_only():
     base_mt, sft_mt = (_stage_config(pipeline, n, pipeline.stages[n]) for n in ("baseline_mt", "sft_eval_mt"))
     assert {k for k in vars(base_mt) if getattr(base_mt, k) != getattr(sft_mt, k)} == {"llm", "output_dir", "tracking"}
     assert base_mt.categories == ["multi_turn_base"] and sft_mt.llm.model == sft.save_dir
+    # revision 9: each seed-0 arm's final checkpoint (the trainer's layout) under the same multi-turn settings
+    for arm in ("egpo", "grpo"):
+        mt = _stage_config(pipeline, f"{arm}_mt_seed0", pipeline.stages[f"{arm}_mt_seed0"])
+        trained = _stage_config(pipeline, f"{arm}_r8_seed0", pipeline.stages[f"{arm}_r8_seed0"])
+        assert mt.llm.model == f"{trained.output_dir}/checkpoints/step_{trained.steps:06d}"
+        assert {k for k in vars(base_mt) if getattr(base_mt, k) != getattr(mt, k)} == {"llm", "output_dir", "tracking"}
 
 
 def test_fc_tasks_max_tools_and_first_turn_only(tmp_path):
