@@ -24,6 +24,7 @@ EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments" / "mars"
         "kuhn_cpu.yaml",
         "kuhn_cpu_control.yaml",
         "mas.yaml",
+        "tiny_cpu_vs_mcts.yaml",
     ],
 )
 def test_experiment_configs_resolve(name):
@@ -48,6 +49,11 @@ def test_experiment_configs_resolve(name):
         # MARS's optimizer (agentic_val_*_selfplay.yaml): betas (0.9, 0.95), wd 0.05, 10 warmup steps, cosine
         assert list(cfg.optim.betas) == [0.9, 0.95] and cfg.optim.weight_decay == 0.05
         assert cfg.optim.warmup_steps == 10 and cfg.optim.schedule == "cosine" and cfg.optim.min_lr == 0.0
+    if name == "tiny_cpu_vs_mcts.yaml":  # tiny_cpu.yaml's final checkpoint against MCTS with MARS's settings
+        trained = load_config(EXPERIMENTS / "tiny_cpu.yaml")
+        assert cfg.llm.model == f"{trained.output_dir}/checkpoints/step_{trained.steps:06d}"
+        assert (cfg.mcts_simulations, cfg.mcts_uct_c, cfg.mcts_rollouts, cfg.mcts_solve) == (100, 2.0, 10, False)
+        assert cfg.prompt == trained.prompt and cfg.temperature == trained.eval.temperature
     if name == "quickstart.yaml":
         from palaestra.shared.jobs import _stage_config
 
