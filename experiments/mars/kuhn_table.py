@@ -3,12 +3,13 @@ kuhn_cpu_control.yaml runs (no RL), by seed, and each run's policy read off the 
 information states) at its first and last evaluation, from the runs' per-evaluation JSON artifacts.
 
     python experiments/mars/kuhn_table.py [--tracking-uri sqlite:///mlruns/mlflow.db] [--experiment mars-kuhn] \
-        [--output-dir-contains kuhn_cpu_r3]
+        [--output-dir-contains _r5/]
 
 Prints markdown tables (the ones in packages/mars/docs/experiments.md). The RL train reward is the mean reward per
 seat trajectory of the first and last RL step (legal games: about +0.05 per turn; a format loss costs its seat
 the bet + 1). Only finished runs whose output_dir
-contains the given text count (revisions 2 and 3 of the configs ran under outputs/mars/kuhn_cpu_r2/ and _r3/).
+contains the given text count (revisions 2-4 ran under outputs/mars/kuhn_cpu_r2/ to _r4/; revision 5 under
+outputs/mars/kuhn_cpu_r5/ and outputs/mars/kuhn_cpu_control_r5/, hence the default).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tracking-uri", default=f"sqlite:///{Path('mlruns/mlflow.db').resolve()}")
     parser.add_argument("--experiment", default="mars-kuhn")
-    parser.add_argument("--output-dir-contains", default="kuhn_cpu_r3")
+    parser.add_argument("--output-dir-contains", default="_r5/")
     args = parser.parse_args()
     import mlflow
 
