@@ -9,7 +9,7 @@ import mlflow
 import pytest
 
 from palaestra.shared.config import read_yaml
-from palaestra.shared.jobs import _stage_config, load_config, run_job
+from palaestra.shared.jobs import _stage_config, load_config, run_job, stage_configs
 
 EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments" / "egpo"
 
@@ -109,6 +109,15 @@ def test_smollm2_cpu_arms_differ_in_the_advantage_key_only():
         trained = _stage_config(pipeline, f"{arm}_r8_seed0", pipeline.stages[f"{arm}_r8_seed0"])
         assert mt.llm.model == f"{trained.output_dir}/checkpoints/step_{trained.steps:06d}"
         assert {k for k in vars(base_mt) if getattr(base_mt, k) != getattr(mt, k)} == {"llm", "output_dir", "tracking"}
+    # the default run is the current protocol: every model of the README table, each on the same four categories
+    protocol = stage_configs(pipeline)
+    assert list(protocol) == list(pipeline.only) and "egpo" not in protocol  # revision 5-7 arms only on request
+    scored = {
+        n: set(s.categories if s.job == "egpo.eval" else s.eval.categories)
+        for n, s in protocol.items()
+        if s.job in ("egpo.eval", "egpo.train")
+    }
+    assert set().union(*scored.values()) == {"simple_python", "multiple", "parallel", "multi_turn_base"}
 
 
 def test_fc_tasks_max_tools_and_first_turn_only(tmp_path):
