@@ -126,3 +126,14 @@ def test_choice_fields_are_enums_checked_when_the_config_resolves():
         load_config({"job": "mars.eval", "opponents": ["random", "mtcs"]})
     with pytest.raises(ConfigError, match="did you mean 'group_chat'"):
         load_config({"job": "mars.mas", "systems": ["group_chta"]})
+
+
+def test_kuhn_control_is_the_rl_run_with_its_rl_steps_given_to_sft():
+    """kuhn_cpu_control.yaml differs from kuhn_cpu.yaml only in where it writes and in replacing the RL steps by
+    as many further SFT steps: the same seeds, warm-start data, prompts and evaluation."""
+    from palaestra.shared.config import flatten
+
+    rl, control = (flatten(load_config(EXPERIMENTS / n)) for n in ("kuhn_cpu.yaml", "kuhn_cpu_control.yaml"))
+    differ = {k for k in set(rl) | set(control) if rl.get(k) != control.get(k)}
+    assert differ == {"steps", "output_dir", "sft_warmup.steps"}
+    assert control["steps"] == 0 and control["sft_warmup.steps"] == rl["sft_warmup.steps"] + rl["steps"]
