@@ -51,7 +51,18 @@ def test_exploitability_of_reference_policies(flow):
 
     uniform = exploitability.exploitability(flow.GAME, flow.card_policy(np.array([0.5, 0.5, 0.5])))
     assert uniform == pytest.approx(11 / 24)  # the uniform Kuhn policy: 0.4583 (OpenSpiel's own tests)
+    # the rule of thumb built another way: OpenSpiel's callable-to-table, the card from the deal (history[player])
+    from open_spiel.python import policy as policy_lib
+
+    bet = {0: 0.3, 1: 0.3, 2: 0.8}
+    direct = policy_lib.tabular_policy_from_callable(
+        flow.GAME,
+        lambda state: {
+            0: 1 - bet[state.history()[state.current_player()]],
+            1: bet[state.history()[state.current_player()]],
+        },
+    )
     path = flow.flow(np.array([0.3, 0.3, 0.8]), time=20, every=10)
     assert [t for t, _, _ in path] == [0, 10, 20]
-    assert path[0][1] == pytest.approx(0.212, abs=5e-4)  # the rule of thumb's value in the records
+    assert path[0][1] == pytest.approx(exploitability.exploitability(flow.GAME, direct), abs=1e-12)
     assert path[-1][1] < path[0][1]  # the recorded prediction: the flow falls from this start

@@ -63,12 +63,9 @@ def _store_lock(uri: str) -> Iterator[None]:
 
     db = Path(uri.removeprefix("sqlite:///"))
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as lock:
+    with open(db.with_name(db.name + ".lock"), "a") as lock:  # closing the file releases the lock
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield
 
 
 def _mlflow():
