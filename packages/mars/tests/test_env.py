@@ -44,8 +44,9 @@ def reference_string(name: str, state: pyspiel.State, player: int, action: int) 
 
 @pytest.mark.parametrize("name", GAMES.names())
 def test_random_playouts_match_openspiel(name):
-    """Play random legal action strings through the env; replay the same history in raw pyspiel."""
-    shaping = Shaping(valid_turn_bonus=0.0, draw_bonus=0.0)
+    """Play random legal action strings through the env; replay the same history in raw pyspiel. Every reward
+    is reported (``pre_turn_rewards: report``), so each seat's rewards sum to its OpenSpiel return."""
+    shaping = Shaping(valid_turn_bonus=0.0, draw_bonus=0.0, pre_turn_rewards="report")
     env = GameEnv(name, shaping)
     rng = random.Random(0)
     for episode in range(40):

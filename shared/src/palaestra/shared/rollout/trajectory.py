@@ -73,7 +73,8 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     """The env's final info (and the reset info under ``task``)."""
     extra_reward: float = 0.0
-    """Rewards that arrived before this agent's first turn (credited to no turn)."""
+    """Rewards that arrived before this agent's first turn: in `total_reward`, and credited to its first turn by
+    `AdvantageInput.from_trajectories`. An env that must not credit them (MARS drops them) reports none."""
 
     @property
     def total_reward(self) -> float:
