@@ -187,3 +187,44 @@ def test_the_learner_setting_reaches_the_update(tiny_llm):
         weights[shared] = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert not torch.equal(weights[True], torch.cat([p.flatten() for p in tiny_llm.model.parameters()]))
     assert torch.allclose(weights[True], weights[False], rtol=0, atol=1e-6)
+
+
+def test_sliding_window_without_layer_types_falls_back_to_the_plain_forward():
+    """Mistral-family configs slide on every layer through `sliding_window` alone: prompts of two lengths in one
+    micro-batch put a row's tokens after padding, which the window (counted in cache columns) must not see past."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from palaestra.shared.rl.shared_prompt import unsupported
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=4,
+        max_position_embeddings=64,
+    )
+    assert not getattr(config, "layer_types", None)  # the case: the window is on the config only
+    model = MistralForCausalLM(config).double().eval()
+    assert "sliding_window=4" in unsupported(model)
+    g = torch.Generator().manual_seed(1)
+    short, long = torch.randint(3, 64, (3,), generator=g), torch.randint(3, 64, (8,), generator=g)
+    spec = [(short, 10), (short, 7), (long, 12), (long, 6)]  # two groups; every row is longer than the window
+    rows = [torch.cat([p, torch.randint(3, 64, (n,), generator=g)]) for p, n in spec]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    scored = torch.zeros(len(rows), width - 1, dtype=torch.bool)
+    for i, ((prompt, _), row) in enumerate(zip(spec, rows)):
+        ids[i, : len(row)], attention[i, : len(row)] = row, 1
+        scored[i, len(prompt) - 1 : len(row) - 1] = True
+    with torch.no_grad(), pytest.warns(UserWarning, match="sliding_window"):
+        lp, _ = token_logprobs_and_entropy(model, ids, attention, 1.0, positions=scored, shared_prompt=True)
+        # independent reference: each row alone through the HF model, no padding, no sharing
+        for i, row in enumerate(rows):
+            logits = model(input_ids=row[None]).logits[0, :-1]
+            want = torch.log_softmax(logits, -1).gather(-1, row[1:, None]).squeeze(-1)
+            assert torch.allclose(lp[i, scored[i]], want[scored[i, : len(row) - 1]], atol=1e-10), i
