@@ -103,3 +103,24 @@ def test_trainer_finds_multi_token_markers_when_the_tokenizer_has_no_think_token
     assert markers == ((40, 41, 42), (43, 41, 42))
     response = [40, 41, 42, 20, 21, 43, 41, 42, 30]
     assert int(build_batch([traj(PROMPT, response, 1.0)], 0, markers).think_mask.sum()) == 2
+
+
+def test_close_marker_merged_with_a_following_tool_call_ends_the_span():
+    """SmolLM2 spells ``</think><tool_call>`` as ``</``, ``think``, ``><``, ...: the span still ends at ``</think>``
+    (it used to run to the end of the response). Expected span: the tokens whose text lies between the markers,
+    found on the decoded text of the real tokenizer."""
+    from palaestra.shared.llm.models import load_tokenizer, resolve_model_path
+    from palaestra.shared.rl.policy import think_token_ids
+
+    tok = load_tokenizer("smollm2-135m", resolve_model_path("smollm2-135m"))
+    markers = think_token_ids(tok)
+    for text in ('<think>pick the tool</think><tool_call>\n{"name": "f"}', "<think>pick the tool</think>\nDone."):
+        response = tok.encode(text, add_special_tokens=False)
+        pieces = [tok.decode([t]) for t in response]
+        assert "".join(pieces) == text
+        starts = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
+        lo, hi = text.index("<think>") + len("<think>"), text.index("</think>")
+        want = [lo <= s and s + len(p) <= hi for s, p in zip(starts, pieces)]  # tokens inside the reasoning text
+        mask = build_batch([traj(PROMPT, response, 1.0)], 0, markers).think_mask[0].tolist()
+        assert mask[len(PROMPT) - 1 :] == want
+        assert "".join(p for p, w in zip(pieces, want) if w) == "pick the tool"

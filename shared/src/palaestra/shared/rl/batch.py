@@ -69,14 +69,17 @@ def _think_span(ids: list[int], mask: list[int], think_ids: ThinkMarkers) -> lis
     A marker is one token id or a sequence of ids (a tokenizer without a ``<think>`` token, e.g. SmolLM2's,
     spells it ``<``, ``think``, ``>``). A prompt that ends inside an open ``<think>`` (a thinking chat template,
     e.g. Qwen3's, opens it in the generation prompt) starts the response inside the span; a think block
-    that a model turn leaves open ends with that turn."""
+    that a model turn leaves open ends with that turn. A multi-token marker's last token may merge with the
+    text that follows (SmolLM2 spells ``</think><tool_call>`` as ``</``, ``think``, ``><``, ...): such a marker
+    matches on all its tokens but the last, and the token after them is taken as its end."""
     open_seq, close_seq = (_marker(m) for m in think_ids)
     inside, out, i = False, [False] * len(ids), 0
     while i < len(ids):
         if i and mask[i - 1] and not mask[i]:
             inside = False  # the environment speaks: a think span the model left open is over
         for marker, state in ((open_seq, True), (close_seq, False)):
-            if tuple(ids[i : i + len(marker)]) == marker:
+            head = marker[:-1] if len(marker) > 1 else marker
+            if tuple(ids[i : i + len(head)]) == head and i + len(marker) <= len(ids):
                 inside, i = state, i + len(marker)
                 break
         else:
