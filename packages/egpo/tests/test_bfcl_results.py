@@ -127,3 +127,75 @@ def test_bfcl_fc_prompt_sends_the_entry_as_bfcl_does():
     mt.reset(0)
     assert mt.observe("agent")[0]["role"] == "user" and mt.decoder == "bfcl"
     mt.close()
+
+
+def _rescore_cases():
+    """Issue 26's three cases on simple_python entries, as text around each entry's ground-truth calls."""
+    from palaestra.egpo.tasks import canonical_calls
+
+    def blocks(calls, sep="\n"):
+        return "".join(f"<tool_call>{sep}{json.dumps(c)}{sep}</tool_call>" for c in calls)
+
+    return {
+        "compact": lambda calls: "<think>t</think>" + blocks(calls, sep=""),
+        "unclosed_think": lambda calls: "<think>I will call it.\n" + blocks(calls),
+        "good_plus_malformed": lambda calls: (
+            "<think>t</think>\n" + blocks(calls) + "\n<tool_call>\n{broken\n</tool_call>"
+        ),
+    }, canonical_calls
+
+
+# (our count with decoder palaestra, with decoder bfcl) out of 10, as the issue measured them under each rule
+EXPECTED = {"compact": (10, 0), "unclosed_think": (0, 10), "good_plus_malformed": (0, 10)}
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_bfcls_own_runner_rescores_our_files_to_our_numbers_whichever_decoder(tmp_path, case):
+    from bfcl_eval.eval_checker.eval_runner import runner
+
+    from palaestra.egpo.eval import score_single_turn
+    from palaestra.egpo.tasks import load_bfcl
+
+    cases, canonical_calls = _rescore_cases()
+    tasks = load_bfcl("simple_python", 10)
+    for decoder, want in zip(("palaestra", "bfcl"), EXPECTED[case]):
+        root = tmp_path / decoder
+        records = []
+        for task in tasks:
+            text = cases[case](canonical_calls(task.ground_truth, task.tools))
+            verdict = score_single_turn(task, text, decoder)
+            records.append({"id": task.id, "outputs": [text], "valid": verdict["valid"], "error": verdict["error"]})
+        ours = write_run_files(root, {"simple_python": records}, model="m", decoder=decoder)["scores"]
+        assert ours["simple_python"] == (want, 10), (case, decoder)
+        (root / "bfcl_score").mkdir()
+        runner([CHECKER_MODEL_NAME], ["simple_python"], root / "result", root / "bfcl_score", allow_missing=True)
+        (path,) = (root / "bfcl_score").glob(f"{CHECKER_MODEL_NAME}/*/BFCL_v4_simple_python_score.json")
+        header = json.loads(path.read_text().splitlines()[0])
+        assert (header["correct_count"], header["total_count"]) == (want, 10), (case, decoder)
+
+
+def test_v3_summary_by_hand():
+    # non-live: simple = mean(0.75, 0, 0) = 0.25; mean(0.25, multiple 0.5, parallel 0.25, parallel_multiple 0,
+    #   irrelevance 0.9) = 1.9 / 5 = 0.38
+    # live: weighted over live AST + live_irrelevance + live_relevance:
+    #   (8 + 15 + 1 + 0 + 6 + 3) / (10 + 30 + 4 + 6 + 10 + 4) = 33 / 64 = 0.515625
+    # multi-turn: 0.075; single-turn: (0.38 + 0.515625) / 2 = 0.4478125
+    # overall: (0.38 + 0.515625 + 0.075) / 3 = 0.323541666...
+    from palaestra.egpo.bfcl_results import bfcl_v3_summary
+
+    v3 = bfcl_v3_summary(SCORES, SIZES)
+    assert v3["non_live"] == pytest.approx(0.38)
+    assert v3["live"] == pytest.approx(33 / 64)
+    assert v3["multi_turn"] == pytest.approx(0.075)
+    assert v3["single_turn"] == pytest.approx((0.38 + 33 / 64) / 2)
+    assert v3["overall"] == pytest.approx((0.38 + 33 / 64 + 0.075) / 3)
+    assert v3["irrelevance"] == pytest.approx(0.75) and v3["relevance"] == pytest.approx(0.75)
+
+
+def test_offline_maximum_of_each_version():
+    from palaestra.egpo.bfcl_results import offline_maximum
+
+    # v4: non-live (1/3 + 3) / 4, live 1, irrelevance 1, multi-turn 1, agentic 0 -> 0.1 * 5/6 + 0.1 + 0.1 + 0.3
+    assert offline_maximum("v4") == pytest.approx(0.1 * 5 / 6 + 0.5)
+    # v3: non-live (1/3 + 4) / 5 = 13/15, live 1, multi-turn 1 -> (13/15 + 2) / 3
+    assert offline_maximum("v3") == pytest.approx((13 / 15 + 2) / 3)

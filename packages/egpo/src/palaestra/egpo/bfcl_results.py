@@ -14,6 +14,15 @@ Summary formula (`bfcl_summary`) of **BFCL v4** as ``bfcl-eval==2026.3.23`` comp
   rec_sum);
 - overall = 10% non-live + 10% live + 10% irrelevance + 30% multi-turn + 40% agentic.
 
+**BFCL v3**'s summary (`bfcl_v3_summary`), the one FunReason-MT and HardGen report, as the last v3 release of
+BFCL's code computes it (gorilla ``berkeley-function-call-leaderboard/bfcl_eval/eval_checker/eval_runner_helper.py``
+at commit 65a1c944, 2025-07-08, the last before "BFCL V4 Release"; ``bfcl-eval`` 2026.3.23 has no v3 code):
+non-live = unweighted mean of [simple, multiple, parallel, parallel_multiple, irrelevance]; live = entry-weighted
+mean of the four live AST categories *and* live_irrelevance and live_relevance; multi-turn = mean of its four;
+single-turn = mean of non-live and live (v3's ``single_turn_ast``, the papers' "single-turn overall");
+overall = unweighted mean of non-live, live and multi-turn. Missing categories count 0 there too.
+`offline_maximum` is what either summary reaches here when every category that runs offline is 100%.
+
 A category that did not run counts 0, with its full BFCL entry count in the live weighting, exactly as
 BFCL does (it shows "N/A" but scores 0): an offline run here (no web search, memory, Java, JavaScript)
 can reach at most 60% overall and 1/3 of the simple group's Java/JavaScript share is missing too.
@@ -27,8 +36,14 @@ accuracy, correct and total count, then the failed entries) and ``score/data_ove
 ``Qwen_Qwen3-4B-Instruct-2507-FC`` (its decoder reads exactly our ``<tool_call>`` blocks).
 
 Decoders (`decode_calls`): ``palaestra`` (`palaestra.shared.toolcall`: one malformed block fails the whole
-answer) or ``bfcl`` (BFCL's ``QwenFCHandler``: blocks matching ``<tool_call>\\n...\\n</tool_call>`` are
-JSON-decoded one by one and a malformed one is skipped).
+answer) or ``bfcl`` (BFCL's ``QwenFCHandler``: the text after ``</think>``, blocks matching
+``<tool_call>\\n...\\n</tool_call>`` JSON-decoded one by one, a malformed one skipped).
+
+A result file's ``result`` is the calls the run's decoder read from each response, written back in the form
+BFCL's Qwen FC decoder reads (`canonical_result`: one ``<tool_call>\\n{json}\\n</tool_call>`` per call, ``""``
+when none was read); the response itself is kept beside it as ``raw_result``. So BFCL's own runner re-scores the
+file to the run's numbers whichever decoder wrote it (compact blocks without newlines, an unclosed
+``<think>``, a malformed block next to a good one: `decode_calls` differs there, the file does not).
 """
 
 from __future__ import annotations
@@ -41,6 +56,7 @@ from palaestra.egpo.bfcl import CHECKER_MODEL_NAME, require_bfcl
 from palaestra.shared.toolcall import ToolCall, parse_response
 
 BFCL_VERSION = "BFCL v4 (bfcl-eval 2026.3.23)"
+BFCL_V3_VERSION = "BFCL v3 (gorilla 65a1c944, 2025-07-08)"
 OVERALL_WEIGHTS = {"non_live": 10, "live": 10, "irrelevance": 10, "multi_turn": 30, "agentic": 40}
 """BFCL v4's group weights in the overall score (normalized to sum 1)."""
 DECODERS = ("palaestra", "bfcl")
@@ -58,7 +74,7 @@ def decode_calls(text: str, decoder: str = "palaestra") -> tuple[list[ToolCall] 
     require_bfcl()
     from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
 
-    items = QwenFCHandler._extract_tool_calls(text)
+    items = QwenFCHandler._extract_tool_calls(cleaned_response(text))
     if any(not isinstance(i, dict) or not isinstance(i.get("name"), str) for i in items):
         return None, "a decoded tool call is not a {'name', 'arguments'} object"
     if any(not isinstance(i.get("arguments", {}), dict) for i in items):
@@ -105,6 +121,54 @@ def bfcl_summary(scores: dict[str, tuple[int, int]], sizes: dict[str, int] | Non
     total_weight = sum(OVERALL_WEIGHTS.values())
     overall = sum(groups[g] * w / total_weight for g, w in OVERALL_WEIGHTS.items())
     return {"overall": overall, **groups, "relevance": acc("live_relevance"), "non_live_simple": simple}
+
+
+def bfcl_v3_summary(scores: dict[str, tuple[int, int]], sizes: dict[str, int] | None = None) -> dict[str, float]:
+    """BFCL v3's group and overall accuracies from ``{category: (correct, total)}`` (see the module docstring)."""
+
+    def acc(category: str) -> float:
+        correct, total = scores.get(category, (0, 0))
+        return correct / total if total else 0.0
+
+    def count(category: str) -> int:
+        if category in scores:
+            return scores[category][1]
+        return (sizes or {}).get(category) or category_size(category)
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    simple = mean([acc("simple_python"), acc("simple_java"), acc("simple_javascript")])
+    live_all = [*LIVE_AST, "live_irrelevance", "live_relevance"]
+    non_live = mean([simple, acc("multiple"), acc("parallel"), acc("parallel_multiple"), acc("irrelevance")])
+    live = sum(acc(c) * count(c) for c in live_all) / sum(count(c) for c in live_all)
+    multi_turn = mean([acc(c) for c in MULTI_TURN])
+    return {
+        "overall": mean([live, non_live, multi_turn]),
+        "non_live": non_live,
+        "live": live,
+        "multi_turn": multi_turn,
+        "single_turn": mean([live, non_live]),
+        "irrelevance": mean([acc("irrelevance"), acc("live_irrelevance")]),
+        "relevance": acc("live_relevance"),
+    }
+
+
+def offline_maximum(version: str = "v4") -> float:
+    """The overall score of a run that gets every category that runs offline right (the rest count 0)."""
+    from palaestra.egpo.bfcl import ALL_CATEGORIES
+
+    perfect = {c: (1, 1) for c in ALL_CATEGORIES}
+    summary = bfcl_summary if version == "v4" else bfcl_v3_summary
+    return summary(perfect)["overall"]
+
+
+def canonical_result(text: str, decoder: str = "palaestra") -> str:
+    """The calls `decoder` reads from `text`, as BFCL's Qwen FC decoder reads them; ``""`` when it reads none."""
+    calls, _ = decode_calls(text, decoder)
+    return "\n".join(
+        f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n</tool_call>" for c in calls or []
+    )
 
 
 def cleaned_response(text: str) -> str:
@@ -187,20 +251,34 @@ def write_score_csv(root: Path, scores: dict[str, tuple[int, int]], model: str) 
     return path
 
 
-def result_row(entry_id: str, category: str, outputs: list[str], turn_outputs: list[list[str]] | None) -> dict:
-    """One line of a result file from a run's raw responses."""
+def result_row(
+    entry_id: str,
+    category: str,
+    outputs: list[str],
+    turn_outputs: list[list[str]] | None,
+    decoder: str = "palaestra",
+) -> dict:
+    """One line of a result file from a run's raw responses: the calls `decoder` read (`canonical_result`) as
+    ``result``, the responses as ``raw_result``."""
     if turn_outputs is not None:  # multi-turn: per turn, per step
-        return {"id": entry_id, "result": [[cleaned_response(t) for t in turn] for turn in turn_outputs]}
-    return {"id": entry_id, "result": cleaned_response(outputs[-1]) if outputs else ""}
+        return {
+            "id": entry_id,
+            "result": [[canonical_result(t, decoder) for t in turn] for turn in turn_outputs],
+            "raw_result": turn_outputs,
+        }
+    raw = outputs[-1] if outputs else ""
+    return {"id": entry_id, "result": canonical_result(raw, decoder), "raw_result": raw}
 
 
-def write_run_files(root: Path, records_by_category: dict[str, list[dict]], model: str) -> dict[str, Any]:
-    """Result files, score files and the score CSV of a run (records as `palaestra.egpo.eval` builds them)."""
+def write_run_files(
+    root: Path, records_by_category: dict[str, list[dict]], model: str, decoder: str = "palaestra"
+) -> dict[str, Any]:
+    """Result files, score files and the score CSV of a run (records as `palaestra.egpo.eval` builds them;
+    `decoder`: the one that read the responses)."""
     scores = {}
     for category, records in records_by_category.items():
-        write_result_file(
-            root, category, [result_row(r["id"], category, r["outputs"], r.get("turn_outputs")) for r in records]
-        )
+        rows = [result_row(r["id"], category, r["outputs"], r.get("turn_outputs"), decoder) for r in records]
+        write_result_file(root, category, rows)
         correct = sum(bool(r["valid"]) for r in records)
         failed = [
             {"id": r["id"], "error_type": r.get("error") or r.get("multi_turn_error")}
