@@ -50,12 +50,16 @@ def test_egpo_train_runs_and_logs(tmp_path, tracking):
             "eval.limit=1",
             "eval.max_tokens_per_turn=8",
             "eval.max_model_calls=2",
+            "eval.prompt=bfcl_fc",
+            "eval.decoder=bfcl",
         ],
     )
     cfg.tracking = tracking
     out = run_job(cfg)
     assert out["steps"] == 2
-    metrics = mlflow.MlflowClient(tracking.uri).get_run(out["run_id"]).data.metrics
+    run = mlflow.MlflowClient(tracking.uri).get_run(out["run_id"])
+    assert run.data.tags["bfcl.prompt"] == "bfcl_fc" and run.data.tags["bfcl.decoder"] == "bfcl"  # eval's settings
+    metrics = run.data.metrics
     assert "train/reward_mean" in metrics and "bfcl/simple_python/accuracy" in metrics
     assert "bfcl/multi_turn_base/accuracy" in metrics
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import palaestra.egpo.multiturn_data  # noqa: F401  (registers the `datagen_multi_turn` env)
+from palaestra.egpo.eval import Decoder, PromptFormat
 from palaestra.egpo.tasks import FCTask, load_bfcl, load_jsonl
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
@@ -185,6 +186,10 @@ class EvalAfterConfig:
     """Entries of the categories named here (instead of ``limit``)."""
     max_tokens_per_turn: int = 256
     max_model_calls: int = 8
+    prompt: PromptFormat = PromptFormat.palaestra
+    """palaestra (our system prompt) | bfcl_fc (BFCL's FC-mode messages and function docs; `BfclEvalConfig.prompt`)."""
+    decoder: Decoder = Decoder.palaestra
+    """palaestra | bfcl (BFCL's Qwen FC decoder; `BfclEvalConfig.decoder`)."""
 
 
 @dataclass
@@ -231,6 +236,8 @@ def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
             limits=dict(cfg.eval.limits),
             max_tokens_per_turn=cfg.eval.max_tokens_per_turn,
             max_model_calls=cfg.eval.max_model_calls,
+            prompt=cfg.eval.prompt,
+            decoder=cfg.eval.decoder,
             seed=cfg.seed,
             output_dir=f"{cfg.output_dir}/eval",
         )
