@@ -24,11 +24,16 @@ that a config class puts on its fields:
   (``"name"`` the sibling field holding the name): keys the entry's signature
   does not take fail, and parameters annotated
   ``Annotated[str, RegistryName(REG)]`` are checked like a registry name;
+- a keyword parameter holding the keyword arguments of another named entry
+  (``source_kwargs`` of the ``task`` env) is annotated
+  ``Annotated[dict, EntryKwargs(REG, "source")]`` (``"source"`` the parameter
+  naming the entry): keys that entry does not take fail;
 - a file name under ``output_dir``, ``metadata=output_file()``: a path that
   leaves ``output_dir`` (``../x``, an absolute path) fails; jobs build such
   paths with `confined_path`;
 - anything else, ``metadata=value_check("module:function")``: the function
-  gets ``(value, owner)`` and returns an error message or None.
+  gets ``(value, owner)`` and returns an error message or None
+  (`check_non_negative` and `check_positive` are ready-made ones).
 
 A ``base:`` chain that comes back to a file already in it is a one-line error
 naming the cycle.
@@ -252,6 +257,21 @@ class RegistryKwargs:
         check_kwargs(registry.get(name), value, f"{registry.kind} '{name}'", key, root)
 
 
+class EntryKwargs:
+    """Marker for a keyword parameter: it holds keyword arguments of the `registry` entry named by parameter `name_param`."""
+
+    def __init__(self, registry: Any, name_param: str):
+        self.registry = RegistryName(registry)
+        self.name_param = name_param
+
+    def check(self, value: Any, owner: Any, key: str, root: Any) -> None:
+        name = owner.get(self.name_param) if isinstance(owner, dict) else getattr(owner, self.name_param, None)
+        registry = self.registry.get_registry()
+        if not isinstance(name, str) or ":" in name or name not in registry or not isinstance(value, dict):
+            return
+        check_kwargs(registry.get(name), value, f"{registry.kind} '{name}'", key, root)
+
+
 class OutputFile:
     """Marker: the value is a path under the job's ``output_dir`` (see `confined_path`)."""
 
@@ -291,6 +311,16 @@ def value_check(function: str) -> dict[str, Any]:
     return {_CHECK: ValueCheck(function)}
 
 
+def check_non_negative(value: Any, owner: Any) -> str | None:
+    """A value check: the number must be >= 0."""
+    return None if value >= 0 else f"must be >= 0, got {value}"
+
+
+def check_positive(value: Any, owner: Any) -> str | None:
+    """A value check: the number must be > 0."""
+    return None if value > 0 else f"must be > 0, got {value}"
+
+
 def marker_of(f: dataclasses.Field) -> Any:
     """The check marker a field carries in its metadata (`RegistryName`, `OutputFile`, ...), or None."""
     return f.metadata.get(_CHECK)
@@ -301,10 +331,10 @@ def check_fields(cfg: Any, root: Any = None, prefix: str = "") -> None:
     root = cfg if root is None else root
     for f in dataclasses.fields(cfg):
         value, key = getattr(cfg, f.name), prefix + f.name
+        _check_inside(value, root, key)  # the inner fields first: their errors are the more precise
         marker = f.metadata.get(_CHECK)
         if marker is not None and value is not None:
             marker.check(value, cfg, key, root)
-        _check_inside(value, root, key)
 
 
 def _check_inside(value: Any, root: Any, key: str) -> None:
@@ -336,10 +366,11 @@ def check_kwargs(target: Any, kwargs: dict[str, Any], what: str, key: str, root:
         hints = typing.get_type_hints(function, include_extras=True)
     except Exception:  # unresolvable annotations: nothing more to check
         return
+    given = {p: v.default for p, v in params.items() if v.default is not v.empty} | dict(kwargs)
     for name, value in kwargs.items():
         for meta in getattr(hints.get(name), "__metadata__", ()):
             if hasattr(meta, "check") and value is not None:
-                meta.check(value, None, f"{key}.{name}", root)
+                meta.check(value, given, f"{key}.{name}", root)
 
 
 def confined_path(output_dir: str | Path, *parts: str | Path, key: str = "output") -> Path:

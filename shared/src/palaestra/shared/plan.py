@@ -199,8 +199,6 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8) -> tuple[str, bool]:
     """The report for an RL `TrainConfig` on `gpus` GPUs of `gpu_gb` GB, and whether it fits."""
     arch, source = model_arch(cfg.llm.model)
     learner, world = cfg.learner, cfg.learner.world_size
-    if learner.strategy not in ("fsdp", "ddp"):
-        raise ValueError(f"learner.strategy must be fsdp or ddp, got {learner.strategy!r}")
     on_gpu = learner.num_gpus > 0 if world > 1 else cfg.llm.device != "cpu"
     dtype = learner.compute_dtype if learner.compute_dtype != "auto" else ("bfloat16" if on_gpu else "float32")
     compute = 4 if dtype == "float32" else 2

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.aed.train import RLAlgo, TrainSettings
-from palaestra.shared.config import ConfigError, JobConfig
+from palaestra.shared.config import ConfigError, JobConfig, value_check
 from palaestra.shared.jobs import job
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.tracking import Tracker
@@ -49,6 +49,26 @@ class RewardSource(StrEnum):
     expert = "expert"
     llm = "llm"
     both = "both"
+
+
+def check_scenarios(value: list[str] | str, owner: Any) -> str | None:
+    """Every name is a scenario of palaestra.aed.scenarios (with did-you-mean)."""
+    from palaestra.aed.scenarios import get_scenario
+
+    for name in [value] if isinstance(value, str) else value:
+        try:
+            get_scenario(name)
+        except ValueError as err:
+            return str(err)
+    return None
+
+
+def check_accident_types(value: list[str], owner: Any) -> str | None:
+    """Every accident type has an expert reward (palaestra.aed.rewards)."""
+    from palaestra.aed.rewards import EXPERT_REWARDS
+
+    unknown = [t for t in value if t not in EXPERT_REWARDS]
+    return f"unknown accident type {unknown[0]!r} (known: {', '.join(EXPERT_REWARDS)})" if unknown else None
 
 
 @dataclass
@@ -107,9 +127,13 @@ class ProposalConfig:
 @dataclass
 class AttackConfig(JobConfig):
     job: str = "aed.attack"
-    scenarios: list[str] = field(default_factory=lambda: ["highway"])
+    scenarios: list[str] = field(
+        default_factory=lambda: ["highway"], metadata=value_check("palaestra.aed.jobs:check_scenarios")
+    )
     """highway | merge | roundabout | intersection (palaestra.aed.scenarios)."""
-    accident_types: list[str] = field(default_factory=list)
+    accident_types: list[str] = field(
+        default_factory=list, metadata=value_check("palaestra.aed.jobs:check_accident_types")
+    )
     """Accident types to attack (one policy each); empty: each scenario's defaults (rewards.SCENARIO_TYPES).
     Ignored with taxonomy=llm."""
     taxonomy: TaxonomySource = TaxonomySource.expert
@@ -157,30 +181,14 @@ class AttackConfig(JobConfig):
 
 def _tasks(cfg: AttackConfig, proposed: dict[str, list[dict]] | None = None) -> list[dict[str, Any]]:
     """One task per (scenario, type) and per baseline; ``proposed``: each scenario's LLM-proposed types."""
-    from palaestra.aed.rewards import EXPERT_REWARDS, SCENARIO_TYPES
-    from palaestra.aed.scenarios import get_scenario
+    from palaestra.aed.rewards import SCENARIO_TYPES
 
-    if cfg.rewards not in ("expert", "llm", "both"):
-        raise ConfigError(f"invalid value for 'rewards': {cfg.rewards!r} (expert | llm | both)")
-    if cfg.taxonomy not in ("expert", "llm"):
-        raise ConfigError(f"invalid value for 'taxonomy': {cfg.taxonomy!r} (expert | llm)")
-    if cfg.victim not in ("idm", "rl"):
-        raise ConfigError(f"invalid value for 'victim': {cfg.victim!r} (idm | rl)")
     if cfg.victim == "rl" and not (cfg.victim_checkpoint and Path(cfg.victim_checkpoint).exists()):
         raise ConfigError(
             f"victim=rl needs an existing 'victim_checkpoint' (got {cfg.victim_checkpoint!r}); run aed.victim"
         )
-    if cfg.preference.judge not in ("rules", "llm"):
-        raise ConfigError(f"invalid value for 'preference.judge': {cfg.preference.judge!r} (rules | llm)")
-    for t in cfg.accident_types:
-        if t not in EXPERT_REWARDS:
-            raise ConfigError(f"unknown accident type {t!r} in 'accident_types' (known: {', '.join(EXPERT_REWARDS)})")
     tasks = []
     for scenario in cfg.scenarios:
-        try:
-            get_scenario(scenario)
-        except ValueError as err:
-            raise ConfigError(f"'scenarios': {err}") from None
         taxonomy = (proposed or {}).get(scenario)
         names = [t["name"] for t in taxonomy] if taxonomy else cfg.accident_types or SCENARIO_TYPES[scenario]
         common = {"scenario": scenario, "taxonomy": taxonomy}
@@ -285,7 +293,7 @@ def _propose(cfg: AttackConfig, tracker: Tracker) -> dict[str, list[dict]]:
 @dataclass
 class VictimConfig(JobConfig):
     job: str = "aed.victim"
-    scenario: str = "highway"
+    scenario: str = field(default="highway", metadata=value_check("palaestra.aed.jobs:check_scenarios"))
     algo: RLAlgo = RLAlgo.dqn
     """dqn | ppo."""
     timesteps: int = 5000
@@ -304,14 +312,8 @@ def victim(cfg: VictimConfig, tracker: Tracker) -> dict:
     from stable_baselines3 import DQN, PPO
     from stable_baselines3.common.monitor import Monitor
 
-    from palaestra.aed.scenarios import get_scenario, make_base_env
+    from palaestra.aed.scenarios import make_base_env
 
-    if cfg.algo not in ("dqn", "ppo"):
-        raise ConfigError(f"invalid value for 'algo': {cfg.algo!r} (dqn | ppo)")
-    try:
-        get_scenario(cfg.scenario)
-    except ValueError as err:
-        raise ConfigError(f"'scenario': {err}") from None
     path = Path(cfg.checkpoint or Path(cfg.output_dir) / "victims" / f"{cfg.scenario}_{cfg.algo}.zip")
     if path.exists() and not cfg.retrain:
         print(f"[aed] victim checkpoint cached: {path}")

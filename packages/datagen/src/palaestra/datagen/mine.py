@@ -41,7 +41,7 @@ from palaestra.datagen.dataset import read_rows
 from palaestra.datagen.envs import ToolEnv, get_env
 from palaestra.datagen.generate import DataGenerationConfig, build_graph, run_generation
 from palaestra.datagen.sampler import Step, Trace
-from palaestra.shared.config import ConfigError
+from palaestra.shared.config import value_check
 from palaestra.shared.jobs import job
 from palaestra.shared.llm.base import LLMConfig, SamplingParams
 from palaestra.shared.rl.sft import SFTOptions
@@ -71,7 +71,7 @@ class MineConfig(DataGenerationConfig):
     """Scripted student: tools it always gets wrong."""
     boost: float = 4.0
     """weight = 1 + boost * student failure rate."""
-    heldout_fraction: float = 0.25
+    heldout_fraction: float = field(default=0.25, metadata=value_check("palaestra.datagen.mine:check_fraction"))
     """Share of each round's samples held out from mining and training (chosen by a hash of the sample id)."""
     student_sft: SFTOptions = field(default_factory=lambda: SFTOptions(steps=0, batch_size=4, lr=1e-3))
     """The student's SFT per round on the mining set (``data_path`` is set by the job; steps 0: no training)."""
@@ -167,13 +167,14 @@ def write_sft_data(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def check_fraction(value: float, owner: MineConfig) -> str | None:
+    """A share of the items strictly between 0 and 1."""
+    return None if 0.0 < value < 1.0 else f"must be in (0, 1), got {value}"
+
+
 @job("datagen.mine", MineConfig)
 def mine(cfg: MineConfig, tracker: Tracker) -> dict:
     """Closed loop: mine the student's failures, reweight the graph, generate, train the student, evaluate."""
-    if cfg.student not in ("llm", "scripted"):
-        raise ConfigError(f"student: unknown kind {cfg.student!r} (llm | scripted)")
-    if not 0.0 < cfg.heldout_fraction < 1.0:
-        raise ConfigError(f"heldout_fraction must be in (0, 1), got {cfg.heldout_fraction}")
     client = None
     if cfg.student == "scripted":
         student = ScriptedStudent(set(cfg.weak_tools))

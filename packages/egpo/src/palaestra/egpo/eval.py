@@ -32,7 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 from palaestra.egpo import bfcl
-from palaestra.egpo.bfcl_results import BFCL_VERSION, DECODERS, bfcl_summary, decode_calls, write_run_files
+from palaestra.egpo.bfcl_results import BFCL_VERSION, bfcl_summary, decode_calls, write_run_files
 from palaestra.egpo.multiturn import BFCLMultiTurnEnv, ground_truth_turn_calls
 from palaestra.egpo.reward import judge_completion
 from palaestra.egpo.tasks import FCTask, canonical_calls, load_bfcl
@@ -241,12 +241,6 @@ def build_envs(
 @job("egpo.eval", BfclEvalConfig)
 def evaluate(cfg: BfclEvalConfig, tracker: Tracker) -> dict:
     """BFCL evaluation of any LLM backend in our prompt format, scored by BFCL's official checkers."""
-    if cfg.policy not in ("model", "ground_truth", "wrong"):
-        raise ConfigError(f"invalid value for 'policy': {cfg.policy!r} (model | ground_truth | wrong)")
-    if cfg.decoder not in DECODERS:
-        raise ConfigError(f"invalid value for 'decoder': {cfg.decoder!r} ({' | '.join(DECODERS)})")
-    if cfg.prompt not in PROMPTS:
-        raise ConfigError(f"invalid value for 'prompt': {cfg.prompt!r} ({' | '.join(PROMPTS)})")
     try:
         for category in cfg.categories:
             bfcl.category_kind(category)

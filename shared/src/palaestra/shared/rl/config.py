@@ -88,13 +88,28 @@ class WorkersConfig:
     GPU, rollout/vllm_weight_sync.py; not run on a GPU yet)."""
 
 
+class LearnerStrategy(StrEnum):
+    """How the sharded learner splits the model over its ranks (rl/distributed.py)."""
+
+    fsdp = "fsdp"
+    ddp = "ddp"
+
+
+class ComputeDType(StrEnum):
+    """The learner's compute dtype (its weights stay float32)."""
+
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
 @dataclass
 class LearnerConfig:
     """Where the learner runs: this process (world size 1) or N Ray actors forming one torch.distributed group."""
 
     world_size: int = 1
     """Learner processes (1: the model in the trainer's own process; N > 1: rl/distributed.py)."""
-    strategy: str = "fsdp"
+    strategy: LearnerStrategy = LearnerStrategy.fsdp
     """fsdp (FSDP2 ``fully_shard`` per decoder layer, then the root) | ddp (a full replica per rank)."""
     num_cpus: float = 1
     """CPUs per learner rank (Ray resource request)."""
@@ -113,12 +128,27 @@ class LearnerConfig:
     (rl/shared_prompt.py): the same log-probs and gradients up to float rounding. False: one forward over
     the whole rows. A model that cannot share (sliding-window layers, no cache) runs that, with a warning;
     so does the sharded learner with strategy fsdp (its ranks must make the same decoder calls)."""
-    compute_dtype: str = "auto"
+    compute_dtype: ComputeDType = ComputeDType.auto
     """auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16. The learner's weights stay float32
     (the master copy the optimizer updates); bfloat16 runs forward and backward under autocast."""
 
 
-COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
+COMPUTE_DTYPES = tuple(ComputeDType)
+
+
+def check_learner_llm(llm: LLMConfig, owner: TrainConfig) -> str | None:
+    """The learner trains a local model in float32 master weights: transformers backend, dtype auto or float32."""
+    if llm.backend != "transformers":
+        return (
+            f"backend '{llm.backend}': the learner trains a local model, so the backend must be 'transformers' "
+            "(rollouts on another backend: workers.llm)"
+        )
+    if llm.dtype not in ("auto", "float32"):
+        return (
+            f"dtype '{llm.dtype}': the learner keeps float32 master weights; "
+            "set learner.compute_dtype=bfloat16 for bfloat16 compute"
+        )
+    return None
 
 
 def learner_dtypes(learner: LearnerConfig, llm: LLMConfig, device_type: str) -> str:
@@ -144,7 +174,9 @@ def learner_dtypes(learner: LearnerConfig, llm: LLMConfig, device_type: str) -> 
 class TrainConfig(JobConfig):
     """RL fine-tuning of an LLM policy on text environments (GRPO, EGPO, MARS and mixtures)."""
 
-    llm: LLMConfig = field(default_factory=LLMConfig)
+    llm: LLMConfig = field(
+        default_factory=LLMConfig, metadata=value_check("palaestra.shared.rl.config:check_learner_llm")
+    )
     """The policy (and the learner's model: its backend must be transformers)."""
     envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec()])
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -156,7 +188,7 @@ class TrainConfig(JobConfig):
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     sft_warmup: SFTOptions = field(default_factory=SFTOptions)
     """An SFT stage on the same model before RL (``sft_warmup.steps`` 0: none)."""
-    steps: int = 10
+    steps: int = field(default=10, metadata=value_check("palaestra.shared.config:check_non_negative"))
     """RL steps (one rollout + its updates each)."""
     tasks_per_step: int = 8
     """Tasks per step; each is played ``rollout.group_size`` times."""

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from palaestra.shared.config import value_check
 from palaestra.shared.rl.shared_prompt import shared_prompt_hidden, unsupported
 
 REDUCTIONS = ("grpo", "dapo", "dr_grpo", "seq-mean-token-sum")
@@ -56,7 +57,7 @@ class LossConfig:
     """Lower clip range: ratio >= 1 - epsilon."""
     epsilon_high: float | None = None
     """Upper clip range: ratio <= 1 + epsilon_high (None: epsilon; DAPO's clip-higher uses e.g. 0.28)."""
-    dual_clip: float | None = None
+    dual_clip: float | None = field(default=None, metadata=value_check("palaestra.shared.rl.loss:check_dual_clip"))
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (None: off; MARS: 1 + 2ε = 1.4)."""
     kl_coef: float = 0.0
     """β of the k3 KL to the frozen reference model (0: no reference model is kept)."""
@@ -64,6 +65,11 @@ class LossConfig:
     """grpo | dapo | dr_grpo | seq-mean-token-sum (MARS)."""
     max_len: int = 0
     """dr_grpo's constant length (0: the rollout's max tokens per turn)."""
+
+
+def check_dual_clip(value: float, owner: LossConfig) -> str | None:
+    """The dual-clip constant bounds the loss of negative-advantage tokens only when c > 1."""
+    return None if value > 1 else f"the dual-clip constant must be > 1 (None: off; MARS 1.4), got {value}"
 
 
 def policy_loss(

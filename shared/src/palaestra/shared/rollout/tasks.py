@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from palaestra.shared.config import RegistryName
+from palaestra.shared.config import EntryKwargs, RegistryName
 from palaestra.shared.registry import Registry
 from palaestra.shared.rewards import REWARDS, compose, score
 from palaestra.shared.rollout.env import Step, TextEnv
@@ -40,7 +40,7 @@ class TaskEnv(TextEnv):
         self,
         source: Annotated[str, RegistryName(TASKS)] = "next_number",
         reward: Annotated[str | dict[str, float], RegistryName(REWARDS)] = "exact_answer",
-        source_kwargs: dict[str, Any] | None = None,
+        source_kwargs: Annotated[dict[str, Any] | None, EntryKwargs(TASKS, "source")] = None,
         env_type: str | None = None,
     ):
         self.samples = TASKS.get(source)(**(source_kwargs or {}))

@@ -1,0 +1,73 @@
+"""Every fixed choice of the RL config is refused at resolve time: ``palaestra run --dry-run`` exits 2 with one line
+naming the key (and the nearest choice), before any model loads. Each case passed ``--dry-run`` before."""
+
+import pytest
+
+from palaestra.shared import cli
+from palaestra.shared.config import ConfigError
+from palaestra.shared.jobs import load_config
+
+RL = {"job": "rl.train", "envs": [{"name": "task", "kwargs": {"source": "next_number", "reward": "exact_answer"}}]}
+
+
+def dry_run(tmp_path, capsys, override: str) -> tuple[int, str]:
+    import yaml
+
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump(RL))
+    code = cli.main(["run", str(path), "--dry-run", override])
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("learner.strategy=fdsp", "invalid value for 'learner.strategy': Invalid value 'fdsp'"),
+        ("learner.compute_dtype=bf16", "invalid value for 'learner.compute_dtype'"),
+        ("loss.dual_clip=0.5", "invalid value for 'loss.dual_clip': the dual-clip constant must be > 1"),
+        ("loss.dual_clip=1.0", "must be > 1"),
+        ("llm.backend=openai", "invalid value for 'llm': backend 'openai': the learner trains a local model"),
+        ("llm.dtype=bfloat16", "invalid value for 'llm': dtype 'bfloat16': the learner keeps float32"),
+        ("steps=-3", "invalid value for 'steps': must be >= 0, got -3"),
+        ("envs.0.kwargs.source_kwargs.num_sample=4", "task source 'next_number' takes no argument 'num_sample'"),
+    ],
+)
+def test_choice_is_a_one_line_dry_run_error(tmp_path, capsys, override, message):
+    code, err = dry_run(tmp_path, capsys, override)
+    assert code == 2
+    assert err.startswith("palaestra: error: ") and "\n" not in err
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    ("override", "nearest"),
+    [
+        ("learner.strategy=fdsp", "fsdp"),
+        ("learner.compute_dtype=bf16", "bfloat16"),
+        ("envs.0.kwargs.source_kwargs.num_sample=4", "num_samples"),
+    ],
+)
+def test_choice_error_names_the_nearest(tmp_path, capsys, override, nearest):
+    _, err = dry_run(tmp_path, capsys, override)
+    assert f"did you mean '{nearest}'?" in err
+
+
+def test_valid_choices_still_resolve():
+    cfg = load_config(
+        RL,
+        [
+            "learner.strategy=ddp",
+            "learner.compute_dtype=bfloat16",
+            "loss.dual_clip=1.4",
+            "steps=0",
+            "envs.0.kwargs.source_kwargs.num_samples=4",
+            "workers.llm={backend: openai, model: served}",  # rollouts may use another backend
+        ],
+    )
+    assert cfg.learner.strategy == "ddp" and cfg.learner.compute_dtype == "bfloat16" and cfg.loss.dual_clip == 1.4
+
+
+def test_task_source_kwargs_checked_against_the_default_source():
+    """No ``source`` given: the kwargs are checked against the env's default source (next_number)."""
+    with pytest.raises(ConfigError, match="task source 'next_number' takes no argument 'bogus'"):
+        load_config({"job": "rl.train", "envs": [{"name": "task", "kwargs": {"source_kwargs": {"bogus": 1}}}]})
