@@ -187,6 +187,7 @@ def test_llm_proposed_types_train_on_their_llm_rewards(ray_local, tracking, tmp_
     assert set(results) == {"brake_check_rear_end", "late_cut_in", "random"}
     for name in ("brake_check_rear_end", "late_cut_in"):
         assert results[name]["reward_source"] == "llm" and f'"{name}"' in results[name]["reward_code"]
+        assert results[name]["sandbox_isolation"]["audit"] is True  # logged on every run that runs LLM code
         assert f"aed/highway/{name}/target_rate_lo" in result and f"aed/highway/{name}/random_target_rate" in result
     # every accident found is named by the proposed recognizers (or 'other')
     for r in results.values():

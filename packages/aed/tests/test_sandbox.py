@@ -86,8 +86,14 @@ def test_exception_is_reported():
     assert "raised KeyError" in refuse("def reward(state):\n    return state['nope']\n")
 
 
-UNCHECKED = {"check": False, "_unsafe_full_builtins": True, "_unsafe_preimport": ("os", "socket", "encodings.idna")}
-"""No allow-list, every builtin, and the modules an attacker wants already imported: only the OS layer is left."""
+UNCHECKED = {
+    "check": False,
+    "_unsafe_full_builtins": True,
+    "_unsafe_preimport": ("os", "socket", "encodings.idna"),
+    "_unsafe_no_audit": True,
+}
+"""No allow-list, every builtin, no audit hook, and the modules an attacker wants already imported: only the OS
+layer is left."""
 
 
 def isolation() -> dict:
@@ -100,11 +106,13 @@ def isolation() -> dict:
 
 def test_isolation_drops_root_and_takes_namespaces():
     iso = isolation()
-    if os.getuid() == 0:
-        assert iso["uid"] == 65534 and iso["chroot"]
-    if not iso["netns"]:
-        pytest.skip("this kernel refuses network namespaces here")
-    assert iso["netns"]
+    assert iso["audit"] is True
+    if os.getuid() == 0:  # a uid of its own: neither root nor the nobody that every sandbox used to share
+        assert iso["own_uid"] and iso["uid"] > 200_000 and iso["chroot"]
+        assert isolation()["uid"] != iso["uid"]
+    if not (iso["netns"] and iso["pidns"]):
+        pytest.skip("this kernel refuses network or PID namespaces here")
+    assert iso["netns"] and iso["pidns"]
 
 
 def test_mkdir_fails_without_the_static_check(tmp_path):

@@ -28,11 +28,29 @@ def attack_task(task: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     with Tracker.attach(cfg.tracking, task.get("run_id")) as tracker:
-        if kind in ("random", "passive"):
-            return _baseline(cfg, scenario, kind, tracker, task.get("taxonomy"))
         rewards = task.get("arm") or cfg.rewards
-        out = _attack_type(cfg, scenario, task["accident_type"], tracker, task.get("taxonomy"), rewards)
-        return {**out, "arm": task.get("arm")}
+        sandboxed = bool(task.get("taxonomy")) or (kind == "attack" and rewards == "llm")
+        isolation = _log_isolation(tracker) if sandboxed else None
+        if kind in ("random", "passive"):
+            out = _baseline(cfg, scenario, kind, tracker, task.get("taxonomy"))
+        else:
+            out = _attack_type(cfg, scenario, task["accident_type"], tracker, task.get("taxonomy"), rewards)
+            out["arm"] = task.get("arm")
+        return {**out, "sandbox_isolation": isolation} if isolation is not None else out
+
+
+def _log_isolation(tracker: Tracker) -> dict[str, Any]:
+    """The sandbox isolation on this worker, as tags of the run (``aed.sandbox.<layer>``); a missing layer is
+    a loud warning (`sandbox.report_isolation`) and the tag ``aed.sandbox.missing``."""
+    from palaestra.aed.sandbox import probe_isolation, report_isolation
+
+    isolation = probe_isolation()
+    missing = report_isolation(isolation, "aed sandbox")
+    tracker.set_tags({f"aed.sandbox.{k}": str(v) for k, v in isolation.items()})
+    tracker.set_tags({"aed.sandbox.missing": ",".join(missing) or "none"})
+    if missing:
+        print(f"[aed] WARNING: sandbox isolation layers missing on this worker: {', '.join(missing)}")
+    return isolation
 
 
 def _spec(cfg, scenario: str, accident_type: str, taxonomy: list[dict] | None = None):

@@ -243,18 +243,16 @@ class AdversaryEnv(gym.Env):
 
     def _reward(self, state: dict) -> float:
         try:
-            value = self.reward_fn(state)
+            value, parts = _reward_value(self.reward_fn(state))
         except Exception as err:  # a broken reward must not stop training: fall back to the expert's
             if self.reward_fn is self.expert:
                 raise
             self.reward_error = f"{type(err).__name__}: {err}"
             self.reward_fn = self.expert
-            value = self.expert(state)
-        if isinstance(value, dict):  # named components (Eureka's reflection): the reward is their sum
-            for name, v in value.items():
-                self.components[name] = self.components.get(name, 0.0) + float(v)
-            return float(sum(value.values()))
-        return float(value)
+            value, parts = _reward_value(self.expert(state))
+        for name, v in parts.items():  # named components (Eureka's reflection): the reward is their sum
+            self.components[name] = self.components.get(name, 0.0) + v
+        return value
 
     def _take_over(self) -> None:
         from highway_env.vehicle.behavior import IDMVehicle
@@ -359,6 +357,24 @@ class AdversaryEnv(gym.Env):
             },
             "event": ev,
         }
+
+
+def _reward_value(value: Any) -> tuple[float, dict[str, float]]:
+    """The reward (a finite float) and its named components of what a reward function returned; anything else
+    (a string, nan, inf, a non-numeric component) raises `RewardError`, inside the caller's fallback."""
+    parts = value if isinstance(value, dict) else {"": value}
+    floats: dict[str, float] = {}
+    for name, v in parts.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise RewardError(f"reward component {str(name)[:64]!r} is a {type(v).__name__}, not a number")
+        try:
+            floats[str(name)] = float(v)
+        except OverflowError:
+            raise RewardError(f"reward component {str(name)[:64]!r} does not fit a float") from None
+    total = sum(floats.values())
+    if not all(math.isfinite(v) for v in [*floats.values(), total]):
+        raise RewardError(f"non-finite reward {total!r}")
+    return total, floats if isinstance(value, dict) else {}
 
 
 def _vehicle_state(v, road) -> dict:

@@ -1,36 +1,35 @@
-"""Running LLM-written reward code safely: a static check, then a sandboxed process.
+"""Running LLM-written reward code safely: a static check, then a sandboxed process, then checked replies.
 
 1. `static_check` parses the code and refuses anything outside an allow-list:
    statements and expressions of plain arithmetic/logic (no import, class,
-   with, try, global, lambda-free of dunders), names limited to the function's
-   own variables, `math` and a few pure builtins (`abs`, `min`, `max`, ...),
-   attribute access only to public `math.*` and to dict reading methods
-   (`get`, `items`, `keys`, `values`). It must define ``reward(state)``.
-2. `SandboxedReward` runs the code in a separate Python process (``python -I
-   -S``, empty environment) whose operating-system limits hold by themselves,
-   without the allow-list (the tests switch the static check off and try):
-   - a new network namespace (no interface but a down loopback: no socket
-     reaches 127.0.0.1 or anything else), through ``unshare(2)``: as root
-     ``CLONE_NEWNET``, otherwise together with a new user namespace;
-   - ``chroot`` into an empty, read-only directory (allowed to root, and to
-     anyone inside their new user namespace): no file outside is reachable and
-     nothing can be created inside;
-   - started as root: all groups dropped, then uid/gid 65534 (nobody);
-   - ``resource.setrlimit``: address space (memory), CPU seconds, file size 0,
-     open files 3, processes 0 (no fork: binding once the uid is not root).
-   Where the kernel refuses a namespace or chroot (e.g. a container without the
-   capability), the worker carries on with what it got and says so
-   (`SandboxedReward.isolation`); the static check still stands in front.
-   The code's globals hold only `math` and the allowed builtins. Each call is a
-   JSON line over a pipe with a wall-clock timeout; a call that runs over is
-   killed. A reward outside +-`REWARD_LIMIT` is refused: 1e300 is finite but
-   becomes inf in SB3's float32 buffers.
+   with, try, global, lambda, walrus, f-string); names limited to the code's
+   own variables, `math` and a few pure builtins (`ALLOWED_TEXT`), none of
+   which may be rebound (assignment, loop or comprehension target, parameter,
+   function name); attributes only ``math.*`` and a few dict and str methods,
+   never one starting with ``_``, a frame or code attribute (``gi_frame``,
+   ``f_back``, ...) or ``format``/``format_map``; no string holding ``__``.
+   It must define ``reward(state)``.
+2. `SandboxedReward` runs the code in a child process
+   (`palaestra.aed.sandbox_worker`, ``python -I -S``, empty environment)
+   whose layers hold without the allow-list (the tests switch it off and
+   try): its own network and PID namespaces, chroot into an empty read-only
+   root, a uid of its own when started as root, rlimits (memory, CPU, no
+   files, no fork), an audit hook refusing every audited event once the code
+   runs (imports, files, sockets, signals, frames, ``ctypes``), and a caller
+   whose globals hold nothing. What the kernel granted is
+   `SandboxedReward.isolation`; a missing layer is logged and warned about
+   (`missing_layers`), and jobs log it on every run (`probe_isolation`).
+3. The parent trusts no reply: each is parsed with a length limit and checked
+   again (type; finite; within +-`REWARD_LIMIT`, since 1e300 becomes inf in
+   SB3's float32 buffers; at most `MAX_COMPONENTS` component names of at most
+   `MAX_NAME` characters). A malformed reply kills the process.
 
 Every failure becomes a `RewardCodeError` with a one-line reason: rejected by
 the static check (including code nested too deeply for the parser), syntax
-error, timeout, memory limit, crashed, wrong return type, non-finite or
-out-of-range value, called after its process was killed. Callers (the
-adversary env, the Eureka loop) catch it and carry on.
+error, timeout, memory limit, killed (by its CPU limit, or by which signal),
+wrong return type, non-finite or out-of-range value, malformed reply, called
+after its process was killed. Callers (the adversary env, the Eureka loop)
+catch it and carry on.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import logging
 import math
 import os
 import select
@@ -45,6 +45,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+import warnings
+from pathlib import Path
 from typing import Any
 
 SAFE_BUILTINS = (
@@ -70,10 +73,34 @@ SAFE_BUILTINS = (
     "str",
     "isinstance",
 )
-DICT_METHODS = {"get", "items", "keys", "values"}
+DICT_METHODS = ("get", "items", "keys", "values")
+STR_METHODS = ("startswith", "endswith", "split", "lower", "upper", "strip", "count", "replace")
+"""Methods the code may call on dicts and strings (read-only: they build new values)."""
+FORBIDDEN_ATTRS = frozenset(
+    {"format", "format_map", "mro", "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "f_trace"}
+    | {f"{p}_{a}" for p in ("gi", "cr", "ag") for a in ("frame", "code", "await", "yieldfrom")}
+    | {"tb_frame", "tb_next", "func_globals", "func_code"}
+)
+"""Refused on anything, on top of the allow-list: frames, code objects, format-string field access."""
 REWARD_LIMIT = 1e6
 """Largest reward magnitude accepted from reward code (beyond it float32 sums overflow within an episode)."""
-NOBODY = 65534
+MAX_COMPONENTS, MAX_NAME = 32, 64
+"""At most this many named reward components, each name at most this many characters."""
+MAX_REPLY = 8192
+"""Longest reply line (characters) the parent reads from a sandbox."""
+UID_BASE = 200_000
+"""Started as root, a sandbox runs as uid ``UID_BASE + its pid``: no two share a uid, none is the caller's."""
+LAYERS = ("netns", "pidns", "chroot", "audit")
+"""Isolation layers every sandbox should get (plus ``own_uid`` when started as root)."""
+ALLOWED_TEXT = f"""\
+Reward and recognizer code may use: plain Python statements (def, return, =, +=, if/elif/else, for, while, \
+break, continue, pass), arithmetic, comparisons, and/or/not, conditional expressions, list/dict/tuple literals, \
+subscripts and slices, list comprehensions and generator expressions; the `math` module (math.sqrt, math.exp, ...; \
+no import statement); the builtins {", ".join(SAFE_BUILTINS)}; the dict methods {", ".join(DICT_METHODS)} and the \
+string methods {", ".join(STR_METHODS)}. Nothing else: no import, class, lambda, try/with, global, f-strings, \
+str.format, no other attribute, no name starting with "_", and `math` and the builtins above cannot be reassigned \
+(not as a variable, loop variable or parameter either).
+"""
 ALLOWED_NODES = (
     ast.Module,
     ast.FunctionDef,
@@ -136,18 +163,24 @@ def static_check(code: str, entry: str = "reward") -> None:
         raise RewardCodeError(f"syntax error at line {err.lineno}: {err.msg}") from None
     except (MemoryError, RecursionError) as err:  # e.g. 20k characters of nested unary/binary operators
         raise RewardCodeError(f"rejected: code nested too deeply for the parser ({type(err).__name__})") from None
-    bound = {"math", *SAFE_BUILTINS, "True", "False", "None"}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef):
-            bound.add(node.name)
-            bound.update(a.arg for a in node.args.args + node.args.kwonlyargs)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            bound.add(node.id)
+    reserved = {"math", *SAFE_BUILTINS, "True", "False", "None"}
+    bound = set(reserved)
     for node in ast.walk(tree):  # forbidden statements first, then names: "open" says more than ".write"
         if not isinstance(node, ALLOWED_NODES):
             raise RewardCodeError(
                 f"rejected: {type(node).__name__} is not allowed (line {getattr(node, 'lineno', '?')})"
             )
+    for node in ast.walk(tree):
+        names: list[tuple[str, int]] = []
+        if isinstance(node, ast.FunctionDef):
+            args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            names = [(node.name, node.lineno)] + [(a.arg, a.lineno) for a in args]
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names = [(node.id, node.lineno)]
+        for name, line in names:
+            if name in reserved:
+                raise RewardCodeError(f"rejected: '{name}' cannot be rebound (line {line})")
+            bound.add(name)
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and (node.id not in bound or node.id.startswith("_")):
             raise RewardCodeError(f"rejected: name '{node.id}' is not allowed (line {node.lineno})")
@@ -156,88 +189,45 @@ def static_check(code: str, entry: str = "reward") -> None:
             raise RewardCodeError(f"rejected: decorators and *args/**kwargs are not allowed (line {node.lineno})")
         if isinstance(node, ast.Attribute):
             on_math = isinstance(node.value, ast.Name) and node.value.id == "math"
-            if node.attr.startswith("_") or not (on_math or node.attr in DICT_METHODS):
+            allowed = on_math or node.attr in DICT_METHODS or node.attr in STR_METHODS
+            if node.attr.startswith("_") or node.attr in FORBIDDEN_ATTRS or not allowed:
                 raise RewardCodeError(f"rejected: attribute '.{node.attr}' is not allowed (line {node.lineno})")
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("__"):
-            raise RewardCodeError(f"rejected: dunder string {node.value!r} (line {node.lineno})")
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+            text = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
+            if "__" in text:
+                raise RewardCodeError(f"rejected: string holding '__' {text[:40]!r} (line {node.lineno})")
     top = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry]
     if not top or len(top[0].args.args) != 1:
         arg = "state" if entry == "reward" else "record"
         raise RewardCodeError(f"rejected: the code must define a top-level function {entry}({arg})")
 
 
-WORKER = r"""
-import ctypes, json, math, os, resource, sys
-mem, cpu, full, jail = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
-nobody, limit, entry = int(sys.argv[6]), float(sys.argv[7]), sys.argv[8]
-for name in filter(None, sys.argv[5].split(",")):  # tests only: modules an attacker wants, loaded before isolation
-    __import__(name)
-root = os.getuid() == 0
-libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
-iso = {"netns": libc.unshare(CLONE_NEWNET if root else CLONE_NEWUSER | CLONE_NEWNET) == 0}
-try:
-    os.chroot(jail)
-    os.chdir("/")
-    iso["chroot"] = True
-except OSError:
-    os.chdir(jail)
-    iso["chroot"] = False
-if root:
-    os.setgroups([])
-    os.setgid(nobody)
-    os.setuid(nobody)
-iso["uid"] = os.getuid()
-resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-resource.setrlimit(resource.RLIMIT_NOFILE, (3, 3))
-resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-def send(obj):
-    sys.stdout.write(json.dumps(obj) + "\n"); sys.stdout.flush()
-names = json.loads(sys.stdin.readline())
-code = sys.stdin.readline()
-code = json.loads(code)
-import builtins
-safe = vars(builtins) if full else {n: getattr(builtins, n) for n in names}
-scope = {"__builtins__": safe, "math": math}
-try:
-    exec(compile(code, "<reward>", "exec"), scope)
-    fn = scope[entry]
-    send({"ready": True, "isolation": iso})
-except MemoryError:
-    send({"error": "memory limit exceeded while loading"}); sys.exit(0)
-except BaseException as err:
-    send({"error": "failed to load: %s: %s" % (type(err).__name__, err)}); sys.exit(0)
-for line in sys.stdin:
-    try:
-        value = fn(json.loads(line))
-    except MemoryError:
-        send({"error": "memory limit exceeded"}); continue
-    except RecursionError:
-        send({"error": "recursion too deep"}); continue
-    except BaseException as err:
-        send({"error": "raised %s: %s" % (type(err).__name__, str(err)[:200])}); continue
-    if entry == "recognize":  # an accident-type recognizer: a verdict
-        if isinstance(value, bool):
-            send({"ok": value})
-        else:
-            send({"error": "wrong return type: %s (expected bool)" % type(value).__name__})
-        continue
-    parts = value if isinstance(value, dict) else {"": value}
-    bad = [k for k, v in parts.items() if not isinstance(k, str) or type(v) not in (int, float)]
-    if bad:
-        got = type(parts[bad[0]]).__name__ if isinstance(value, dict) else type(value).__name__
-        send({"error": "wrong return type: %s (expected float, or a dict of named floats)" % got}); continue
-    odd = [v for v in parts.values() if not math.isfinite(v)]
-    if odd:
-        send({"error": "non-finite reward %r" % odd[0]}); continue
-    big = [v for v in list(parts.values()) + [sum(parts.values())] if abs(v) > limit]
-    if big:
-        send({"error": "reward %.3g outside [-%g, %g] (refused: it would overflow float32 training buffers)"
-              % (big[0], limit, limit)}); continue
-    send({"ok": {k: float(v) for k, v in value.items()} if isinstance(value, dict) else float(value)})
-"""
+WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
+log = logging.getLogger(__name__)
+_warned: set[tuple[str, ...]] = set()
+
+
+def missing_layers(isolation: dict[str, Any]) -> list[str]:
+    """The isolation layers a sandbox did not get (`LAYERS`, and ``own_uid`` where the caller is root)."""
+    missing = [k for k in LAYERS if not isolation.get(k)]
+    if os.getuid() == 0 and not isolation.get("own_uid"):
+        missing.append("own_uid")
+    return missing
+
+
+def report_isolation(isolation: dict[str, Any], where: str = "sandbox") -> list[str]:
+    """Log what a sandbox got; warn (once per process and set of gaps) when a layer is missing."""
+    missing = missing_layers(isolation)
+    log.info("%s isolation: %s", where, isolation)
+    if missing and tuple(missing) not in _warned:
+        _warned.add(tuple(missing))
+        text = (
+            f"aed {where}: isolation layers MISSING here: {', '.join(missing)} (got {isolation}); the static check "
+            "and the remaining layers stand in front of LLM-written code (the kernel or container refused them)"
+        )
+        log.warning(text)
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
+    return missing
 
 
 class SandboxedReward:
@@ -254,30 +244,21 @@ class SandboxedReward:
         check: bool = True,
         _unsafe_full_builtins: bool = False,
         _unsafe_preimport: tuple[str, ...] = (),
+        _unsafe_no_audit: bool = False,
     ):
         if check:
             static_check(code, self.entry)
-        self.code, self.timeout_s = code, timeout_s
+        self.code, self.timeout_s, self.cpu_s = code, timeout_s, cpu_s
         self.calls = 0
         self.closed = False
+        self._buffer = b""
         self.tmp = tempfile.mkdtemp(prefix="aed-sandbox-")  # the child's empty root (chroot) or cwd
         os.chmod(self.tmp, 0o555)
+        argv = [str(memory_mb << 20), str(cpu_s), "1" if _unsafe_full_builtins else "0", self.tmp]
+        argv += [",".join(_unsafe_preimport), str(UID_BASE), repr(REWARD_LIMIT), self.entry]
+        argv += ["0" if _unsafe_no_audit else "1"]
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-I",
-                "-S",
-                "-c",
-                WORKER,
-                str(memory_mb << 20),
-                str(cpu_s),
-                "1" if _unsafe_full_builtins else "0",
-                self.tmp,
-                ",".join(_unsafe_preimport),
-                str(NOBODY),
-                repr(REWARD_LIMIT),
-                self.entry,
-            ],
+            [sys.executable, "-I", "-S", WORKER, *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -288,12 +269,22 @@ class SandboxedReward:
         )
         self._send(list(SAFE_BUILTINS))
         self._send(code)
-        reply = self._receive(max(timeout_s, 5.0), "loading")
-        if "error" in reply:
+        first = self._receive(max(timeout_s, 5.0), "loading")
+        if "error" in first:
             self.close()
-            raise RewardCodeError(reply["error"])
-        self.isolation: dict[str, Any] = reply["isolation"]
-        """What the OS granted: ``netns`` (own network namespace), ``chroot`` (empty root), ``uid``."""
+            raise RewardCodeError(first["error"])
+        iso = first.get("isolation")
+        if not isinstance(iso, dict) or set(iso) != {*LAYERS, "uid", "own_uid"}:
+            self.close()
+            raise RewardCodeError("malformed isolation report from the sandbox (process killed)")
+        self.isolation: dict[str, Any] = iso
+        """What the sandbox got: ``netns``, ``pidns`` (own network and PID namespaces), ``chroot`` (empty root),
+        ``uid`` and ``own_uid`` (a uid of its own), ``audit`` (the audit hook); sent before the code ran."""
+        report_isolation(iso)
+        ready = self._receive(max(timeout_s, 5.0), "loading")
+        if ready != {"ready": True}:
+            self.close()
+            raise RewardCodeError(ready.get("error") or "malformed reply while loading (process killed)")
 
     def __call__(self, state: dict[str, Any]) -> float | dict[str, float]:
         """The reward (a float, or the code's dict of named components)."""
@@ -307,6 +298,14 @@ class SandboxedReward:
         reply = self._receive(self.timeout_s, "calling")
         if "error" in reply:
             raise RewardCodeError(reply["error"])
+        return self._value(reply)
+
+    def _value(self, reply: dict) -> Any:
+        """The checked value of an ``ok`` reply; anything else kills the process (the stream cannot be trusted)."""
+        reason = reply_problem(reply, self.entry)
+        if reason is not None:
+            self.close()
+            raise RewardCodeError(f"{reason} (process killed)")
         return reply["ok"]
 
     def _send(self, obj: Any) -> None:
@@ -314,26 +313,77 @@ class SandboxedReward:
         self.proc.stdin.flush()
 
     def _receive(self, timeout_s: float, what: str) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
-        if not ready:
-            self.close()
-            raise RewardCodeError(f"timed out after {timeout_s:g} s while {what} (process killed)")
-        line = self.proc.stdout.readline()
-        if not line:
+        line = self._read_line(timeout_s, what)
+        if line is None:
             raise RewardCodeError(self._death(what))
-        return json.loads(line)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict) or len(reply) != 1:
+            self.close()
+            raise RewardCodeError(f"malformed reply from the sandbox while {what} (process killed)")
+        if "error" in reply and not isinstance(reply["error"], str):
+            self.close()
+            raise RewardCodeError(f"malformed error reply from the sandbox while {what} (process killed)")
+        if "error" in reply:
+            reply["error"] = reply["error"][:300]
+        return reply
+
+    def _read_line(self, timeout_s: float, what: str) -> bytes | None:
+        """One reply line (None at end of stream); raw reads with our own buffer, at most `MAX_REPLY` bytes."""
+        deadline = time.monotonic() + timeout_s
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > MAX_REPLY:
+                self.close()
+                raise RewardCodeError(f"reply longer than {MAX_REPLY} bytes while {what} (process killed)")
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self.close()
+                raise RewardCodeError(f"timed out after {timeout_s:g} s while {what} (process killed)")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        if len(line) > MAX_REPLY:
+            self.close()
+            raise RewardCodeError(f"reply longer than {MAX_REPLY} bytes while {what} (process killed)")
+        return line
 
     def _death(self, what: str) -> str:
-        code = self.proc.wait(timeout=5)
+        code, cpu = self._reap()
         self.close()
-        if code == -signal.SIGXCPU or code == -signal.SIGKILL:
-            return f"killed by the CPU time limit while {what}"
-        return f"sandbox process died while {what} (exit code {code})"
+        if code >= 0:
+            return f"sandbox process exited (exit code {code}) while {what}"
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        if code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu >= self.cpu_s - 0.5):
+            return f"killed by its CPU time limit ({self.cpu_s} s, {name}) while {what}"
+        return f"killed by {name} after {cpu:.1f} CPU-seconds (not one of its own limits) while {what}"
+
+    def _reap(self, timeout_s: float = 5.0) -> tuple[int, float]:
+        """Exit code (negative: the signal) and CPU seconds of the finished child (killed after `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            except ChildProcessError:  # already reaped
+                return self.proc.returncode if self.proc.returncode is not None else 0, 0.0
+            if pid:
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                return self.proc.returncode, usage.ru_utime + usage.ru_stime
+            if time.monotonic() > deadline:
+                with contextlib.suppress(OSError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                timeout_s, deadline = 0.0, time.monotonic() + 5.0
+            time.sleep(0.01)
 
     def close(self) -> None:
         self.closed = True
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=5)
         for stream in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError):
@@ -347,6 +397,29 @@ class SandboxedReward:
 
     def __getstate__(self):
         raise TypeError("SandboxedReward holds a process; send its code and build it in the worker")
+
+
+def reply_problem(reply: dict, entry: str) -> str | None:
+    """Why a sandbox's ``ok`` reply is unacceptable (None if it is fine): the parent's own check of every value."""
+    if set(reply) != {"ok"}:
+        return "malformed reply from the sandbox"
+    value = reply["ok"]
+    if entry == "recognize":
+        return None if isinstance(value, bool) else f"wrong return type: {type(value).__name__} (expected bool)"
+    parts = value if isinstance(value, dict) else {"": value}
+    if len(parts) > MAX_COMPONENTS:
+        return f"{len(parts)} reward components (at most {MAX_COMPONENTS})"
+    for key, v in parts.items():
+        if not isinstance(key, str) or len(key) > MAX_NAME:
+            return f"component names must be strings of at most {MAX_NAME} characters"
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"wrong return type: {type(v).__name__} (expected float, or a dict of named floats)"
+        if not math.isfinite(v):
+            return f"non-finite reward {v!r}"
+    total = sum(parts.values())
+    if any(abs(v) > REWARD_LIMIT for v in [*parts.values(), total]):
+        return f"reward outside [-{REWARD_LIMIT:g}, {REWARD_LIMIT:g}]"
+    return None
 
 
 class SandboxedRecognizer(SandboxedReward):
@@ -382,6 +455,15 @@ def check_reward(code: str, probe_states: list[dict], **kwargs) -> str | None:
     finally:
         fn.close()
     return None
+
+
+def probe_isolation() -> dict[str, Any]:
+    """The isolation a sandbox gets on this machine (jobs log it on every run; see `report_isolation`)."""
+    fn = SandboxedReward("def reward(state):\n    return 0.0\n")
+    try:
+        return dict(fn.isolation)
+    finally:
+        fn.close()
 
 
 def is_finite(x: float) -> bool:

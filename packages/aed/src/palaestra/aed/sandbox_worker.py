@@ -1,0 +1,225 @@
+"""The sandbox's child process: run as a script by `palaestra.aed.sandbox.SandboxedReward`, never imported.
+
+``python -I -S sandbox_worker.py MEM CPU FULL JAIL PREIMPORT UID_BASE LIMIT ENTRY AUDIT``. In order:
+
+1. Namespaces (``unshare(2)``; started as non-root, together with a new user
+   namespace): a network namespace (no interface but a down loopback) and a
+   PID namespace. A PID namespace holds the children of the caller, not the
+   caller, so the worker forks: the child is PID 1 of a namespace where no
+   other process exists (it can signal nothing outside), the parent waits and
+   leaves with the child's exit status or signal.
+2. ``chroot`` into an empty, read-only directory; started as root, all groups
+   dropped and a uid of its own (``UID_BASE + pid``: no two sandboxes share
+   one, so without a PID namespace they still cannot signal each other).
+3. ``setrlimit``: address space, CPU seconds, file size 0, 3 open files, no
+   new processes. Then the report of what was granted (``isolation``) goes out
+   before any reward code has run, so the code cannot forge it.
+4. The code is compiled, then an audit hook (PEP 578) is installed that
+   refuses every audited event from then on: imports, ``open``, ``os.*``,
+   sockets, ``ctypes`` calls, ``sys._getframe`` and the frame and code
+   attributes (``gi_frame``, ``tb_frame``, ``cr_frame``, ``__code__``, ...),
+   ``compile``/``exec``, new audit hooks. The code's module body runs as a
+   function (no ``exec`` event) with globals holding only ``math`` and the
+   allowed builtins.
+5. Calls: one JSON line in, one JSON line out. The reward is called from
+   `serve`, a function whose globals hold only a few builtins; the script's own
+   globals (``os``, ``sys``, ...) are emptied before `serve` starts. Each
+   value is checked here (type, finite, limit, component names), and again by
+   the parent, which trusts nothing this process writes.
+
+Every layer holds alone: the tests switch off the static check, the builtins
+restriction and the audit hook (``AUDIT=0``) and try.
+"""
+
+import json
+import math
+import os
+import resource
+import signal
+import sys
+import types
+
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+PR_SET_PDEATHSIG = 1
+MAX_COMPONENTS, MAX_NAME = 32, 64
+
+
+def isolate(jail: str, uid_base: int) -> dict:
+    """Namespaces, chroot, uid (steps 1-2); returns what was granted. The caller of a PID namespace forks here."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    root = os.getuid() == 0
+    user = 0 if root else CLONE_NEWUSER
+    iso = {"netns": False, "pidns": False, "chroot": False, "uid": os.getuid(), "own_uid": False, "audit": False}
+    for flags, keys in ((CLONE_NEWNET | CLONE_NEWPID, ("netns", "pidns")), (CLONE_NEWNET, ("netns",))):
+        if libc.unshare(flags | user) == 0:
+            iso.update(dict.fromkeys(keys, True))
+            break
+    else:
+        iso["pidns"] = libc.unshare(CLONE_NEWPID | user) == 0
+    outer_pid = os.getpid()
+    if iso["pidns"]:
+        child = os.fork()
+        if child:
+            wait_and_relay(child)
+    try:
+        os.chroot(jail)
+        os.chdir("/")
+        iso["chroot"] = True
+    except OSError:
+        os.chdir(jail)
+    if root:
+        uid = uid_base + outer_pid
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        iso["own_uid"] = True
+    iso["uid"] = os.getuid()
+    if iso["pidns"]:  # dies with the process that relays its status (set after setuid, which clears it)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return iso
+
+
+def wait_and_relay(child: int) -> None:
+    """The namespace's caller: wait for its only child, then end the same way (exit code or signal)."""
+    os.close(0)
+    os.close(1)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def refuse(event, args, _error=PermissionError):
+    """The audit hook: every event is refused (no globals read; its defaults cannot be changed unaudited)."""
+    raise _error(f"sandbox: '{event}' is not allowed")
+
+
+def verdict(value, entry: str, limit: float):
+    """``("ok", value)`` for a well-formed return value, else ``("error", reason)``."""
+    if entry == "recognize":
+        if isinstance(value, bool):
+            return "ok", value
+        return "error", f"wrong return type: {type(value).__name__} (expected bool)"
+    parts = value if isinstance(value, dict) else {"": value}
+    if len(parts) > MAX_COMPONENTS:
+        return "error", f"{len(parts)} reward components (at most {MAX_COMPONENTS})"
+    for key, v in parts.items():
+        if not isinstance(key, str) or len(key) > MAX_NAME:
+            return "error", f"component names must be strings of at most {MAX_NAME} characters"
+        if type(v) not in (int, float):
+            got = type(v).__name__ if isinstance(value, dict) else type(value).__name__
+            return "error", f"wrong return type: {got} (expected float, or a dict of named floats)"
+    values = []
+    for v in parts.values():
+        try:
+            values.append(float(v))
+        except OverflowError:
+            return "error", f"reward outside [-{limit:g}, {limit:g}] (an integer too large for a float)"
+    odd = [v for v in values if not math.isfinite(v)]
+    if odd:
+        return "error", f"non-finite reward {odd[0]!r}"
+    big = [v for v in [*values, sum(values)] if abs(v) > limit]
+    if big:
+        return "error", (
+            f"reward {big[0]:.3g} outside [-{limit:g}, {limit:g}] (refused: it would overflow float32 training buffers)"
+        )
+    if isinstance(value, dict):
+        return "ok", dict(zip(parts, values))
+    return "ok", values[0]
+
+
+def serve(fn, entry, limit, read, write, dumps, loads, check, _cleared=None):
+    """The call loop; rebuilt with globals holding only a few builtins, so the reward's caller leaks nothing
+    (``_cleared``: the script's globals were emptied while its arguments were evaluated)."""
+    for line in read:
+        try:
+            kind, value = check(fn(loads(line)), entry, limit)
+            reply = {kind: value}
+        except MemoryError:
+            reply = {"error": "memory limit exceeded"}
+        except RecursionError:
+            reply = {"error": "recursion too deep"}
+        except BaseException as err:
+            try:
+                reply = {"error": f"raised {type(err).__name__}: {str(err)[:200]}"}
+            except BaseException:
+                reply = {"error": "raised an exception that cannot be shown"}
+        write(dumps(reply) + "\n")
+
+
+def main() -> tuple:
+    """Steps 1-4; returns the call loop and its arguments."""
+    mem, cpu, full, jail = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+    uid_base, limit, entry, audit = int(sys.argv[6]), float(sys.argv[7]), sys.argv[8], sys.argv[9] == "1"
+    for name in filter(None, sys.argv[5].split(",")):  # tests only: modules an attacker wants, loaded first
+        __import__(name)
+    iso = isolate(jail, uid_base)
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (3, 3))
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+    out = sys.stdout
+
+    def send(obj) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    names = json.loads(sys.stdin.readline())
+    code = json.loads(sys.stdin.readline())
+    import builtins
+
+    safe = dict(vars(builtins)) if full else {n: getattr(builtins, n) for n in names}
+    scope = {"__builtins__": safe, "math": math}
+    try:
+        body = compile(code, "<reward>", "exec")
+    except MemoryError:
+        send({"error": "memory limit exceeded while loading"})
+        sys.exit(0)
+    except BaseException as err:
+        send({"error": f"failed to load: {type(err).__name__}: {err}"})
+        sys.exit(0)
+    few = ("type", "str", "MemoryError", "RecursionError", "BaseException", "isinstance", "len", "float", "dict")
+    small = {n: getattr(builtins, n) for n in (*few, "zip", "sum", "abs", "bool", "int", "OverflowError")}
+    loop = types.FunctionType(serve.__code__, {"__builtins__": small})
+    limits = {"MAX_COMPONENTS": MAX_COMPONENTS, "MAX_NAME": MAX_NAME}
+    check = types.FunctionType(verdict.__code__, {"__builtins__": small, "math": math, **limits})
+    module = types.FunctionType(body, scope)  # the code's module body as a function: runs without an exec event
+    iso["audit"] = audit
+    send({"isolation": iso})  # before any of the code has run
+    if audit:
+        sys.addaudithook(refuse)
+    try:
+        module()
+        fn = scope[entry]
+    except MemoryError:
+        send({"error": "memory limit exceeded while loading"})
+        sys.exit(0)
+    except BaseException as err:
+        send({"error": f"failed to load: {type(err).__name__}: {str(err)[:200]}"})
+        sys.exit(0)
+    send({"ready": True})
+
+    def write(text: str) -> None:
+        out.write(text)
+        out.flush()
+
+    return loop, (fn, entry, limit, sys.stdin, write, json.dumps, json.loads, check)
+
+
+if __name__ == "__main__":
+    run = main()
+    # the loop is looked up first, then its arguments; the last one empties the script's globals, so no frame
+    # below the reward's holds os, sys or ctypes
+    run[0](*run[1], globals().clear())
