@@ -8,23 +8,42 @@ go out as one prompt with ``n`` completions.
 Token-in, token-out: an agent's first prompt is its messages rendered through
 the chat template; every later prompt is the previous prompt + the response as
 generated + the template's end-of-turn tokens + the new observation messages
-tokenized as a delta (`ChatTokens`). Nothing the model wrote is re-tokenized.
+rendered as a delta (`ChatTokens`): what the template renders for them right
+after an assistant turn, through the next generation prompt. Nothing the model
+wrote is re-tokenized, and no earlier turn is re-rendered, so assembly is
+token-exact with any template, also one that is not prefix-stable.
+
+What the policy sees at a later turn is therefore its own earlier responses
+verbatim, ``<think>`` blocks included, as verl's and ROLL's agent loops give
+it. Qwen3's template, rendering the same conversation whole, would drop the
+``<think>`` of assistant turns before the last user message (and Qwen3 was
+trained on that view); here the policy keeps its reasoning in context, and the
+training sequence is exactly the tokens it was sampled on. (MARS's code
+installs a prefix-stable template of its own instead; the delta makes that
+unnecessary, and with a prefix-stable template, such as the project's own, the
+delta equals re-rendering the whole conversation.)
 
 Limits: ``max_turns`` model calls per episode, ``max_tokens_per_turn``, and
 ``max_context_tokens`` per conversation. An episode that hits one is kept and
-marked truncated (``Trajectory.limit`` says which). An environment that raises
-marks its episode's trajectories failed (error kept, counted); the rest go on.
-Seeds make a rollout reproducible with the transformers backend.
+marked truncated (``Trajectory.limit`` says which). An environment (or the chat
+template) that raises marks its episode's trajectories failed (error kept,
+counted as ``failed_episodes``); the rest go on, and `check_failures` (called by
+the trainer on every rollout) warns about failures and stops the step past
+``max_failed_share``. Seeds make a rollout reproducible with the transformers
+backend.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from palaestra.shared.config import value_check
 from palaestra.shared.llm.base import Completion, LLMClient, SamplingParams
 from palaestra.shared.rollout.env import TextEnv
 from palaestra.shared.rollout.trajectory import Trajectory, Turn
@@ -51,6 +70,12 @@ class RolloutConfig:
     """Text forced at the start of every response (e.g. MARS's ``"<think>\\n"``): its tokens go after the
     generation prompt as prompt tokens (not sampled, so not trained; MARS appends it to the prompt text), and the
     env's `step` gets the prefix + the generated text, the whole response as the env would read it."""
+    max_failed_share: float = field(
+        default=0.05, metadata=value_check("palaestra.shared.rollout.engine:check_failed_share")
+    )
+    """Share of a rollout's episodes that may fail (the environment or the chat template raised) before the
+    trainer's step stops with an error naming the failures (`check_failures`); under it, failed episodes are
+    left out of training, counted (``rollout/failed_episodes``, ``rollout/failed``) and reported in a warning."""
 
 
 @dataclass
@@ -69,19 +94,28 @@ class RolloutResult:
 
 
 class ChatTokens:
-    """Prompt ids through the chat template; later turns as token deltas (never re-rendering history)."""
+    """Prompt ids through the chat template; later turns as token deltas (never re-rendering history).
 
-    _BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    A delta is what the template renders for the new messages when they follow an assistant turn: the
+    template renders ``[user, assistant, *messages]`` and the delta is what comes after the assistant turn's
+    closing (found as the first end-of-turn token after the user turn's). The assistant turn itself may render
+    differently once messages follow it (Qwen3 drops its ``<think>`` block, so the template is not
+    prefix-stable); its tokens are not used, so that does not matter.
+    """
+
+    _USER = [{"role": "user", "content": "x"}]
+    _BASE = _USER + [{"role": "assistant", "content": "y"}]
 
     def __init__(self, client: LLMClient):
         self.client = client
         self.eos = client.tokenizer.eos_token_id
-        self._base_ids = client.render(self._BASE, add_generation_prompt=False)
-        if self.eos not in self._base_ids:
+        base_ids = client.render(self._BASE, add_generation_prompt=False)
+        if self.eos not in base_ids:
             raise ValueError("the chat template does not end an assistant turn with the tokenizer's eos token")
-        last = len(self._base_ids) - 1 - self._base_ids[::-1].index(self.eos)
-        self.closing = self._base_ids[last:]
+        last = len(base_ids) - 1 - base_ids[::-1].index(self.eos)
+        self.closing = base_ids[last:]
         """What the template puts after an assistant turn's content (e.g. ``<|im_end|>\\n``)."""
+        self._user_turn_ends = client.render(self._USER, add_generation_prompt=False).count(self.eos)
 
     def first(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         return self.client.render(messages, tools, add_generation_prompt=True)
@@ -89,9 +123,13 @@ class ChatTokens:
     def delta(self, messages: list[dict]) -> list[int]:
         """Tokens that `messages` add after a finished assistant turn, through the next generation prompt."""
         full = self.client.render(self._BASE + list(messages), add_generation_prompt=True)
-        if full[: len(self._base_ids)] != self._base_ids:
-            raise ValueError("the chat template re-renders earlier turns when messages are added")
-        return full[len(self._base_ids) :]
+        ends = [i for i, t in enumerate(full) if t == self.eos]
+        if len(ends) <= self._user_turn_ends:
+            raise ValueError("the chat template renders no end of turn after an assistant turn followed by messages")
+        end = ends[self._user_turn_ends]  # the assistant turn's end of turn
+        if full[end : end + len(self.closing)] != self.closing:
+            raise ValueError("the chat template closes an assistant turn differently when messages follow it")
+        return full[end + len(self.closing) :]
 
     def extend(self, prompt: list[int], response: list[int], messages: list[dict]) -> list[int]:
         closing = self.closing[1:] if response and response[-1] == self.eos else self.closing
@@ -106,6 +144,7 @@ class _Episode:
     prompts: dict[str, list[int]] = field(default_factory=dict)
     model_calls: int = 0
     done: bool = False
+    failed: bool = False
 
     def traj(self, agent: str) -> Trajectory:
         if agent not in self.trajs:
@@ -118,7 +157,7 @@ class _Episode:
             self.traj(agent)
         for t in self.trajs.values():
             t.failed, t.error = True, f"{type(err).__name__}: {err}"
-        self.done = True
+        self.done = self.failed = True
 
     def truncate(self, limit: str) -> None:
         for t in self.trajs.values():
@@ -161,6 +200,7 @@ class RolloutEngine:
             "episodes": len(episodes),
             "trajectories": len(trajs),
             "failed": sum(t.failed for t in trajs),
+            "failed_episodes": sum(ep.failed for ep in episodes),
             "truncated": sum(t.truncated for t in trajs),
             "generated_tokens": gen_tokens,
             "generate_calls": calls,
@@ -251,6 +291,29 @@ class RolloutEngine:
             params.n = n
             return self.client.generate(prompts[::n], params)
         return self.client.generate(prompts, params)
+
+
+class RolloutFailures(RuntimeError):
+    """More of a rollout's episodes failed than ``rollout.max_failed_share`` allows."""
+
+
+def check_failed_share(value: float, owner: Any) -> str | None:
+    """Config check of ``rollout.max_failed_share``: a share in [0, 1]."""
+    return None if 0.0 <= value <= 1.0 else f"must be a share in [0, 1], got {value}"
+
+
+def check_failures(result: RolloutResult, max_share: float) -> None:
+    """Never drop a failed episode silently: warn with the most common errors, and raise `RolloutFailures`
+    when more than `max_share` of the episodes failed (the step then stops instead of training on the rest)."""
+    failed, episodes = int(result.stats.get("failed_episodes", 0)), int(result.stats.get("episodes", 0))
+    if not failed:
+        return
+    errors = Counter(t.error for t in result.trajectories if t.failed).most_common(3)
+    summary = f"{failed} of {episodes} episodes failed (by trajectory: " + "; ".join(f"{n} x {e}" for e, n in errors)
+    summary += ")"
+    if failed > max_share * episodes:
+        raise RolloutFailures(f"{summary}: more than rollout.max_failed_share={max_share:g}")
+    warnings.warn(f"{summary}; left out of training", stacklevel=2)
 
 
 def _uniform_run_length(prompts: list[list[int]]) -> int:
