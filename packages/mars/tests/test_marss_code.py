@@ -12,12 +12,16 @@ re-implementation of MARS's code as written, written here from its source (not f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyspiel
 import pytest
 
 from palaestra.mars.env import GameEnv, Shaping
 from palaestra.mars.games import make_game
 from palaestra.shared.rl.advantages import AdvantageInput
+
+EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments" / "mars"
 
 
 def _marss_turn_rewards(game: pyspiel.Game, history: list[int]) -> dict[int, list[float]]:
@@ -96,3 +100,158 @@ def test_rewards_before_a_seats_first_turn_follow_marss_env_manager_on_mini_hana
 def test_pre_turn_rewards_is_checked():
     with pytest.raises(ValueError, match="pre_turn_rewards"):
         Shaping(pre_turn_rewards="credit")
+
+
+# -- batch composition ------------------------------------------------------------------------------------------
+
+
+def _rolls_get_batch(episodes, rows: int, clock: str):
+    """ROLL's scheduler as written, simulated in time: every environment runs ``run_rollout_loop`` (play an
+    episode, put one rollout per seat with a non-empty history on the output queue in seat order, reset, stop
+    after ``max_traj_per_env`` episodes); ``get_batch`` waits until at least `rows` rows have arrived (one per
+    completed traj group: group_size 1), stops the environments and returns ``collect_data[:rows]`` in arrival
+    order. Environments run at the same speed; an episode lasts its clock (generated tokens or model calls);
+    simultaneous arrivals in environment order."""
+    import heapq
+
+    def duration(trajs):
+        if clock == "turns":
+            return sum(len(t.turns) for t in trajs)
+        return sum(len(turn.response_ids) for t in trajs for turn in t.turns)
+
+    events = [(duration(played[0]), env, 0) for env, played in enumerate(episodes) if played]
+    heapq.heapify(events)
+    queue = []
+    while events and len(queue) < rows:
+        now, env, k = heapq.heappop(events)
+        for seat in (0, 1):  # formulate_rollouts: for player_id in [0, 1], if that player's history is not empty
+            queue += [t for t in episodes[env][k] if t.agent == f"player_{seat}" and t.turns]
+        if k + 1 < len(episodes[env]):
+            heapq.heappush(events, (now + duration(episodes[env][k + 1]), env, k + 1))
+    return queue[:rows]
+
+
+def _fake_episode(rng, slot, k):
+    from palaestra.shared.rollout.trajectory import Trajectory, Turn
+
+    trajs = []
+    for seat in (0, 1):
+        turns = [Turn(f"player_{seat}", [1], [2] * rng.randint(1, 40)) for _ in range(rng.randint(0 if seat else 1, 5))]
+        trajs.append(Trajectory("g", f"player_{seat}", f"{slot}-{k}", turns))
+    return trajs
+
+
+@pytest.mark.parametrize("clock", ["tokens", "turns"])
+def test_first_finished_is_rolls_get_batch(clock):
+    """`first_finished` keeps the rows ROLL's scheduler would return, in its order (random episode lengths, seats
+    that never acted included)."""
+    import random
+
+    from palaestra.mars.batching import first_finished
+
+    rng = random.Random(3)
+    for _ in range(20):
+        slots, per_slot = rng.randint(1, 12), rng.randint(1, 4)
+        episodes = [[_fake_episode(rng, s, k) for k in range(per_slot)] for s in range(slots)]
+        rows = rng.randint(1, 2 * slots * per_slot)
+        got = first_finished(episodes, rows, clock)
+        assert [id(t) for t in got] == [id(t) for t in _rolls_get_batch(episodes, rows, clock)]
+
+
+def test_first_finished_rollouts_on_real_games_lean_toward_fast_games():
+    """Real games through the rollout engine, MARS's layout shrunk (4 environments per game, ceil(24 / 12) = 2
+    episodes each, 24 rows): the rows kept are ROLL's, and Kuhn poker (2-3 moves) fills more than its third."""
+    from palaestra.mars.batching import FirstFinishedRollouts, slot_envs
+    from palaestra.mars.scripted_llm import ScriptedLegalClient
+    from palaestra.shared.rl.config import EnvSpec
+    from palaestra.shared.rl.episodes import make_env
+    from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig
+    from palaestra.shared.rollout.workers import LocalRollouts
+
+    games = [
+        EnvSpec("mars_game", {"game": g, "prompt": "compact"}) for g in ("tic_tac_toe", "kuhn_poker", "mini_hanabi")
+    ]
+    slots = slot_envs(games, [4, 4, 4])
+    specs = [
+        EpisodeSpec(lambda e=e: make_env(e.name, dict(e.kwargs)), 100 * s + k, f"0-{s}-{k}")
+        for s, e in enumerate(slots)
+        for k in range(2)
+    ]
+    cfg = RolloutConfig(max_tokens_per_turn=64, max_turns=200, max_context_tokens=1 << 20, stop=["</answer>"])
+    played = LocalRollouts(ScriptedLegalClient(seed=0), cfg).run(specs, seed=0).trajectories
+    inner = LocalRollouts(ScriptedLegalClient(seed=0), cfg)  # the same games again
+    kept = FirstFinishedRollouts(inner, 24, 2, "turns").run(specs, seed=0).trajectories
+    assert len(kept) == 24
+    by_group = {}
+    for t in played:
+        by_group.setdefault(t.group_id, []).append(t)
+    episodes = [[by_group[f"0-{s}-{k}"] for k in range(2)] for s in range(12)]
+    expected = _rolls_get_batch(episodes, 24, "turns")
+    assert [(t.group_id, t.agent) for t in kept] == [(t.group_id, t.agent) for t in expected]
+    kuhn = sum(t.env_type == "kuhn_poker" for t in kept)
+    assert kuhn > 24 / 3
+
+
+def test_slot_counts_are_checked():
+    from palaestra.mars.batching import slot_envs
+    from palaestra.shared.config import ConfigError
+    from palaestra.shared.rl.config import EnvSpec
+
+    with pytest.raises(ConfigError, match="batch.env_slots"):
+        slot_envs([EnvSpec("mars_game")] * 3, [32, 32])
+
+
+# -- the paper config ------------------------------------------------------------------------------------------
+
+# MARS's multi-game self-play run, restated from examples/multi_games/agentic_val_multi_games_selfplay.yaml
+MARS_RUN = {
+    "max_steps": 200,
+    "rollout_batch_size": 384,
+    "num_return_sequences": 1,
+    "ppo_epochs": 1,
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 2,
+    "gpus": 8,  # actor_train device_mapping list(range(0, 8))
+    "tensor_model_parallel_size": 4,
+    "pipeline_model_parallel_size": 1,
+    "warmup_steps": 10,
+    "env_groups": [32, 32, 32],  # train_env_manager n_groups: TicTacToe, KuhnPoker, MiniHanabi
+    "group_size": 1,
+}
+
+
+def _marss_optimizer_steps():
+    """ROLL's counts, as its code computes them: ``agentic_config.py`` ``set_max_steps`` (max_steps x rows //
+    backward batch), then ``megatron_strategy.py`` divides by the data-parallel size; ``base_worker.py``
+    ``train_step`` makes one optimizer step per backward batch of each rank's share of the rows."""
+    m = MARS_RUN
+    dp = m["gpus"] // (m["tensor_model_parallel_size"] * m["pipeline_model_parallel_size"])
+    backward = m["per_device_train_batch_size"] * m["gradient_accumulation_steps"]
+    rows = m["rollout_batch_size"] * m["num_return_sequences"]
+    scheduler_steps = m["max_steps"] * (rows * m["ppo_epochs"] // backward) // dp
+    per_rl_step = (rows // dp) * m["ppo_epochs"] // backward
+    return dp, per_rl_step, scheduler_steps
+
+
+def test_roll_ends_its_cosine_at_the_last_optimizer_step():
+    dp, per_rl_step, scheduler_steps = _marss_optimizer_steps()
+    assert (dp, per_rl_step) == (2, 48)
+    assert scheduler_steps == MARS_RUN["max_steps"] * per_rl_step  # the schedule's length is the run's
+
+
+def test_paper_config_runs_marss_learning_rule():
+    from palaestra.shared.jobs import load_config
+
+    cfg = load_config(EXPERIMENTS / "qwen3_4b.yaml")
+    dp, per_rl_step, _ = _marss_optimizer_steps()
+    rows = cfg.tasks_per_step * cfg.rollout.group_size * 2  # two seats per self-play episode
+    assert rows == MARS_RUN["rollout_batch_size"] and cfg.steps == MARS_RUN["max_steps"]
+    assert cfg.ppo_epochs == MARS_RUN["ppo_epochs"]
+    assert rows // cfg.minibatch_size == per_rl_step and rows % cfg.minibatch_size == 0
+    assert [a.name for a in cfg.advantages] == ["mars_code_norm"]
+    assert cfg.shaping.pre_turn_rewards == "drop"
+    assert cfg.batch.rule == "first_finished" and list(cfg.batch.env_slots) == MARS_RUN["env_groups"]
+    slots = sum(cfg.batch.env_slots)
+    assert cfg.batch.episodes_per_slot in (0, -(-rows // slots))  # ROLL's max_traj_per_env: ceil(384 / 96) = 4
+    assert cfg.rollout.group_size == MARS_RUN["group_size"]
+    assert cfg.optim.warmup_steps == MARS_RUN["warmup_steps"]

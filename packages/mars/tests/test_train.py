@@ -35,7 +35,7 @@ def test_experiment_configs_resolve(name):
         assert cfg.loss.epsilon == 0.2 and cfg.loss.dual_clip and cfg.loss.kl_coef == 0.2
         assert cfg.optim.lr == 1e-6 and cfg.steps == 200
         assert cfg.tasks_per_step * cfg.rollout.group_size * 2 == 384  # two seats per self-play episode
-        assert [a.name for a in cfg.advantages] == ["turn_level", "agent_norm"]
+        assert [a.name for a in cfg.advantages] == ["mars_code_norm"]  # MARS's code path (test_marss_code.py)
         # MARS's code: dual clip 1 + 2ε (base_worker.py), agg_loss seq-mean-token-sum, sampling T 0.6 / top_p 0.99
         assert cfg.loss.dual_clip == pytest.approx(1 + 2 * cfg.loss.epsilon)
         assert cfg.loss.reduction == "seq-mean-token-sum"
@@ -137,3 +137,44 @@ def test_kuhn_control_is_the_rl_run_with_its_rl_steps_given_to_sft():
     differ = {k for k in set(rl) | set(control) if rl.get(k) != control.get(k)}
     assert differ == {"steps", "output_dir", "sft_warmup.steps"}
     assert control["steps"] == 0 and control["sft_warmup.steps"] == rl["sft_warmup.steps"] + rl["steps"]
+
+
+@pytest.mark.slow
+def test_first_finished_batch_trains_on_the_first_rows(tracking, tmp_path, monkeypatch):
+    """`batch.rule: first_finished` through the job: 2 environments per game, ceil(8 / 4) = 2 episodes each (8
+    episodes, 16 rows played), and the step trains on the first 2 x tasks_per_step = 8 rows."""
+    import mlflow
+
+    from palaestra.mars.batching import FirstFinishedRollouts
+
+    calls = []
+    run = FirstFinishedRollouts.run
+
+    def recording_run(self, specs, seed):
+        result = run(self, specs, seed)
+        calls.append((len(specs), result.stats["played_trajectories"], len(result.trajectories)))
+        return result
+
+    monkeypatch.setattr(FirstFinishedRollouts, "run", recording_run)
+
+    cfg = load_config(
+        {
+            "job": "mars.train",
+            "llm": {"model": "tiny"},
+            "output_dir": str(tmp_path),
+            "games": [{"game": "kuhn_poker"}, {"game": "tic_tac_toe"}],
+            "prompt": "minimal",
+            "batch": {"rule": "first_finished", "env_slots": [2, 2], "clock": "turns"},
+            "rollout": {"max_tokens_per_turn": 8, "max_context_tokens": 512},
+            "shaping": {"require_think": False},
+            "steps": 1,
+            "tasks_per_step": 4,
+            "eval_before": False,
+            "eval": {"games": ["kuhn_poker"], "opponents": ["random"], "episodes": 1, "max_tokens": 8},
+            "tracking": {"uri": tracking.uri, "artifact_root": tracking.artifact_root, "experiment": "test"},
+        }
+    )
+    out = run_job(cfg)
+    metrics = mlflow.tracking.MlflowClient(tracking.uri).get_run(out["run_id"]).data.metrics
+    assert metrics["rollout/trajectories"] == 8
+    assert calls == [(8, 16, 8)]

@@ -6,7 +6,8 @@ runs `Trainer`. Defaults follow MARS:
 
 - self-play (``mode: selfplay``): one shared policy plays every seat; each
   episode yields one trajectory per seat; the games of a batch are drawn from
-  the ``games`` mixture by weight;
+  the ``games`` mixture by weight, or (``batch.rule: first_finished``) the batch is
+  the first rows to finish in fixed environment slots, as MARS's scheduler forms it;
 - or against a fixed opponent (``mode: versus``, ``opponent``: random | mcts |
   equilibrium), the learner's seat alternating;
 - advantages ``turn_level`` (γ 1) then ``agent_norm`` (per seat and game);
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from palaestra.mars.batching import BatchRule, FirstFinishedTrainer, MarsBatch
 from palaestra.mars.env import PromptStyle, Shaping
 from palaestra.mars.evaluate import GameEvalConfig, eval_headline, evaluate
 from palaestra.mars.games import GAMES
@@ -111,6 +113,9 @@ class MarsTrainConfig(TrainConfig):
         default_factory=lambda: [AdvantageStep("turn_level", {"gamma": 1.0}), AdvantageStep("agent_norm")]
     )
     loss: LossConfig = field(default_factory=lambda: LossConfig(epsilon=0.2, dual_clip=1.4, kl_coef=0.2))
+    batch: MarsBatch = field(default_factory=MarsBatch)
+    """How a step's batch is formed: a weighted mixture of games (default) or MARS's first rows to finish
+    (`palaestra.mars.batching`)."""
     eval: MarsEval = field(default_factory=MarsEval)
     """The trainer's eval hook (every ``eval_every`` steps, before when ``eval_before``, and at the end)."""
 
@@ -170,7 +175,8 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
         clients = {repr(eval_cfg.llm): trainer.client}  # evaluate the very model being trained
         return evaluate(eval_cfg, tracker, step=step, clients=clients)[0]
 
-    with Trainer(cfg, tracker, eval_hook=game_eval) as trainer:
+    trainer_cls = FirstFinishedTrainer if cfg.batch.rule == BatchRule.first_finished else Trainer
+    with trainer_cls(cfg, tracker, eval_hook=game_eval) as trainer:
         trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
         out = trainer.train()
     summary: dict[str, Any] = {}
