@@ -82,6 +82,7 @@ Small models on CPU: the RL learning rate wants to be far below the SFT one
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -95,14 +96,14 @@ from tqdm import tqdm
 from palaestra.shared.config import ConfigError
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages, reads_entropy
-from palaestra.shared.rl.batch import build_batch, think_entropy, token_advantages
+from palaestra.shared.rl.batch import build_batch, score_batch, think_entropy, token_advantages
 from palaestra.shared.rl.config import TrainConfig
+from palaestra.shared.rl.distributed import DistributedLearner
 from palaestra.shared.rl.episodes import draw_tasks, eval_specs, reward_summary
-from palaestra.shared.rl.learner import Learner, LocalLearner
-from palaestra.shared.rl.optim import make_optimizer, optimizer_steps, step_learning_rate
-from palaestra.shared.rl.policy import check_learner, load_policy, policy_state, think_token_ids
+from palaestra.shared.rl.optim import learning_rate, make_optimizer, set_learning_rate
+from palaestra.shared.rl.policy import autocast, check_learner, load_policy, policy_state, think_token_ids
 from palaestra.shared.rl.sft import run_sft
-from palaestra.shared.rl.update import NonFiniteLoss, StepData
+from palaestra.shared.rl.update import NonFiniteLoss, ppo_update
 from palaestra.shared.rollout.engine import EpisodeSpec, check_failures
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
 from palaestra.shared.tracking import Tracker
@@ -133,8 +134,10 @@ class Trainer:
         self.step = 0
         self.optimizer = make_optimizer((p for p in self.model.parameters() if p.requires_grad), cfg.optim)
         self.think_ids = think_token_ids(self.tokenizer)
+        if cfg.loss.reduction == "dr_grpo" and not cfg.loss.max_len:
+            cfg.loss.max_len = cfg.rollout.max_tokens_per_turn
         self.ref_model: torch.nn.Module | None = None
-        self.learner: Learner | None = None  # started by `prepare`: LocalLearner, or the ranks (rl/distributed.py)
+        self.learner: DistributedLearner | None = None  # learner.world_size > 1: the ranks (rl/distributed.py)
         self.rollouts: LocalRollouts | RayRollouts | None = None
         self.eval_hook = eval_hook or (_default_eval if cfg.eval_tasks else None)
         self.eval_history: list[tuple[int, dict[str, float]]] = []
@@ -178,24 +181,21 @@ class Trainer:
             checkpoint.save_reference(self.ckpt_dir, self.ref_model)
 
     def start_learner(self) -> None:
-        """The learner (rl/learner.py): `LocalLearner` on this process's model, or with ``learner.world_size``
-        > 1 the ranks, started from this model's weights (after the warm start or resume) and, on resume,
-        restored from their sharded weights and optimizer state. This process keeps its model as the copy
-        the rollouts and checkpoints read, refreshed after every update."""
-        if self.learner is not None:
+        """With ``learner.world_size`` > 1, start the ranks from this model's weights (after the warm start or
+        resume) and, on resume, restore their sharded weights and optimizer state. This process keeps its
+        model as the copy the rollouts and checkpoints read, refreshed after every step."""
+        if self.cfg.learner.world_size <= 1 or self.learner is not None:
             return
         cfg = self.cfg
-        if cfg.learner.world_size <= 1:
-            self.learner = LocalLearner(cfg, self.model, self.optimizer, self.compute_dtype, self.ref_model)
-            return
-        from palaestra.shared.rl.distributed import DistributedLearner
-
         self.learner = DistributedLearner(
-            cfg,
+            cfg.llm,
+            cfg.learner,
+            cfg.optim,
             initial_state=self.model.state_dict(),
             reference=self.ref_model is not None,
             reference_dir=str(self.ckpt_dir / "reference") if self.ref_model is not None else None,
-            mirror=self.model,
+            gradient_checkpointing=cfg.learner.gradient_checkpointing,
+            cluster=cfg.cluster,
         )
         latest = checkpoint.latest(self.ckpt_dir)
         if self.resumed and latest is not None:
@@ -284,29 +284,47 @@ class Trainer:
         t_rollout = time.perf_counter() - t0
         # 2. old log-probs and entropies (3. reference log-probs)
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.think_ids)
-        learner = self.learner
-        assert learner is not None  # prepare() started it
-        data = StepData(batch, advantages=torch.empty(0))  # old, ref, entropies None: on-policy, the update's own
-        if self.needs_scoring(len(batch)):
-            data.old_logps, data.entropies = learner.score(batch)
-        if cfg.loss.kl_coef:
-            data.ref_logps = self._reference_logps(batch)
+        mb = cfg.minibatch_size or len(batch)
+        old_logps = entropy = ref_logps = None  # None: on-policy, taken from the update's own forward
+        with self._autocast():
+            if self.needs_scoring(len(batch)):
+                tokens = cfg.learner.micro_batch_tokens
+                if self.learner is not None:
+                    old_logps, entropy = self.learner.score(batch, cfg.rollout.temperature, tokens)
+                else:
+                    old_logps, entropy = score_batch(
+                        self.model, batch, cfg.rollout.temperature, tokens, mb, shared_prompt=cfg.learner.shared_prompt
+                    )
+            if cfg.loss.kl_coef:
+                ref_logps = self._reference_logps(batch, mb)
         # 4. advantages
-        entropy = data.entropies
         entropies = (None, None) if entropy is None else (think_entropy(entropy, batch, s) for s in SPANS)
         adv_in = AdvantageInput.from_trajectories(trajs, *entropies)
         values = compute_advantages(cfg.advantages, adv_in)
-        data.advantages = token_advantages(values, batch.turn_index)
-        # 5. PPO epochs over minibatches, each optimizer step at its scheduled learning rate (rl/optim.py)
-        lr = step_learning_rate(cfg, self.step, 0, optimizer_steps(cfg, len(batch)))
+        advantages = token_advantages(values, batch.turn_index)
+        # 5. PPO epochs over minibatches, at this step's learning rate
+        lr = learning_rate(cfg.optim, self.step, cfg.steps)
+        if self.learner is not None:
+            self.learner.set_learning_rate(lr)
+        else:
+            set_learning_rate(self.optimizer, lr)
+        self.model.train()
         try:
-            updates = learner.update(data, self.step)
+            with self._autocast():
+                if self.learner is not None:
+                    updates = self.learner.ppo_update(batch, advantages, cfg, self.step, old_logps, ref_logps, entropy)
+                else:
+                    updates = ppo_update(
+                        self.model, self.optimizer, batch, advantages, cfg, self.step, old_logps, ref_logps, entropy
+                    )
         except NonFiniteLoss as e:
             last = checkpoint.latest(self.ckpt_dir)
             raise TrainingError(
                 f"{e}; stopping. Last good checkpoint: {last or 'none (no checkpoint saved yet)'}"
             ) from None
         self.model.eval()
+        if self.learner is not None:  # the ranks' new weights, gathered once, into this process's copy
+            self.model.load_state_dict(self.learner.state_dict())
         self.step += 1
         # 6. weight sync
         self.rollouts.sync(self.policy_state() if cfg.workers.num_workers else None)
@@ -350,10 +368,20 @@ class Trainer:
         on_policy = self.cfg.ppo_epochs == 1 and (self.cfg.minibatch_size or rows) >= rows
         return not on_policy or reads_entropy(self.cfg.advantages)
 
-    def _reference_logps(self, batch) -> torch.Tensor:
-        """The frozen reference's log-probs (LoRA: the base model, adapters off)."""
-        assert self.learner is not None
-        return self.learner.score(batch, with_entropy=False, ref=True)[0]
+    def _autocast(self):
+        return autocast(self.device, self.compute_dtype)
+
+    @torch.no_grad()
+    def _reference_logps(self, batch, mb: int) -> torch.Tensor:
+        # LoRA: the base model (adapters off) is the reference
+        if self.learner is not None:
+            tokens = self.cfg.learner.micro_batch_tokens
+            return self.learner.score(batch, self.cfg.rollout.temperature, tokens, with_entropy=False, ref=True)[0]
+        model = self.ref_model if self.ref_model is not None else self.model
+        with contextlib.nullcontext() if self.ref_model is not None else self.model.disable_adapter():  # type: ignore[operator]
+            tokens = self.cfg.learner.micro_batch_tokens
+            shared = self.cfg.learner.shared_prompt
+            return score_batch(model, batch, self.cfg.rollout.temperature, tokens, mb, False, shared)[0]
 
     # -- tasks, weights, checkpoints -------------------------------------------
     def draw_tasks(self, step: int) -> list[EpisodeSpec]:
@@ -365,8 +393,7 @@ class Trainer:
         return policy_state(self.model, self.cfg.lora.enabled)
 
     def save(self) -> Path:
-        # what the learner holds beyond this model and optimizer (the ranks' shards); none before it starts
-        extra = self.learner.save if self.learner is not None else None
+        extra = self.learner.save if self.learner is not None else None  # the ranks' sharded state
         path = checkpoint.save(self.ckpt_dir, self.step, self.model, self.tokenizer, self.optimizer, extra)
         checkpoint.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
         return path
