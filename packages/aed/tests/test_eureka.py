@@ -117,3 +117,40 @@ def test_component_statistics_and_intervals_reach_the_llm():
     feedback = llm.seen[1][-1]["content"]
     assert "component near: [" in feedback and "component crash: [" in feedback and "Max: " in feedback
     assert "every 8 training steps" in feedback and "95% CI" in feedback
+
+
+class SeedRecorder(LLMClient):
+    """Answers VALID and records the seed and number of conversations of every chat call."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, int | None]] = []
+
+    def chat(self, conversations, params=None, tools=None):
+        self.calls.append((len(conversations), params.seed))
+        return [Completion(VALID, [], None, [], "stop") for _ in conversations]
+
+
+def test_every_sample_of_every_round_has_its_own_seed():
+    llm = SeedRecorder()
+    design_reward(llm, SPEC, TrainSettings(timesteps=8, learning_starts=4), rounds=2, samples=3, eval_episodes=1)
+    assert [n for n, _ in llm.calls] == [1] * 6  # one conversation per call
+    seeds = [s for _, s in llm.calls]
+    assert len(set(seeds)) == 6 and None not in seeds
+
+
+@pytest.mark.server
+def test_distinct_samples_over_the_openai_backend(tiny_server):
+    """Against `palaestra serve`: one call with one seed for 4 copies of the conversation gives 4 equal texts
+    (what the loop did); `draw_samples` gives 4 distinct ones, the same again on a second draw."""
+    from palaestra.aed.eureka import draw_samples
+    from palaestra.shared.llm import LLMConfig, SamplingParams, make_client
+
+    client = make_client(LLMConfig(backend="openai", model="tiny", base_url=tiny_server, max_retries=0))
+    conversation = [{"role": "user", "content": "Write reward(state) for a rear-end accident."}]
+    params = SamplingParams(temperature=0.8, max_tokens=24, logprobs=False)
+    copies = client.chat([conversation] * 4, SamplingParams(temperature=0.8, max_tokens=24, seed=3, logprobs=False))
+    assert len({c.text for c in copies}) == 1
+    first = [c.text for c in draw_samples(client, conversation, params, 4, seed=3, round_index=0)]
+    assert len(set(first)) == 4
+    assert [c.text for c in draw_samples(client, conversation, params, 4, seed=3, round_index=0)] == first
+    client.close()

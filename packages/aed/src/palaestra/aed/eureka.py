@@ -3,7 +3,8 @@
 Round r: the LLM sees the task (the accident type and its description), the
 documented state API (`rewards.STATE_API`) and, from round 2 on, the previous
 round's reward with its training statistics (or why it was refused). It
-answers with a ``reward(state)`` function in a python code block. Each
+answers with a ``reward(state)`` function in a python code block (each of
+the round's samples drawn with its own seed, `draw_samples`). Each
 candidate is checked (`sandbox.static_check`), probed in the sandbox on real
 states, then used to train an adversary briefly; its fitness is the rate of
 victim accidents of the target type per evaluation episode (ties: any
@@ -28,7 +29,7 @@ from typing import Any
 
 from palaestra.aed.evaluation import evaluate
 from palaestra.aed.rewards import STATE_API, TAXONOMY
-from palaestra.aed.sandbox import check_reward
+from palaestra.aed.sandbox import ALLOWED_TEXT, check_reward
 from palaestra.aed.train import AdversarySpec, TrainSettings, build_model, make_env, train_adversary
 
 SYSTEM = (
@@ -39,7 +40,7 @@ SYSTEM = (
 TASK = """Accident type to provoke: {type} ({description}).
 Scenario: {scenario}. The adversary drives with discrete actions (lane left, idle, lane right, faster, slower).
 
-{api}
+{api}{allowed}
 Good rewards give dense shaping toward the pre-crash geometry of this accident type and a large bonus when the \
 victim collides in this way; penalize the adversary crashing into others or leaving the road.
 
@@ -56,8 +57,8 @@ Analyse which components help or hurt (e.g. one whose values barely change is no
 dominates the others should be rescaled), then write an improved reward(state) in one python code block."""
 
 FEEDBACK_FAIL = """Your reward function could not be used: {reason}.
-Fix it (remember: only `math`, no imports, no attribute access except math.* and dict get/items/keys/values, \
-return a float) and answer with one python code block defining reward(state)."""
+Fix it and answer with one python code block defining reward(state) that returns a float (or a dict of named \
+floats). {allowed}"""
 
 
 def extract_code(text: str) -> str:
@@ -110,13 +111,14 @@ def design_reward(
         description=described.get(spec.accident_type) or TAXONOMY.get(spec.accident_type, spec.accident_type),
         scenario=spec.scenario,
         api=api,
+        allowed=ALLOWED_TEXT,
     )
     conversation = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
     history: list[dict] = []
     best: dict | None = None
     for r in range(rounds):
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + r, logprobs=False)
-        outs = client.chat([conversation] * samples, params)
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=False)
+        outs = draw_samples(client, conversation, params, samples, seed, r)
         round_best: dict | None = None
         for k, out in enumerate(outs):
             code = extract_code(out.text)
@@ -180,9 +182,25 @@ def design_reward(
     }
 
 
+def sample_seed(seed: int, round_index: int, sample: int) -> int:
+    """The sampling seed of one candidate: distinct for every (round, sample) of a run."""
+    return seed * 1_000_000 + round_index * 1_000 + sample
+
+
+def draw_samples(client, conversation: list[dict], params, samples: int, seed: int, round_index: int) -> list:
+    """`samples` answers to one conversation, each drawn with its own seed (`sample_seed`).
+
+    One call with ``[conversation] * samples`` and one seed gives copies over an OpenAI-compatible server
+    (``palaestra serve`` and vLLM seed each request alone: measured 1 distinct text of 4); one call per sample,
+    each with its own seed, gives distinct candidates on every backend and stays reproducible."""
+    return [
+        client.chat([conversation], replace(params, seed=sample_seed(seed, round_index, k)))[0] for k in range(samples)
+    ]
+
+
 def _feedback(entry: dict, episodes: int) -> str:
     if entry["status"] != "ok":
-        return FEEDBACK_FAIL.format(reason=entry["reason"])
+        return FEEDBACK_FAIL.format(reason=entry["reason"], allowed=ALLOWED_TEXT)
     errors = f", reward errors {entry['reward_errors']}" if entry["reward_errors"] else ""
     return FEEDBACK_OK.format(
         round_label=f"(round {entry['round'] + 1})",
