@@ -19,6 +19,9 @@ Loaders:
     ``{"name", "arguments"}``);
   - explicit: ``messages`` or ``query``, ``tools``, ``ground_truth`` (possible-answer form or calls).
 
+The public releases' own layouts (xlam-function-calling-60k with its Python type names, APIGen-MT-5k,
+FunReason-MT, HardGen), hub datasets and the contamination check: `palaestra.egpo.public_data`.
+
 Prompt format: tools go to the chat template (rendered into the system prompt); the model answers
 ``<think>...</think>`` then ``<tool_call>`` blocks with keyword arguments, or a plain answer.
 """
@@ -31,6 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.shared.jsonl import read_jsonl
+from palaestra.shared.rollout.tasks import TASKS
+
+# the public sets' task source, imported when first named (`palaestra.egpo.public_data`)
+TASKS.register("public_fc_tasks", "palaestra.egpo.public_data:public_fc_tasks")
 
 SYSTEM_PROMPT = (
     "You are an expert in composing function calls. Think step by step inside <think>...</think>, then call the "

@@ -1,0 +1,83 @@
+"""BFCL contamination check of training tasks: a task whose user turns share a word n-gram with a BFCL test question.
+
+The rule is datagen's query check (`palaestra.datagen.contamination`, which egpo may not import: packages depend on
+the shared core only): lowercase, everything but ``a-z0-9`` and spaces removed, word 8-grams, any overlap with the
+user turns of any ``BFCL_v4_*.json`` test file counts. A test checks that both give the same verdicts. Public sets
+have no BFCL ``initial_config``, so datagen's other rule (identical environment configs) does not apply here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+NGRAM = 8
+
+
+def word_ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
+    words = re.sub(r"[^a-z0-9 ]+", " ", text.lower()).split()
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def _user_texts(question: Any) -> list[str]:
+    out = []
+    for turn in question or []:
+        for message in turn if isinstance(turn, list) else [turn]:
+            if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
+                out.append(message["content"])
+    return out
+
+
+def _entries(path: Path) -> list[dict]:
+    text = path.read_text()
+    try:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError:
+        doc = json.loads(text)
+        return [e for e in (doc if isinstance(doc, list) else [doc]) if isinstance(e, dict)]
+
+
+class BfclQueryIndex:
+    """The word n-grams of every BFCL v4 test question."""
+
+    def __init__(self, ngrams: set[tuple[str, ...]], n: int = NGRAM):
+        self.ngrams, self.n = ngrams, n
+
+    @classmethod
+    @cache
+    def from_bfcl(cls, n: int = NGRAM) -> BfclQueryIndex:
+        spec = importlib.util.find_spec("bfcl_eval")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("the contamination check needs bfcl-eval (pip install --no-deps bfcl-eval)")
+        ngrams: set[tuple[str, ...]] = set()
+        for path in sorted((Path(spec.submodule_search_locations[0]) / "data").glob("BFCL_v4_*.json")):
+            for entry in _entries(path):
+                for text in _user_texts(entry.get("question")):
+                    ngrams |= word_ngrams(text, n)
+        return cls(ngrams, n)
+
+    def text_hits(self, texts: list[str]) -> list[str]:
+        """The shared n-grams (joined) between `texts` and BFCL's questions."""
+        return [" ".join(g) for text in texts for g in word_ngrams(text, self.n) & self.ngrams]
+
+    def task_hits(self, tasks: list) -> dict[str, list[str]]:
+        """``{task id: shared n-grams}`` of the tasks (`FCTask`) whose user turns overlap BFCL's questions."""
+        hits = {}
+        for task in tasks:
+            found = self.text_hits([m["content"] for m in task.messages if m.get("role") == "user"])
+            if found:
+                hits[task.id] = found
+        return hits
+
+    def summary(self, tasks: list, hits: dict[str, list[str]]) -> dict[str, Any]:
+        """What goes into the data report: counts and a few examples."""
+        return {
+            "checked": len(tasks),
+            "contaminated": len(hits),
+            "ngram": self.n,
+            "examples": [{"id": k, "ngram": v[0]} for k, v in list(hits.items())[:3]],
+        }

@@ -1,0 +1,332 @@
+"""The public function-calling training sets as `FCTask`s, read from a local file or the Hugging Face hub cache.
+
+Formats (each recognised from its first record with ``format: auto``; where the layout was read is given, since
+the loaders must not guess):
+
+- ``xlam``: Salesforce/xlam-function-calling-60k (and the APIGen single-turn sets): a JSON array of
+  ``{"id", "query", "tools", "answers"}``, ``tools`` and ``answers`` JSON strings (or lists). A tool's
+  ``parameters`` map each name to ``{"type", "description", "default"?}`` with Python type names
+  (``"str"``, ``"List[int]"``, ``"float, optional"``), not JSON schema: converted here (``, optional`` -> not
+  required). Layout: the dataset card (huggingface.co/datasets/Salesforce/xlam-function-calling-60k) and NVIDIA
+  NeMo Automodel's xLAM guide (``docs/guides/llm/toolcalling.md``, ``make_xlam_dataset``).
+- ``apigen_mt``: Salesforce/APIGen-MT-5k: ShareGPT rows ``{"conversations": [{"from", "value"}], "system",
+  "tools"}``, ``from`` in human / gpt / function_call / observation, a function_call's value a JSON
+  ``{"name", "arguments"}``; the calls of the ``think`` tool are the agent's reasoning, not actions, and are
+  dropped with their observation. Layout: the converter of a public SFT script (``_convert_apigen``: "Schema:
+  {conversations: [{from, value}], system, tools}") and the card of tuandunghcmut/apigen-mt-5k (roles
+  human -> user, gpt -> assistant, function_call -> assistant with tool_calls, observation -> tool; think calls).
+- ``funreason_mt`` (Bingguang/FunReason-MT, file ``bfcl_multi_turn.json``) and ``hardgen`` (Bingguang/HardGen,
+  same authors and pipeline, its card carries the same ``error_tool_response`` note): a record maps ``"0"``,
+  ``"1"``, ... to messages; ``"0"`` holds ``tools`` (a list or its Python repr), the others ``{"role",
+  "content"}``; an assistant's content is optional ``<think>...</think>`` text then BFCL's Python call list
+  ``[f(a=1), g(b='x')]``; a tool message's content a list of ``{call: result}``. ``error_tool_response: true``
+  marks trajectories with deliberately wrong environment responses (``drop_error_responses``). Layout: the
+  dataset cards (the flag) and a public training script that reads this file (``convert_to_openai``: key
+  ``"0"`` with ``tools``, digit keys with ``role`` / ``content``, the call list parsed from the content's end).
+  Neither card documents the schema itself: these two loaders are the least certain here.
+
+Multi-turn records give a task per assistant answer to a user message (`palaestra.egpo.tasks.tasks_from_record`),
+or only the first (``turns: first``). `public_fc_tasks` (task source, registered lazily in `palaestra.egpo.tasks`)
+mixes several sources and runs them through BFCL's contamination check (`palaestra.egpo.contamination`) first.
+A source path is a local ``.json`` / ``.jsonl`` file, a folder of them, or ``hf://datasets/<org>/<name>[/<file>]``
+read through ``huggingface_hub`` (its cache; ``HF_HUB_OFFLINE=1`` reads the cache only).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from palaestra.egpo.bfcl_contamination import BfclQueryIndex
+from palaestra.egpo.tasks import FCTask, tasks_from_record, tool_doc
+from palaestra.shared.jsonl import read_jsonl
+
+FORMATS = ("auto", "xlam", "apigen_mt", "funreason_mt", "hardgen", "palaestra")
+_PY_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object"}
+_SEQUENCES = ("list", "tuple", "set", "sequence")
+
+
+# ---- files: local or hub ------------------------------------------------------------------------------------
+
+
+def resolve_files(path: str, cache_dir: str | None = None) -> list[Path]:
+    """The data files of a source: a local file, a local folder's ``.json``/``.jsonl`` files, or a hub dataset."""
+    if path.startswith("hf://datasets/"):
+        return hub_files(path[len("hf://datasets/") :], cache_dir)
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return sorted(p for p in local.rglob("*") if p.suffix in (".json", ".jsonl"))
+    if not local.is_file():
+        raise FileNotFoundError(f"training data not found: {path}")
+    return [local]
+
+
+def hub_files(spec: str, cache_dir: str | None = None) -> list[Path]:
+    """``<org>/<name>[/<file>]`` of a hub dataset (``@revision`` after the name allowed) as local files."""
+    try:
+        from huggingface_hub import hf_hub_download, snapshot_download
+    except ImportError:
+        raise ImportError("hf:// data needs huggingface_hub (pip install 'palaestra-egpo[hub]')") from None
+    org, name, *rest = spec.split("/")
+    name, _, revision = name.partition("@")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    kwargs = {
+        "repo_type": "dataset",
+        "revision": revision or None,
+        "cache_dir": cache_dir or os.environ.get("HF_HUB_CACHE"),
+        "local_files_only": offline,
+    }
+    if rest:
+        return [Path(hf_hub_download(f"{org}/{name}", "/".join(rest), **kwargs))]
+    root = Path(snapshot_download(f"{org}/{name}", allow_patterns=["*.json", "*.jsonl"], **kwargs))
+    return sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl"))
+
+
+def read_records(path: Path) -> list[Any]:
+    """The records of a ``.jsonl`` file or of a ``.json`` file holding an array (or one object)."""
+    if path.suffix == ".jsonl":
+        return [value for _, value in read_jsonl(path)]
+    data = json.loads(path.read_text())
+    return data if isinstance(data, list) else [data]
+
+
+# ---- formats ------------------------------------------------------------------------------------------------
+
+
+def detect_format(record: Any) -> str:
+    """The format of one record (see the module docstring)."""
+    if isinstance(record, dict):
+        if "conversations" in record:
+            return "apigen_mt"
+        if "query" in record and "answers" in record:
+            return "xlam"
+        if "0" in record and "1" in record:
+            return "funreason_mt"
+        if "messages" in record or "ground_truth" in record:
+            return "palaestra"
+    raise ValueError(f"unrecognised record (keys {sorted(record)[:8] if isinstance(record, dict) else type(record)})")
+
+
+def xlam_tool(tool: dict) -> dict:
+    """An xLAM tool (Python type names, ``, optional``) as a JSON-schema function doc."""
+    props, required = {}, []
+    for pname, spec in (tool.get("parameters") or {}).items():
+        spec = dict(spec) if isinstance(spec, dict) else {"type": str(spec)}
+        raw = str(spec.get("type", "")).strip()
+        optional = raw.lower().endswith("optional")
+        base = re.sub(r",?\s*optional$", "", raw, flags=re.I).strip()
+        spec["type"] = _json_type(base)
+        props[pname] = spec
+        if not optional:
+            required.append(pname)
+    parameters = {"type": "object", "properties": props, "required": required}
+    return {"name": tool["name"], "description": tool.get("description", ""), "parameters": parameters}
+
+
+def _json_type(python_type: str) -> str:
+    head = python_type.split("[")[0].strip().lower()
+    if head in _SEQUENCES:
+        return "array"
+    return _PY_TYPES.get(head, python_type)  # an unknown type stays as written (compared by equality)
+
+
+def _loads(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def xlam_tasks(record: dict, index: int, source: str) -> list[FCTask]:
+    tools = [xlam_tool(t) for t in _loads(record["tools"]) or []]
+    answers = [
+        {"name": a["name"], "arguments": _loads(a.get("arguments", {}))} for a in _loads(record["answers"]) or []
+    ]
+    row = {"id": record.get("id", index), "query": record["query"], "tools": tools, "answers": answers}
+    return tasks_from_record(row, index, source)
+
+
+def apigen_mt_messages(record: dict) -> list[dict]:
+    """APIGen-MT's ShareGPT turns as OpenAI-style messages, the ``think`` tool's calls and results dropped."""
+    messages: list[dict] = []
+    skip_observation = False
+    for turn in record["conversations"]:
+        role, value = turn.get("from"), turn.get("value", "")
+        if role == "function_call":
+            call = _loads(value)
+            if call.get("name") == "think":
+                skip_observation = True
+                continue
+            tool_call = {"function": {"name": call["name"], "arguments": call.get("arguments", {})}}
+            if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
+                messages[-1]["tool_calls"].append(tool_call)  # consecutive calls: one message
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [tool_call]})
+            skip_observation = False
+        elif role == "observation":
+            if not skip_observation:
+                messages.append({"role": "tool", "content": value})
+            skip_observation = False
+        else:
+            messages.append({"role": {"human": "user", "gpt": "assistant"}.get(role, role), "content": value})
+    return messages
+
+
+def apigen_mt_tasks(record: dict, index: int, source: str) -> list[FCTask]:
+    from palaestra.egpo.tasks import SYSTEM_PROMPT
+
+    tools = [t for t in _loads(record.get("tools", [])) or [] if tool_doc(t).get("name") != "think"]
+    messages = apigen_mt_messages(record)
+    if record.get("system"):  # the domain's policy stays; our format instructions come first
+        messages = [{"role": "system", "content": f"{SYSTEM_PROMPT}\n\n{record['system']}"}, *messages]
+    return tasks_from_record({"id": record.get("id", index), "messages": messages, "tools": tools}, index, source)
+
+
+def python_calls(text: str) -> tuple[str, list[dict]] | None:
+    """BFCL's Python call list at the end of `text` (after any ``</think>``): ``(text before, calls)``; None if
+    the text does not end in one (a plain answer)."""
+    body = text.split("</think>")[-1].strip()
+    for start in [m.start() for m in re.finditer(r"\[", body)]:
+        try:
+            tree = ast.parse(body[start:], mode="eval").body
+        except SyntaxError:
+            continue
+        if not isinstance(tree, ast.List) or not all(isinstance(e, ast.Call) for e in tree.elts):
+            continue
+        calls = []
+        for call in tree.elts:
+            if call.args:
+                raise ValueError(f"positional arguments in {ast.unparse(call)!r} (BFCL calls take keywords)")
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
+            calls.append({"name": ast.unparse(call.func), "arguments": kwargs})
+        return body[:start].strip(), calls
+    return None
+
+
+def funreason_messages(record: dict) -> tuple[list[dict], list[dict]]:
+    """A FunReason-MT / HardGen record as (OpenAI-style messages, function docs)."""
+    keys = sorted((k for k in record if k.isdigit()), key=int)
+    head = record[keys[0]] or {}
+    tools = head.get("tools", [])
+    tools = ast.literal_eval(tools) if isinstance(tools, str) else tools
+    messages: list[dict] = []
+    for key in keys[1:]:
+        message = record[key] or {}
+        role, content = message.get("role"), message.get("content") or ""
+        if role == "assistant":
+            parsed = python_calls(content)
+            if parsed is None:
+                messages.append({"role": "assistant", "content": content.split("</think>")[-1].strip()})
+            else:
+                calls = [{"function": c} for c in parsed[1]]
+                messages.append({"role": "assistant", "content": parsed[0], "tool_calls": calls})
+        elif role == "tool":
+            results = ast.literal_eval(content) if isinstance(content, str) else content
+            for result in results if isinstance(results, list) else [results]:
+                messages.append({"role": "tool", "content": json.dumps(result, default=str)})
+        elif role in ("user", "system"):
+            messages.append({"role": role, "content": content})
+    return messages, [tool_doc(t) for t in tools]
+
+
+def funreason_tasks(record: dict, index: int, source: str) -> list[FCTask]:
+    messages, tools = funreason_messages(record)
+    return tasks_from_record({"id": record.get("id", index), "messages": messages, "tools": tools}, index, source)
+
+
+CONVERTERS = {
+    "xlam": xlam_tasks,
+    "apigen_mt": apigen_mt_tasks,
+    "funreason_mt": funreason_tasks,
+    "hardgen": funreason_tasks,
+    "palaestra": tasks_from_record,
+}
+
+
+def load_public(
+    path: str,
+    format: str = "auto",
+    limit: int | None = None,
+    turns: str = "all",
+    drop_error_responses: bool = False,
+    cache_dir: str | None = None,
+    source: str | None = None,
+) -> tuple[list[FCTask], dict[str, int]]:
+    """Tasks of one source and its counts (``records``, ``tasks``, ``skipped`` records and why)."""
+    if format not in FORMATS:
+        raise ValueError(f"invalid value for 'format': {format!r} ({' | '.join(FORMATS)})")
+    if turns not in ("all", "first"):
+        raise ValueError(f"invalid value for 'turns': {turns!r} (all | first)")
+    name = source or path.rstrip("/").split("/")[-1]
+    tasks: list[FCTask] = []
+    stats: dict[str, Any] = {"records": 0, "tasks": 0, "skipped": 0, "error_responses_dropped": 0}
+    for file in resolve_files(path, cache_dir):
+        for index, record in enumerate(read_records(file)):
+            if limit and len(tasks) >= limit:
+                break
+            stats["records"] += 1
+            if drop_error_responses and isinstance(record, dict) and record.get("error_tool_response"):
+                stats["error_responses_dropped"] += 1
+                continue
+            kind = detect_format(record) if format == "auto" else format
+            try:
+                found = CONVERTERS[kind](record, index, name)
+            except (KeyError, TypeError, ValueError, SyntaxError) as err:
+                stats["skipped"] += 1
+                stats.setdefault("first_skip", f"{file.name} record {index}: {type(err).__name__}: {err}")
+                continue
+            for task in found[:1] if turns == "first" else found:
+                task.id = f"{name}/{task.id}"
+                tasks.append(task)
+    tasks = tasks[:limit] if limit else tasks
+    stats["tasks"] = len(tasks)
+    return tasks, stats
+
+
+def public_fc_tasks(
+    sources: list[dict[str, Any]],
+    contamination: str = "drop",
+    report_path: str | None = None,
+    with_answers: bool = False,
+    max_tools: int = 0,
+    think_args: bool = False,
+    seed: int = 0,
+) -> list[dict]:
+    """Task source: the tasks of several sources (each ``{path, format?, limit?, turns?, drop_error_responses?,
+    name?}``, see `load_public`) as samples for the ``task`` env and SFT (`palaestra.egpo.train.task_sample`).
+
+    Before anything is returned, every task's user turns go through BFCL's contamination check
+    (`palaestra.egpo.bfcl_contamination`: a shared word 8-gram with any BFCL v4 test question): ``drop``
+    (default) removes the hits, ``report`` keeps them, ``off`` skips the check. What the check found, per source,
+    is printed and, with ``report_path``, written there as JSON."""
+    from palaestra.egpo.train import subset_tools, task_sample
+
+    if contamination not in ("drop", "report", "off"):
+        raise ValueError(f"invalid value for 'contamination': {contamination!r} (drop | report | off)")
+    if not sources:
+        raise ValueError("public_fc_tasks: no sources")
+    index = BfclQueryIndex.from_bfcl() if contamination != "off" else None
+    report: dict[str, Any] = {"contamination": contamination, "sources": {}}
+    tasks: list[FCTask] = []
+    for spec in sources:
+        spec = dict(spec)
+        name = spec.pop("name", None) or spec["path"].rstrip("/").split("/")[-1]
+        found, stats = load_public(source=name, **spec)
+        if index is not None:
+            hits = index.task_hits(found)
+            stats.update(index.summary(found, hits))
+            if contamination == "drop":
+                found = [t for t in found if t.id not in hits]
+        stats["kept"] = len(found)
+        report["sources"][name] = stats
+        print(f"public_fc_tasks: {name}: {json.dumps(stats, default=str)}", flush=True)
+        tasks += found
+    if report_path:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_path).write_text(json.dumps(report, indent=1, default=str))
+    if not tasks:
+        raise ValueError("public_fc_tasks: no tasks left")
+    if max_tools:
+        tasks = [subset_tools(t, max_tools, seed) for t in tasks]
+    return [task_sample(t, with_answers, think_args=think_args) for t in tasks]
