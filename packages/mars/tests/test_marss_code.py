@@ -255,3 +255,34 @@ def test_paper_config_runs_marss_learning_rule():
     assert cfg.batch.episodes_per_slot in (0, -(-rows // slots))  # ROLL's max_traj_per_env: ceil(384 / 96) = 4
     assert cfg.rollout.group_size == MARS_RUN["group_size"]
     assert cfg.optim.warmup_steps == MARS_RUN["warmup_steps"]
+    assert cfg.optim.schedule_unit == "optimizer_step"
+    # MARS's loss: k3 KL clamped to [-10, 10] (functionals.py compute_approx_kl), log-probs at T 1
+    assert cfg.loss.kl_clamp == 10 and cfg.loss.logprob_temperature == 1.0
+
+
+def _megatron_lr(num_steps: int, max_lr: float, warmup: int, decay_steps: int, min_lr: float = 0.0) -> float:
+    """Megatron's ``OptimizerParamScheduler.get_lr`` (cosine style, init_lr 0), which MARS's
+    ``mcore_adapter`` ``get_megatron_lr_scheduler`` builds for ``cosine_with_min_lr``: linear warmup while
+    num_steps <= warmup, then a cosine from max_lr to min_lr over decay_steps - warmup. The scheduler starts
+    at num_steps 0 and steps once after every optimizer step, so optimizer step j runs at num_steps j."""
+    import math
+
+    if warmup > 0 and num_steps <= warmup:
+        return max_lr * num_steps / warmup
+    if num_steps > decay_steps:
+        return min_lr
+    ratio = (num_steps - warmup) / (decay_steps - warmup)
+    return min_lr + 0.5 * (math.cos(math.pi * ratio) + 1.0) * (max_lr - min_lr)
+
+
+def test_paper_config_learning_rate_is_marss_at_every_optimizer_step():
+    from palaestra.shared.jobs import load_config
+    from palaestra.shared.rl.optim import optimizer_steps, step_learning_rate
+
+    cfg = load_config(EXPERIMENTS / "qwen3_4b.yaml")
+    _, per_rl_step, scheduler_steps = _marss_optimizer_steps()
+    assert optimizer_steps(cfg, 2 * cfg.tasks_per_step) == per_rl_step
+    for j in range(scheduler_steps):
+        ours = step_learning_rate(cfg, j // per_rl_step, j % per_rl_step, per_rl_step)
+        marss = _megatron_lr(j, 1e-6, MARS_RUN["warmup_steps"], scheduler_steps)
+        assert ours == pytest.approx(marss, rel=1e-9, abs=1e-18), j
