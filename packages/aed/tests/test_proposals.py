@@ -10,15 +10,23 @@ from palaestra.aed.attribution import CollisionRecord, classify
 from palaestra.aed.proposals import Taxonomy, check_type, expert_taxonomy, parse_types, propose_types
 from palaestra.shared.llm.base import Completion, LLMClient
 
-GOOD = {"name": "late_cut_in", "description": "cuts in", "recognizer": "def recognize(record):\n    return True\n"}
+GOOD = {
+    "name": "late_cut_in",
+    "description": "cuts in",
+    "recognizer": "def recognize(record):\n    return record['long'] > 0 and record['b_in_a_lane_s'] < 1.0\n",
+}
 
 
 class Answers(LLMClient):
-    def __init__(self, text: str):
-        self.text = text
+    """Answers chat calls with the given texts in turn (the last one again once they run out); keeps the calls."""
+
+    def __init__(self, *texts: str):
+        self.texts, self.seen = list(texts), []
 
     def chat(self, conversations, params=None, tools=None):
-        return [Completion(self.text, [], None, [], "stop") for _ in conversations]
+        self.seen.append(conversations[0])
+        text = self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]
+        return [Completion(text, [], None, [], "stop") for _ in conversations]
 
 
 def rec(**kw) -> CollisionRecord:
@@ -46,6 +54,8 @@ def test_parse_types_from_a_code_block_or_bare_json():
         ({**GOOD, "recognizer": "def recognize(record):\n    return 1.0\n"}, "expected bool"),
         ({**GOOD, "recognizer": "def reward(state):\n    return True\n"}, "recognize(record)"),
         ({**GOOD, "recognizer": "def recognize(record):\n    return record['nope']\n"}, "KeyError"),
+        ({**GOOD, "recognizer": "def recognize(record):\n    return True\n"}, "matches every one of"),
+        ({**GOOD, "recognizer": "def recognize(record):\n    return record['long'] > 99\n"}, "matches none of"),
     ],
 )
 def test_unusable_proposals_are_refused_with_a_reason(item, reason):
@@ -55,9 +65,29 @@ def test_unusable_proposals_are_refused_with_a_reason(item, reason):
 
 def test_usable_proposals_are_kept_and_refused_ones_reported():
     bad = {**GOOD, "name": "x_y", "recognizer": "def recognize(record):\n    return 'yes'\n"}
-    out = propose_types(Answers(json.dumps([GOOD, GOOD, bad])), "highway", n_types=3)
+    out = propose_types(Answers(json.dumps([GOOD, GOOD, bad])), "highway", n_types=3, retries=0)
     assert out["source"] == "llm" and [t.name for t in out["types"]] == ["late_cut_in"]
     assert len(out["rejected"]) == 2 and "repeated" in out["rejected"][0] and "expected bool" in out["rejected"][1]
+
+
+def test_refusals_are_fed_back_and_corrected_types_kept():
+    fmt = {**GOOD, "name": "ramp_squeeze", "recognizer": "def recognize(record):\n    return '{0}'.format(1) == 1\n"}
+    fixed = {**fmt, "recognizer": "def recognize(record):\n    return record['b_lane'].startswith('j-k')\n"}
+    llm = Answers(json.dumps([GOOD, fmt]), json.dumps([fixed]))
+    out = propose_types(llm, "merge", n_types=2, retries=1)
+    assert [t.name for t in out["types"]] == ["late_cut_in", "ramp_squeeze"] and out["source"] == "llm"
+    first, retry = llm.seen[0][0]["content"], llm.seen[1][-1]["content"]
+    assert "startswith" in first and "str.format" in first  # the prompt says what the code may use
+    assert "1 of your proposals could not be used" in retry and "attribute '.format' is not allowed" in retry
+    assert "Kept so far: late_cut_in" in retry and len(out["responses"]) == 2
+
+
+def test_scripted_merge_proposals_are_all_kept():
+    # the scripted stand-in's ramp recognizer uses str.startswith, which the sandbox used to refuse
+    from palaestra.aed.scripted import ScriptedDesigner
+
+    out = propose_types(ScriptedDesigner(), "merge")
+    assert out["rejected"] == [] and "ramp_merge_squeeze" in [t.name for t in out["types"]]
 
 
 def test_unusable_answer_falls_back_to_the_fixed_taxonomy():

@@ -122,6 +122,8 @@ class ProposalConfig:
     """Accident types the LLM is asked for per scenario (one adversary is trained per usable type)."""
     temperature: float = 0.7
     max_tokens: int = 1536
+    retries: int = 1
+    """Further answers the LLM gets after its refused proposals are fed back (each refusal with its reason)."""
 
 
 @dataclass
@@ -281,7 +283,7 @@ def _propose(cfg: AttackConfig, tracker: Tracker) -> dict[str, list[dict]]:
     proposed = {}
     for scenario in cfg.scenarios:
         p = cfg.proposals
-        out = propose_types(client, scenario, p.n_types, p.temperature, p.max_tokens, seed=cfg.seed)
+        out = propose_types(client, scenario, p.n_types, p.temperature, p.max_tokens, seed=cfg.seed, retries=p.retries)
         proposed[scenario] = [t.to_dict() for t in out["types"]]
         tracker.log_dict({**out, "types": proposed[scenario]}, f"proposals/{scenario}.json")
         tracker.set_tags({f"aed.{scenario}.taxonomy": out["source"]})

@@ -3,12 +3,16 @@
 The paper's first step: given the scenario and the documented collision
 record (`RECORD_API`), the LLM proposes a diverse set of accident types, each
 a name, a one-sentence description and ``recognize(record) -> bool`` code
-that tells whether a recorded collision is of that type. The code is checked
-and run like reward code (`sandbox.SandboxedRecognizer`). Proposals that do
-not parse, repeat a name or whose recognizer is refused or fails on probe
-records are dropped (and said so); if none is left, the fixed taxonomy
-(`rewards.SCENARIO_TYPES`, recognized by `attribution.classify`) is the
-fallback, as it is the expert baseline.
+that tells whether a recorded collision is of that type. The prompt says
+which operations the code may use (`sandbox.ALLOWED_TEXT`). The code is
+checked and run like reward code (`sandbox.SandboxedRecognizer`) on the
+scenario's probe records (`probe_records`: typical contacts of that road).
+A proposal that does not parse, repeats a name, whose recognizer is refused
+or fails, or does not discriminate (it matches every probe record, or none)
+is refused with its reason; the refusals go back to the model, which gets
+``retries`` more answers to correct them. If no type is left, the fixed
+taxonomy (`rewards.SCENARIO_TYPES`, recognized by `attribution.classify`) is
+the fallback, as it is the expert baseline.
 
 `Taxonomy` classifies a victim's collision: the first type (in proposal
 order) whose recognizer says yes, else ``other``. A fixed-taxonomy type
@@ -24,7 +28,7 @@ from typing import Any
 
 from palaestra.aed.attribution import CollisionRecord, classify
 from palaestra.aed.rewards import SCENARIO_TYPES, TAXONOMY
-from palaestra.aed.sandbox import RewardCodeError, SandboxedRecognizer
+from palaestra.aed.sandbox import ALLOWED_TEXT, RewardCodeError, SandboxedRecognizer
 
 SCENARIO_TEXT = {
     "highway": "a multi-lane motorway with dense traffic, all vehicles driving in the same direction",
@@ -46,7 +50,8 @@ test, vehicle "a") with another road user ("b"). `record` is a dict (metres, sec
   "contact_axis": "longitudinal" (a's front or back met b) or "lateral" (a side contact), in a's frame,
   "b_role": "adv0", "adv1", ... (an adversary), "npc" (other traffic) or "object",
   "right_of_way": "a", "b" or "" (who had priority at a crossing).
-Only `math` is available (no imports). Return True if the collision is of your type, else False."""
+Return True if the collision is of your type, else False: the recognizer must tell its type from other \
+collisions (one that says True, or False, for every collision is refused)."""
 
 PROPOSE = """You help test an automated vehicle (AV) in a driving simulator. Scenario: {scenario} ({text}).
 Adversarial vehicles controlled by reinforcement learning try to provoke accidents of the AV. Propose {n} \
@@ -55,9 +60,14 @@ an adversary could provoke and that reveals a flaw of the AV.
 
 For each type write a recognizer over the recorded collision:
 {api}
-
+{allowed}
 Answer with a JSON list only, one object per type:
 [{{"name": "snake_case_name", "description": "one sentence", "recognizer": "def recognize(record):\\n    ..."}}]"""
+
+RETRY = """{count} of your proposals could not be used:
+{reasons}
+Kept so far: {kept}. Answer with a JSON list of {missing} more types in the same format: corrected versions of \
+the refused ones, or other types (names not yet used). {allowed}"""
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{1,40}$")
 
@@ -80,12 +90,33 @@ def expert_taxonomy(scenario: str) -> list[AccidentType]:
     return [AccidentType(t, TAXONOMY[t]) for t in SCENARIO_TYPES[scenario]]
 
 
-PROBES = [  # typical contacts (rear-end, side contact, crossing, rammed from behind) to try recognizers on
-    dict(long=5.0, lat=0.2, heading_diff=0.0, a_speed=25.0, b_speed=15.0, b_in_a_lane_s=4.0, striker="victim"),
-    dict(long=1.0, lat=2.2, heading_diff=0.1, a_speed=22.0, b_speed=23.0, b_lane_changing=True, striker="adv0"),
-    dict(long=2.0, lat=-1.5, heading_diff=1.6, a_speed=8.0, b_speed=9.0, right_of_way="b", striker="adv0"),
-    dict(long=-5.0, lat=0.0, heading_diff=0.0, a_speed=20.0, b_speed=28.0, striker="adv0", b_role="npc"),
-]
+MAIN_LANES = {
+    "highway": ("0-1-1", "0-1-2"),
+    "merge": ("b-c-1", "b-c-0"),
+    "roundabout": ("se-ex-0", "se-ex-1"),
+    "intersection": ("o0-ir0-0", "o0-ir0-0"),
+}
+"""Per scenario, the victim's lane and a neighbouring one in the probe records (highway-env lane ids)."""
+PROBES = [  # typical contacts on any road: (fields, b in the victim's lane)
+    (dict(long=5.0, lat=0.2, a_speed=25.0, b_speed=15.0, striker="victim", contact_axis="longitudinal"), True),
+    (dict(long=5.5, lat=0.6, a_speed=25.0, b_speed=22.0, b_in_a_lane_s=0.4, b_lane_changing=True, striker="victim",
+          contact_axis="longitudinal"), True),
+    (dict(long=1.0, lat=2.2, heading_diff=0.1, a_speed=22.0, b_speed=23.0, b_lane_changing=True, b_in_a_lane_s=0.0,
+          a_in_b_lane_s=0.0, striker="adv0", contact_axis="lateral"), False),
+    (dict(long=-5.0, a_speed=20.0, b_speed=28.0, b_min_accel=0.0, a_min_accel=-6.0, striker="adv0",
+          contact_axis="longitudinal"), True),
+    (dict(long=5.0, a_speed=20.0, b_speed=8.0, b_min_accel=-7.0, a_headway_s=0.8, striker="victim",
+          contact_axis="longitudinal", b_role="npc"), True),
+]  # fmt: skip
+SCENARIO_PROBES = {  # contacts only one road has: a ramp, a roundabout entry, a crossing
+    "merge": [dict(long=1.5, lat=3.0, heading_diff=0.25, a_speed=22.0, b_speed=18.0, b_lane="j-k-0",
+                   b_lane_changing=True, striker="adv0", contact_axis="lateral")],
+    "roundabout": [dict(long=2.0, lat=-2.0, heading_diff=1.2, a_speed=8.0, b_speed=7.0, b_lane="ses-se-0",
+                        right_of_way="a", striker="adv0", contact_axis="lateral")],
+    "intersection": [dict(long=2.0, lat=-1.5, heading_diff=1.6, a_speed=8.0, b_speed=9.0, b_lane="o1-ir1-0",
+                          right_of_way="a", striker="adv0", contact_axis="lateral")],
+    "highway": [],
+}  # fmt: skip
 
 
 def record_view(rec: CollisionRecord | dict) -> dict[str, Any]:
@@ -96,13 +127,17 @@ def record_view(rec: CollisionRecord | dict) -> dict[str, Any]:
     return data
 
 
-def probe_records() -> list[dict[str, Any]]:
+def probe_records(scenario: str = "highway") -> list[dict[str, Any]]:
+    """Typical contacts of `scenario` as a recognizer sees them: a usable recognizer matches some, not all."""
+    own, other = MAIN_LANES[scenario]
     base = dict(
         t=1.0, step=1, a_role="victim", b_role="adv0", striker="victim", long=0.0, lat=0.0, heading_diff=0.0,
-        a_speed=20.0, b_speed=20.0, a_lane="0-1-1", b_lane="0-1-1", a_lane_changing=False, b_lane_changing=False,
+        a_speed=20.0, b_speed=20.0, a_lane=own, b_lane=own, a_lane_changing=False, b_lane_changing=False,
         b_in_a_lane_s=4.0, a_in_b_lane_s=4.0, b_min_accel=0.0, a_min_accel=0.0,
     )  # fmt: skip
-    return [record_view(CollisionRecord(**{**base, **probe})) for probe in PROBES]
+    probes = [{**probe, "b_lane": own if same else other} for probe, same in PROBES]
+    probes += [{"b_in_a_lane_s": 0.0, "a_in_b_lane_s": 0.0, **p} for p in SCENARIO_PROBES[scenario]]
+    return [record_view(CollisionRecord(**{**base, **probe})) for probe in probes]
 
 
 def parse_types(text: str) -> list[dict[str, Any]]:
@@ -120,8 +155,9 @@ def parse_types(text: str) -> list[dict[str, Any]]:
     return []
 
 
-def check_type(item: dict[str, Any], taken: set[str]) -> tuple[AccidentType | None, str]:
-    """A proposed type if usable, else None and why."""
+def check_type(item: dict[str, Any], taken: set[str], scenario: str = "highway") -> tuple[AccidentType | None, str]:
+    """A proposed type if usable, else None and why (its recognizer must run on `probe_records` and tell some of
+    them from the others)."""
     name, description, code = item.get("name"), item.get("description"), item.get("recognizer")
     if not isinstance(name, str) or not NAME.match(name):
         return None, f"bad name {name!r} (snake_case, 2-41 characters)"
@@ -131,42 +167,75 @@ def check_type(item: dict[str, Any], taken: set[str]) -> tuple[AccidentType | No
         return None, f"{name}: no description"
     if not isinstance(code, str):
         return None, f"{name}: no recognizer code"
+    probes = probe_records(scenario)
     try:
         fn = SandboxedRecognizer(code)
         try:
-            for probe in probe_records():
-                fn(probe)
+            verdicts = [fn(probe) for probe in probes]
         finally:
             fn.close()
     except RewardCodeError as err:
         return None, f"{name}: {err.reason}"
+    if all(verdicts) or not any(verdicts):
+        which = "every one" if all(verdicts) else "none"
+        return None, (
+            f"{name}: the recognizer matches {which} of {len(probes)} typical collisions of this scenario (rear-end, "
+            "cut-in, side contact, rammed from behind, brake check, and the scenario's own); it must tell its type "
+            "from the others"
+        )
     return AccidentType(name, description.strip(), code, "llm"), ""
 
 
 def propose_types(
-    client, scenario: str, n_types: int = 4, temperature: float = 0.7, max_tokens: int = 1536, seed: int = 0
+    client,
+    scenario: str,
+    n_types: int = 4,
+    temperature: float = 0.7,
+    max_tokens: int = 1536,
+    seed: int = 0,
+    retries: int = 1,
 ) -> dict[str, Any]:
-    """Ask `client` for `n_types` accident types of `scenario`; ``{"types", "source", "rejected", "reason",
-    "response"}`` with ``source`` llm, or expert_fallback when no proposal is usable."""
+    """Ask `client` for `n_types` accident types of `scenario`, feeding refusals back up to `retries` times;
+    ``{"types", "source", "rejected", "reason", "response", "responses"}`` with ``source`` llm, or
+    expert_fallback when no proposal is usable."""
     from palaestra.shared.llm import SamplingParams
 
-    prompt = PROPOSE.format(scenario=scenario, text=SCENARIO_TEXT[scenario], n=n_types, api=RECORD_API)
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed, logprobs=False)
-    try:
-        response = client.chat([[{"role": "user", "content": prompt}]], params)[0].text
-    except Exception as err:  # an unreachable LLM: the fixed taxonomy
-        response, items = "", []
-        reason = f"LLM unreachable: {err}"
-    else:
+    prompt = PROPOSE.format(
+        scenario=scenario, text=SCENARIO_TEXT[scenario], n=n_types, api=RECORD_API, allowed=ALLOWED_TEXT
+    )
+    conversation = [{"role": "user", "content": prompt}]
+    types: list[AccidentType] = []
+    rejected: list[str] = []
+    responses: list[str] = []
+    reason = ""
+    for attempt in range(1 + retries):
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + attempt, logprobs=False)
+        try:
+            response = client.chat([conversation], params)[0].text
+        except Exception as err:  # an unreachable LLM: what was kept, else the fixed taxonomy
+            reason = f"LLM unreachable: {err}"
+            break
+        responses.append(response)
         items = parse_types(response)
-        reason = "" if items else "no JSON list of types in the answer"
-    types, rejected = [], []
-    for item in items[: 2 * n_types]:
-        kept, why = check_type(item, {t.name for t in types})
-        if kept is None:
-            rejected.append(why)
-        elif len(types) < n_types:
-            types.append(kept)
+        refused = [] if items else ["no JSON list of types in the answer"]
+        for item in items[: 2 * n_types]:
+            kept, why = check_type(item, {t.name for t in types}, scenario)
+            if kept is None:
+                refused.append(why)
+            elif len(types) < n_types:
+                types.append(kept)
+        rejected += refused
+        if len(types) >= n_types or not refused:
+            break
+        retry = RETRY.format(
+            count=len(refused),
+            reasons="\n".join(f"- {r[:300]}" for r in refused),
+            kept=", ".join(t.name for t in types) or "none",
+            missing=n_types - len(types),
+            allowed=ALLOWED_TEXT,
+        )
+        conversation = conversation + [{"role": "assistant", "content": response}, {"role": "user", "content": retry}]
+    last = responses[-1] if responses else ""
     if not types:
         reason = reason or f"every proposal was refused ({'; '.join(rejected)[:300]})"
         return {
@@ -174,9 +243,17 @@ def propose_types(
             "source": "expert_fallback",
             "rejected": rejected,
             "reason": reason,
-            "response": response,
+            "response": last,
+            "responses": responses,
         }
-    return {"types": types, "source": "llm", "rejected": rejected, "reason": "", "response": response}
+    return {
+        "types": types,
+        "source": "llm",
+        "rejected": rejected,
+        "reason": "",
+        "response": last,
+        "responses": responses,
+    }
 
 
 class Taxonomy:
