@@ -15,7 +15,9 @@ artifact per category with every sample's output, decoded calls and verdict.
 
 Summary scores: BFCL v4's own formula (`palaestra.egpo.bfcl_results.bfcl_summary`: weighted groups,
 live without live_relevance, categories that did not run count 0 as in BFCL), logged as
-``bfcl/summary/{overall,non_live,live,irrelevance,multi_turn,agentic,relevance}``. BFCL's result files,
+``bfcl/summary/{overall,non_live,live,irrelevance,multi_turn,agentic,relevance}``, and BFCL v3's (the papers'
+figures: `bfcl_v3_summary`) as ``bfcl/summary_v3/{overall,non_live,live,multi_turn,single_turn,...}``; the
+printed line names the version of each figure and the offline maximum of each overall. BFCL's result files,
 score files and ``data_overall.csv`` go to ``<output_dir>/bfcl/`` (and MLflow), so that ``bfcl evaluate``
 can re-score a run. ``decoder`` says how responses were decoded (ours: one malformed ``<tool_call>``
 block fails the answer; ``bfcl``: BFCL's Qwen FC decoder skips it), ``prompt`` whether our system prompt
@@ -32,7 +34,15 @@ from enum import StrEnum
 from typing import Any
 
 from palaestra.egpo import bfcl
-from palaestra.egpo.bfcl_results import BFCL_VERSION, bfcl_summary, decode_calls, write_run_files
+from palaestra.egpo.bfcl_results import (
+    BFCL_V3_VERSION,
+    BFCL_VERSION,
+    bfcl_summary,
+    bfcl_v3_summary,
+    decode_calls,
+    offline_maximum,
+    write_run_files,
+)
 from palaestra.egpo.multiturn import BFCLMultiTurnEnv, ground_truth_turn_calls
 from palaestra.egpo.reward import judge_completion
 from palaestra.egpo.tasks import FCTask, canonical_calls, load_bfcl
@@ -264,7 +274,14 @@ def evaluate(cfg: BfclEvalConfig, tracker: Tracker) -> dict:
 
 def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker) -> dict:
     """Run and score every category with `client` (None: the oracle of ``cfg.policy``); log to `tracker`."""
-    tracker.set_tags({"bfcl.version": BFCL_VERSION, "bfcl.decoder": cfg.decoder, "bfcl.prompt": cfg.prompt})
+    tracker.set_tags(
+        {
+            "bfcl.version": BFCL_VERSION,  # bfcl/summary/*
+            "bfcl.version_v3": BFCL_V3_VERSION,  # bfcl/summary_v3/*
+            "bfcl.decoder": cfg.decoder,
+            "bfcl.prompt": cfg.prompt,
+        }
+    )
     accuracy, scores, by_category = {}, {}, {}
     for category in cfg.categories:
         envs, ids = build_envs(category, cfg.limits.get(category, cfg.limit), cfg.decoder, cfg.prompt)
@@ -292,19 +309,24 @@ def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker) -> 
         interval = f"95% CI [{low:.2%}, {high:.2%}]"
         print(f"egpo.eval: {category}: {correct}/{len(records)} = {accuracy[category]:.2%} {interval}", flush=True)
     summary = {f"bfcl/summary/{k}": v for k, v in bfcl_summary(scores).items() if k != "non_live_simple"}
+    summary.update({f"bfcl/summary_v3/{k}": v for k, v in bfcl_v3_summary(scores).items()})
     tracker.log_metrics(summary)
     not_run = [c for c in DEFAULT_CATEGORIES if c not in scores]
+    v3 = {k.rsplit("/", 1)[1]: v for k, v in summary.items() if k.startswith("bfcl/summary_v3/")}
     print(
-        f"egpo.eval: {BFCL_VERSION} overall {summary['bfcl/summary/overall']:.2%} (decoder {cfg.decoder}, "
-        f"prompt {cfg.prompt}; counted 0 as BFCL does: {', '.join(not_run) or 'none'} + web search, memory, "
-        "Java, JavaScript)",
+        f"egpo.eval: {BFCL_VERSION} overall {summary['bfcl/summary/overall']:.2%} (offline maximum "
+        f"{offline_maximum('v4'):.2%}: the agentic 40% cannot run here) | {BFCL_V3_VERSION} overall {v3['overall']:.2%}"
+        f" (offline maximum {offline_maximum('v3'):.2%}), multi-turn {v3['multi_turn']:.2%}, single-turn "
+        f"{v3['single_turn']:.2%} | decoder {cfg.decoder}, prompt {cfg.prompt}; counted 0 as BFCL does: "
+        f"{', '.join(not_run) or 'none'} + web search, memory, Java, JavaScript",
         flush=True,
     )
     if cfg.write_bfcl_files:
         from pathlib import Path
 
         root = Path(cfg.output_dir) / "bfcl"
-        files = write_run_files(root, by_category, model=cfg.llm.model if client is not None else cfg.policy)
+        model = cfg.llm.model if client is not None else cfg.policy
+        files = write_run_files(root, by_category, model=model, decoder=cfg.decoder)
         tracker.log_artifact(root, "bfcl")
         print(f"egpo.eval: BFCL result/score files and {files['csv']} under {root}", flush=True)
     correct, total = sum(c for c, _ in scores.values()), sum(n for _, n in scores.values())
