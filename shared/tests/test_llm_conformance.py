@@ -1,6 +1,7 @@
 """One conformance suite that every available LLM backend passes (LangChain standard-tests style).
 
-Backends: ``transformers`` on `tiny`; ``openai`` against ``palaestra serve tiny``; ``vllm`` on `tiny` (GPU only).
+Backends: ``transformers`` on `tiny`; ``openai`` against ``palaestra serve tiny``; ``vllm`` on `tiny` (vLLM on
+CPU or GPU: the session's `vllm_tiny` engine, ``vllm`` marker).
 """
 
 import math
@@ -27,7 +28,7 @@ TOOLS = [
     params=[
         "transformers",
         pytest.param("openai", marks=pytest.mark.server),
-        pytest.param("vllm", marks=pytest.mark.gpu),
+        pytest.param("vllm", marks=pytest.mark.vllm),
     ],
 )
 def client(request):
@@ -36,8 +37,7 @@ def client(request):
     if request.param == "openai":
         url = request.getfixturevalue("tiny_server")
         return make_client(LLMConfig(backend="openai", model="tiny", base_url=url, max_retries=0))
-    pytest.importorskip("vllm")
-    return make_client(LLMConfig(backend="vllm", model="tiny", gpu_memory_utilization=0.2))
+    return request.getfixturevalue("vllm_tiny")
 
 
 def _end_ids(client) -> set[int]:

@@ -1,9 +1,16 @@
-"""NCCL weight sync to vLLM workers (rollout/vllm_weight_sync.py): the parts a CPU can check.
+"""NCCL weight sync to vLLM workers (rollout/vllm_weight_sync.py): everything but the NCCL calls.
 
-What is sent (each tensor once, in order, cast), which ranks each engine takes, the RPC rounds the
-workers see, and the config setting. NCCL itself, vLLM's bucket packing and its loaders need vLLM on
-GPUs (tools/gpu_check_vllm_sync.py); none of that is pretended here.
+Without vLLM: what is sent (each tensor once, in order, cast), which ranks each engine takes, the RPC
+rounds the workers see, and the config setting. With vLLM (``vllm`` marker, ``.venv-vllm`` under
+``make test``): the bucket format against vLLM's own trainer engine, and the whole protocol with gloo in
+NCCL's place (rollout/vllm_cpu_transport.py): vLLM's trainer engine here, a real vLLM engine's workers
+receiving, unpacking and reloading, next to a second engine of two ranks. The NCCL calls themselves need
+GPUs (tools/gpu_check_vllm_sync.py).
 """
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -156,6 +163,28 @@ def test_the_setting_is_checked_at_resolve():
         assert "\n" not in str(err.value)
 
 
+def vllm_minor() -> tuple[int, int]:
+    import vllm
+
+    major, minor = vllm.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def expected_buckets(names, dtype_names, shapes, bucket):
+    """vLLM's cut rule, re-implemented from packed_nccl_broadcast_consumer: a bucket closes once its bytes exceed
+    `bucket`; the rest goes in a last one. [(name, shape, dtype, nbytes), ...] per bucket."""
+    cuts, size, chunks = [], 0, []
+    for name, dtype, shape in zip(names, dtype_names, shapes):
+        nbytes = math.prod(shape) * getattr(torch, dtype).itemsize
+        cuts.append((name, shape, getattr(torch, dtype), nbytes))
+        size += nbytes
+        if size > bucket:
+            chunks.append(cuts)
+            cuts, size = [], 0
+    return chunks + ([cuts] if cuts else [])
+
+
+@pytest.mark.vllm
 def test_loopback_through_vllms_own_trainer_engine(monkeypatch):
     """Where vLLM is installed (GPU nodes): our source and client driven by vLLM's own trainer engine, on CPU
     tensors, with the NCCL communicator and CUDA streams replaced by recorders. The broadcast buckets must be
@@ -163,7 +192,6 @@ def test_loopback_through_vllms_own_trainer_engine(monkeypatch):
     and unpack (vLLM's unpack_tensor) to the weights in bf16. This checks the wire format against the vLLM
     actually installed; it is not the GPU path (tools/gpu_check_vllm_sync.py is)."""
     import contextlib
-    import math
 
     pytest.importorskip("vllm")
     import vllm.distributed.weight_transfer.nccl_engine as nccl_engine
@@ -188,6 +216,7 @@ def test_loopback_through_vllms_own_trainer_engine(monkeypatch):
     comm = Comm()
     monkeypatch.setattr(packed, "_get_streams", lambda device, n: tuple(Stream() for _ in range(n)))
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())  # vLLM 0.32 waits on it
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
@@ -204,15 +233,8 @@ def test_loopback_through_vllms_own_trainer_engine(monkeypatch):
     update = calls["update_weights"][0]
     expected = {n: t.to(torch.bfloat16) if t.is_floating_point() else t for n, t in sd.items() if n != "lm_head.weight"}
     assert update["names"] == list(expected)
-    cuts, size, chunks = [], 0, []
-    for name, dtype, shape in zip(update["names"], update["dtype_names"], update["shapes"]):
-        nbytes = math.prod(shape) * getattr(torch, dtype).itemsize
-        cuts.append((name, shape, getattr(torch, dtype), nbytes))
-        size += nbytes
-        if size > bucket:
-            chunks.append(cuts)
-            cuts, size = [], 0
-    chunks += [cuts] if cuts else []
+    chunks = expected_buckets(update["names"], update["dtype_names"], update["shapes"], bucket)
+    assert len(chunks) > 1
     assert [sum(c[3] for c in chunk) for chunk in chunks] == [t.numel() for t in comm.sent]
     received = {}
     for chunk, buffer in zip(chunks, comm.sent):
@@ -221,6 +243,156 @@ def test_loopback_through_vllms_own_trainer_engine(monkeypatch):
     assert received.keys() == expected.keys()
     assert all(torch.equal(received[n], expected[n]) for n in expected)
     comm.sent.clear()
-    sync.send(sd)  # a second sync: the same buckets, no names/dtypes/shapes resent
-    assert workers[0].calls[-2] == ("update_weights", ({"names": [], "dtype_names": [], "shapes": []},))
+    sync.send(sd)  # a second sync: the same buckets; 0.33 resends no names/dtypes/shapes, 0.32 resends them
+    resent = update if vllm_minor() < (0, 33) else {"names": [], "dtype_names": [], "shapes": []}
+    assert workers[0].calls[-2] == ("update_weights", (resent,))
     assert len(comm.sent) == len(chunks)
+
+
+# -- the whole protocol on CPU: gloo in NCCL's place, a real vLLM engine receiving --
+
+
+class ThreadWorker:
+    """A rollout worker handle without Ray: ``weight_transfer.remote`` runs the client's method on a thread and
+    returns a future, so every engine takes part in a collective at once, as Ray actors do."""
+
+    pool = ThreadPoolExecutor(max_workers=8)
+
+    def __init__(self, client):
+        self.client, self.weight_transfer = client, self
+
+    def remote(self, method, *args):
+        return self.pool.submit(getattr(self.client, method), *args)
+
+
+def wait_all(futures):
+    return [f.result(timeout=300) for f in futures]
+
+
+class Recorder(torch.nn.Module):
+    """Stands for a vLLM model: what vLLM's receiving side hands to ``load_weights``, bucket by bucket."""
+
+    def __init__(self):
+        super().__init__()
+        self.buckets = []
+
+    def load_weights(self, weights):
+        self.buckets.append([(n, t.clone()) for n, t in weights])
+        return {n for n, _ in weights}
+
+
+class TwoRankEngine:
+    """A second engine of two workers (as with tensor parallelism 2), each running vLLM's own receiving side
+    (`NCCLWeightTransferEngine`: its rank rule, unpacking and calls into the model) into a `Recorder`."""
+
+    def __init__(self):
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        self.models = [Recorder(), Recorder()]
+        self.rounds: list[str] = []
+        self.engines = []
+        for rank, model in enumerate(self.models):
+            parallel = SimpleNamespace(data_parallel_index=0, world_size=2, rank=rank)
+            config = SimpleNamespace(parallel_config=parallel, model_config=SimpleNamespace())
+            self.engines.append(NCCLWeightTransferEngine(None, config, torch.device("cpu"), model))
+
+    def _each(self, fn):
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            wait_all([pool.submit(fn, e) for e in self.engines])
+
+    def transfer_world_size(self):
+        return 2
+
+    def use_cpu_transport(self):
+        pass  # this process installs it (NcclWeightSync with cpu_transport=True)
+
+    def init_weight_transfer(self, init_info):
+        self._each(lambda e: e.init_transfer_engine(e.parse_init_info(init_info)))
+
+    def start_weight_update(self):
+        self.rounds.append("start")
+        self._each(lambda e: e.start_weight_update())
+
+    def update_weights(self, update_info):
+        self.rounds.append("update")
+        self._each(lambda e: e.update_weights(update_info))
+
+    def finish_weight_update(self):
+        self.rounds.append("finish")
+        self._each(lambda e: e.finish_weight_update())
+
+    def shutdown_weight_transfer(self):
+        self._each(lambda e: e.shutdown())
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the NCCL path is tools/gpu_check_vllm_sync.py")
+def test_the_nccl_protocol_with_gloo_reaches_a_real_vllm_engine(vllm_tiny, monkeypatch):
+    """Two syncs of a learner step's weights (float32, the engine's dtype) in buckets of 1 MiB to two engines:
+    vLLM's own (one worker, ranks after the other engine's two) and `TwoRankEngine`. The vLLM engine then rolls out
+    what the transformers backend does with those weights, and the two-rank engine got every tensor, in vLLM's
+    buckets, at its own ranks. Issue 23, defect 4: against vLLM 0.32 this failed at "Can't instantiate abstract
+    class StateDictSource"."""
+    import vllm.distributed.weight_transfer.nccl_common as nccl_common
+    import vllm.distributed.weight_transfer.packed_tensor as packed
+    import vllm.model_executor.model_loader.reload as reload
+
+    from palaestra.shared.rollout.vllm_cpu_transport import GlooBroadcast
+    from palaestra.shared.testing import greedy_rollouts as rollouts
+    from palaestra.shared.testing import learner_step, tiny_learner
+
+    # what vllm_cpu_transport.install swaps in this process, restored after the test
+    for module, name in [(nccl_common, "stateless_init_process_group"), (packed, "_get_streams")]:
+        monkeypatch.setattr(module, name, getattr(module, name))
+    for name in ("current_device_index", "synchronize"):
+        monkeypatch.setattr(torch.accelerator, name, getattr(torch.accelerator, name))
+
+    ranks = []
+    real_init = GlooBroadcast.__init__
+
+    def record_rank(self, address, port, rank, world_size, *args):
+        ranks.append((rank, world_size))
+        real_init(self, address, port, rank, world_size, *args)
+
+    monkeypatch.setattr(GlooBroadcast, "__init__", record_rank)
+    # in this process (the two-rank engine's Recorders) there is no vLLM model to reload layer by layer
+    monkeypatch.setattr(reload, "initialize_layerwise_reload", lambda model: None)
+    monkeypatch.setattr(reload, "finalize_layerwise_reload", lambda model, config: None)
+
+    learner = tiny_learner()
+    original = {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+    before = rollouts(vllm_tiny)
+    learner_step(learner)
+    expected = rollouts(learner)
+    assert expected != before
+
+    other = TwoRankEngine()
+    workers = [ThreadWorker(other), ThreadWorker(vllm_tiny)]
+    bucket = 1 << 20
+    sync = NcclWeightSync(workers, wait_all, "float32", bucket_bytes=bucket, cpu_transport=True)
+    try:
+        sync.send(learner.model.state_dict())
+        assert sorted(ranks) == [(0, 4), (1, 4), (2, 4)]  # here: the trainer (0) and the two-rank engine (1, 2)
+        assert rollouts(vllm_tiny) == expected  # the vLLM engine (rank 3) loaded them
+
+        sd = learner.model.state_dict()
+        params = sync.params
+        names = [p.name for p in params]
+        chunks = expected_buckets(names, ["float32"] * len(names), [list(p.shape) for p in params], bucket)
+        assert len(chunks) > 2 and max(map(len, chunks)) > 1  # several buckets, several tensors in some
+        for model in other.models:  # both ranks: every tensor once, in vLLM's buckets, equal to the learner's
+            assert [[n for n, _ in b] for b in model.buckets] == [[c[0] for c in chunk] for chunk in chunks]
+            got = dict(pair for b in model.buckets for pair in b)
+            assert all(torch.equal(got[n], sd[n].float()) for n in names)
+            model.buckets.clear()
+        assert other.rounds == ["start", "update", "finish"]  # three RPC rounds, whatever the size
+
+        learner.model.load_state_dict(original)
+        sync.send(learner.model.state_dict())  # a second sync over the same group: the engine's own weights back
+        assert rollouts(vllm_tiny) == before
+        assert other.rounds == ["start", "update", "finish"] * 2
+        assert all(len(m.buckets) == len(chunks) for m in other.models)
+        assert len(ranks) == 3  # no new group
+    finally:
+        sync.close()
+        vllm_tiny.load_weights(original)  # the session's engine, as it was, whatever failed

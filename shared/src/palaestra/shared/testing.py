@@ -5,11 +5,17 @@
 - `tracking`: a `TrackingConfig` on a fresh sqlite MLflow store in a temp dir;
 - `tiny_llm`: the embedded `tiny` model through the transformers backend, built once;
 - `tiny_server`: `palaestra serve tiny` in a child process (base URL), started once; skipped without the
-  `serve` and `openai` extras.
+  `serve` and `openai` extras;
+- `tiny_learner`, `learner_step`, `greedy_rollouts`: a float32 `tiny` to train, one optimizer step on it, and
+  the greedy rollouts of a client (what the weight-sync tests compare across backends);
+- `vllm_tiny`: one vLLM engine on `tiny` (float32) for the whole session (an engine takes about a minute to
+  start on CPU); tests that take it are marked ``vllm`` and skipped where vLLM is not importable (``make test``
+  runs them in ``.venv-vllm``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -23,6 +29,7 @@ def pytest_configure(config) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM on CPU needs it, `tiny` needs little
     try:
         import torch
 
@@ -42,6 +49,11 @@ def pytest_collection_modifyitems(config, items) -> None:
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
         for item in items:
             if "gpu" in item.keywords:
+                item.add_marker(skip)
+    if importlib.util.find_spec("vllm") is None:
+        skip = pytest.mark.skip(reason="needs vLLM (make test runs these in .venv-vllm)")
+        for item in items:
+            if "vllm" in item.keywords:
                 item.add_marker(skip)
 
 
@@ -68,6 +80,16 @@ def tiny_llm():
 
 
 @pytest.fixture(scope="session")
+def vllm_tiny():
+    """A `VLLMClient` on `tiny` in float32, shared by the session; a test that changes its weights restores them."""
+    from palaestra.shared.llm import LLMConfig, make_client
+
+    client = make_client(LLMConfig(backend="vllm", model="tiny", dtype="float32", gpu_memory_utilization=0.2))
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
 def tiny_server():
     """Base URL (``http://127.0.0.1:PORT/v1``) of ``palaestra serve tiny`` in a child process, shared by the session.
 
@@ -78,3 +100,38 @@ def tiny_server():
 
     with serve_in_subprocess("tiny") as url:
         yield url
+
+
+def tiny_learner():
+    """A fresh transformers client on `tiny` in float32 (its own model: a learner to take steps on)."""
+    from palaestra.shared.llm import LLMConfig, make_client
+
+    return make_client(LLMConfig(model="tiny", device="cpu", dtype="float32"))
+
+
+def learner_step(client) -> None:
+    """One AdamW step of next-token loss on a sentence: every weight moves, as after an RL update."""
+    import torch
+
+    model = client.model
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    ids = torch.tensor([client.tokenizer.encode("The answer is 42, and the next number is 43.")])
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.eval()
+
+
+def greedy_rollouts(client, episodes: int = 6, seed: int = 3) -> list:
+    """``(group_id, response ids per turn)`` of greedy episodes of the ``task`` env, 8 tokens a turn."""
+    import functools
+
+    from palaestra.shared.rl.episodes import make_env
+    from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
+
+    cfg = RolloutConfig(group_size=1, max_tokens_per_turn=8, temperature=0.0)
+    specs = [EpisodeSpec(functools.partial(make_env, "task", {}), seed=i, group_id=str(i)) for i in range(episodes)]
+    result = RolloutEngine(client, cfg).run(specs, seed)
+    return [(t.group_id, [turn.response_ids for turn in t.turns]) for t in result.trajectories]
+

