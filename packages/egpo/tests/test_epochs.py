@@ -55,12 +55,14 @@ def test_each_epoch_plays_every_task_once(tmp_path):
 @pytest.mark.slow  # a datagen run (MLflow set-up included)
 @pytest.mark.skipif(not importlib.util.find_spec("bfcl_eval"), reason="bfcl-eval not installed")
 def test_documented_chain_datagen_then_egpo(tmp_path, monkeypatch):
-    """qwen3_4b_bfcl.yaml reads the file that the datagen config its header names writes; run that chain tiny."""
+    """qwen3_4b_bfcl.yaml's multi-turn env reads the file that the datagen config its header names writes; run that
+    chain tiny."""
+    from palaestra.egpo.multiturn_data import load_rows
     from palaestra.egpo.train import fc_tasks
     from palaestra.shared.jobs import run_job
 
     paper = load_config(EXPERIMENTS / "egpo" / "qwen3_4b_bfcl.yaml")
-    data_path = paper.envs[0].kwargs["source_kwargs"]["path"]
+    data_path = next(e for e in paper.envs if e.name == "datagen_multi_turn").kwargs["path"]
     assert paper.epochs == 5
     datagen = load_config(EXPERIMENTS / "datagen" / "llm_served.yaml")
     assert Path(data_path) == datagen.output_path  # where datagen writes by default (output_dir: outputs)
@@ -75,3 +77,4 @@ def test_documented_chain_datagen_then_egpo(tmp_path, monkeypatch):
     assert path.is_file()
     tasks = fc_tasks(path=str(path))
     assert len(tasks) >= 4 and all(t["ground_truth"] is not None for t in tasks)
+    assert len(load_rows(path)) == 4  # the multi-turn env's episodes
