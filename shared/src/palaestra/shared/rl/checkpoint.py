@@ -3,18 +3,29 @@
 Layout under ``<output_dir>/checkpoints``::
 
     step_000010/            model (loadable as an HF directory with its tokenizer) + trainer_state.pt
-    reference/              the frozen reference model (when KL is on), saved once at the start
+                            (+ sharded/: the sharded learner's torch.distributed.checkpoint files) + manifest.json
+    reference/              the frozen reference model (when KL is on), saved once at the start; manifest.json
 
 A checkpoint is written to a temporary directory and renamed, so a crash never
 leaves a half-written ``step_*`` behind.
+
+Loading runs only what the run itself wrote. torch's distributed-checkpoint loader unpickles
+``sharded/.metadata`` (and any non-tensor entries of the data files), so a crafted file there would run code
+on every learner rank at resume. Saving therefore ends with ``manifest.json``: the sha256 of every file of
+the checkpoint; `load` and `load_reference` check it before reading anything (`verify`) and refuse, in one
+line naming the file, a file that differs, is missing or was added, and a checkpoint without a manifest.
+``trainer_state.pt`` is moreover read with ``weights_only``. Hashing reads each file once (several threads).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +34,11 @@ import torch
 
 _NUMPY_ARRAY_GLOBALS: list[Any] = [np.zeros(1).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 """What unpickling a numpy array needs (``_reconstruct``, the array and dtype classes), and nothing else."""
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is not the one its run wrote (a file changed, missing or added, or no manifest)."""
 
 
 def save(root: Path, step: int, model, tokenizer, optimizer, extra: Callable[[Path], None] | None = None) -> Path:
@@ -38,6 +54,7 @@ def save(root: Path, step: int, model, tokenizer, optimizer, extra: Callable[[Pa
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
     if extra is not None:
         extra(tmp)
+    write_manifest(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final
@@ -55,7 +72,9 @@ def prune(root: Path, keep: int) -> None:
 
 
 def load(path: Path, model, optimizer) -> int:
-    """Restore weights, optimizer and RNG states from `path`; return its step."""
+    """Restore weights, optimizer and RNG states from `path` (all of its files checked against its manifest
+    first, the sharded learner's included, which it loads later from the same directory); return its step."""
+    verify(path)
     load_weights(path, model)
     # weights_only: a crafted trainer_state.pt cannot run code; numpy's RNG state (an array) is allowlisted
     with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
@@ -93,10 +112,56 @@ def load_weights(path: Path, model) -> None:
 
 def save_reference(root: Path, model) -> None:
     model.save_pretrained(Path(root) / "reference")
+    write_manifest(Path(root) / "reference")
 
 
 def load_reference(root: Path, model) -> None:
+    verify(Path(root) / "reference")
     load_weights(Path(root) / "reference", model)
+
+
+def _files(path: Path) -> list[str]:
+    """Every file under `path` but the manifest, relative, sorted."""
+    return sorted(str(f.relative_to(path)) for f in path.rglob("*") if f.is_file() and f.name != MANIFEST)
+
+
+def _sha256(file: Path) -> str:
+    with open(file, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _hashes(path: Path, names: list[str]) -> dict[str, str]:
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return dict(zip(names, pool.map(lambda name: _sha256(path / name), names)))
+
+
+def write_manifest(path: Path) -> None:
+    """Record the sha256 of every file of the checkpoint directory `path` in its ``manifest.json``."""
+    path = Path(path)
+    manifest = {"sha256": _hashes(path, _files(path))}
+    (path / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def verify(path: Path) -> None:
+    """Raise `CheckpointError` unless the files of `path` are exactly those its manifest lists, byte for byte."""
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise CheckpointError(f"{path / MANIFEST}: missing; refusing to load a checkpoint this trainer did not write")
+    try:
+        listed = json.loads((path / MANIFEST).read_text())["sha256"]
+        assert isinstance(listed, dict)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise CheckpointError(f"{path / MANIFEST}: not a checkpoint manifest") from None
+    present = _files(path)
+    added = sorted(set(present) - set(listed))
+    if added:
+        raise CheckpointError(f"{path / added[0]}: not in the checkpoint's manifest (added after it was saved)")
+    missing = sorted(set(listed) - set(present))
+    if missing:
+        raise CheckpointError(f"{path / missing[0]}: listed in the checkpoint's manifest but missing")
+    for name, digest in _hashes(path, present).items():
+        if digest != listed[name]:
+            raise CheckpointError(f"{path / name}: its sha256 differs from the one written at save; refusing to load")
 
 
 def rng_state() -> dict:
