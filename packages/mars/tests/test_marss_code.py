@@ -283,6 +283,126 @@ def test_paper_config_learning_rate_is_marss_at_every_optimizer_step():
     _, per_rl_step, scheduler_steps = _marss_optimizer_steps()
     assert optimizer_steps(cfg, 2 * cfg.tasks_per_step) == per_rl_step
     for j in range(scheduler_steps):
-        ours = step_learning_rate(cfg, j // per_rl_step, j % per_rl_step, per_rl_step)
+        ours = step_learning_rate(cfg, step=j // per_rl_step, steps=cfg.steps, k=j % per_rl_step, per_step=per_rl_step)
         marss = _megatron_lr(j, 1e-6, MARS_RUN["warmup_steps"], scheduler_steps)
         assert ours == pytest.approx(marss, rel=1e-9, abs=1e-18), j
+
+
+# -- prompts ------------------------------------------------------------------------------------------------------
+
+# MARS's FORMAT_PROMPT_EXAMPLE per game and seat (roll/agentic/env/*/env.py _get_prefix_prompt); Hanabi's is
+# spelled as this package's legal action strings ("<Discard card 0>")
+MARS_EXAMPLES = {
+    "tic_tac_toe": ("<X(0,0)>", "<O(0,0)>"),
+    "connect_four": ("<X(3)>", "<O(3)>"),
+    "kuhn_poker": ("<PASS>", "<PASS>"),
+    "leduc_poker": ("<CALL>", "<CALL>"),
+    "mini_hanabi": ("<Discard card 0>", "<Discard card 0>"),
+}
+# how MARS's PLAYER INFORMATION writes the legal actions (point 2c; Hanabi's point 3-4: card and stack notation)
+MARS_ACTION_FORMATS = {
+    "tic_tac_toe": ("<X({row},{column})>", "<O({row},{column})>"),
+    "connect_four": ("<X({column})>", "<O({column})>"),
+    "kuhn_poker": ("<PASS>", "<BET>"),
+    "leduc_poker": ("<FOLD>", "<CALL>", "<RAISE>"),
+    "mini_hanabi": ("'R2'", "'Y0'"),
+}
+
+
+def _first_message(game: str, seat: int, **kwargs) -> tuple[str, str]:
+    env = GameEnv(game, prompt="full", **kwargs)
+    env.reset(0)
+    if seat == 1:
+        env.step_action(env.state.legal_actions()[0])
+    system, user = env.observe(env.current_agent)
+    return system["content"], user["content"]
+
+
+@pytest.mark.parametrize("game", sorted(MARS_EXAMPLES))
+def test_full_prompt_gives_marss_information_and_format(game):
+    for seat in (0, 1):
+        _, user = _first_message(game, seat)
+        rules, rest = user.split("\n\nPLAYER INFORMATION:\n", 1)
+        information, rest = rest.split("\n\nRESPONSE INSTRUCTIONS:\n", 1)
+        instructions = rest.split("\n\nInformation of Turn-", 1)[0]
+        # MARS's format: the answer tag alone after the thinking (the response starts inside <think>), its example
+        assert "<answer>{your chosen action}</answer>" in instructions and "<think>" not in instructions
+        assert f"<answer>{MARS_EXAMPLES[game][seat]}</answer>" in instructions
+        assert "concise" in instructions
+        assert f"player_{seat}" in information or f"mark {'XO'[seat]}" in information
+        for pattern in MARS_ACTION_FORMATS[game]:
+            if game in ("tic_tac_toe", "connect_four") and pattern[1] != "XO"[seat]:
+                continue  # each seat is told its own mark's pattern
+            assert pattern in information, pattern
+    if game == "mini_hanabi":  # MARS's rule 8c: losing every life token ends the game with a score of 0
+        assert "score 0" in rules
+
+
+def _marss_board(state) -> str:
+    """MARS's tic-tac-toe / Connect Four ``_render_text``: OpenSpiel's board, '.' -> '_', 'x' -> 'X', 'o' -> 'O'."""
+    rows = str(state).strip().split("\n")
+    return "\n".join("".join({".": "_", "x": "X", "o": "O"}.get(c, c) for c in row) for row in rows)
+
+
+@pytest.mark.parametrize("game", ["tic_tac_toe", "connect_four"])
+def test_board_game_state_is_marss_rendering(game):
+    import random
+
+    rng = random.Random(0)
+    env = GameEnv(game, prompt="full")
+    for episode in range(10):
+        env.reset(episode)
+        while not env.done:
+            text = env.observe(env.current_agent)[-1]["content"]
+            shown = text.rsplit("GAME STATE:\n", 1)[1].split("\n\nLEGAL ACTIONS:", 1)[0]
+            assert shown == _marss_board(env.state)
+            env.step_action(rng.choice(env.state.legal_actions()))
+
+
+MARS_KUHN = {  # a lab's file: MARS's sections for Kuhn poker, with its literal braces and $ placeholders
+    "kuhn_poker": {
+        "system": "You are an AI agent that makes optimal decisions to win in the game of Kuhn Poker.",
+        "player_information": "1. You are player_$player. You are competing with player_$other.",
+        "response_instructions": "Output `<answer>{your chosen action}</answer>`. E.g. `<answer>$example</answer>`.",
+    }
+}
+
+
+def test_prompt_file_replaces_the_sections_it_names(tmp_path):
+    import yaml
+
+    path = tmp_path / "mars_prompts.yaml"
+    path.write_text(yaml.safe_dump(MARS_KUHN))
+    system, user = _first_message("kuhn_poker", 1, prompt_file=str(path))
+    assert system == MARS_KUHN["kuhn_poker"]["system"]
+    assert "PLAYER INFORMATION:\n1. You are player_1. You are competing with player_0.\n\n" in user
+    assert (
+        "RESPONSE INSTRUCTIONS:\nOutput `<answer>{your chosen action}</answer>`. E.g. `<answer><PASS></answer>`."
+        in user
+    )
+    _, default_user = _first_message("kuhn_poker", 1)
+    rules = default_user.split("\n\nPLAYER INFORMATION:", 1)[0]
+    assert user.startswith(rules + "\n\nPLAYER INFORMATION:")  # rules: not in the file, the project's text
+    path.write_text(yaml.safe_dump({"kuhn_poker": {"rule": "typo"}}))
+    from palaestra.mars.prompt_text import load_prompt_text
+
+    load_prompt_text.cache_clear()
+    with pytest.raises(ValueError, match="unknown section 'rule'"):
+        GameEnv("kuhn_poker", prompt_file=str(path))
+
+
+def test_prompt_file_reaches_training_sft_and_evaluation(tmp_path):
+    from palaestra.mars.train import _eval_config
+    from palaestra.shared.jobs import load_config
+
+    cfg = load_config(
+        {
+            "job": "mars.train",
+            "prompt_file": str(tmp_path / "p.yaml"),
+            "sft_warmup": {"steps": 1},
+            "games": [{"game": "kuhn_poker"}],
+        }
+    )
+    assert all(e.kwargs["prompt_file"] == cfg.prompt_file for e in cfg.envs)
+    assert cfg.sft_warmup.source_kwargs["prompt_file"] == cfg.prompt_file
+    assert _eval_config(cfg).prompt_file == cfg.prompt_file

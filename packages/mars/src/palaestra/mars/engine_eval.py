@@ -20,8 +20,8 @@ from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutE
 SEAT_NAMES = ("first", "second")
 
 
-def _make_env(game: str, shaping: Shaping, prompt: str, opponent, seat: int | None):
-    env = GameEnv(game, shaping, prompt)
+def _make_env(game: str, shaping: Shaping, prompt: str, opponent, seat: int | None, prompt_file: str = ""):
+    env = GameEnv(game, shaping, prompt, prompt_file=prompt_file)
     return env if seat is None else VersusEnv(env, opponent, SEAT_NAMES[seat])
 
 
@@ -35,10 +35,11 @@ def engine_episodes(
     shaping: Shaping | None = None,
     prompt: str = "full",
     run_seed: int = 0,
+    prompt_file: str = "",
 ) -> tuple[list[EpisodeResult], dict[str, float]]:
     """Play one episode per seed; `seat` None means self-play in every seat (cooperative games)."""
     shaping = shaping or Shaping()
-    make = functools.partial(_make_env, game, shaping, prompt, opponent, seat)
+    make = functools.partial(_make_env, game, shaping, prompt, opponent, seat, prompt_file)
     specs = [EpisodeSpec(make, s, f"eval-{game}-{i}") for i, s in enumerate(seeds)]
     engine = RolloutEngine(client, RolloutConfig(**{**vars(rollout), "group_size": 1}))
     result = engine.run(specs, seed=run_seed)

@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Any
 
 from palaestra.mars.games import KIND_BOARD, Game, make_game
+from palaestra.mars.prompt_text import fill, load_prompt_text
 from palaestra.shared.rollout.env import Step, TextEnv
 
 ANSWER_RE = re.compile(r"^\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
@@ -142,7 +143,14 @@ def render_response(action: str, thought: str = "") -> str:
 class GameEnv(TextEnv):
     """One MARS game between two agents, in the `TextEnv` protocol."""
 
-    def __init__(self, game: str | Game, shaping: Shaping | None = None, prompt: str = "full", opening_moves: int = 0):
+    def __init__(
+        self,
+        game: str | Game,
+        shaping: Shaping | None = None,
+        prompt: str = "full",
+        opening_moves: int = 0,
+        prompt_file: str = "",
+    ):
         if prompt not in PROMPTS:
             raise ValueError(f"unknown prompt style {prompt!r}; known: {', '.join(PROMPTS)}")
         if opening_moves < 0:
@@ -153,6 +161,8 @@ class GameEnv(TextEnv):
         self.game = make_game(game) if isinstance(game, str) else game
         self.shaping = shaping or Shaping()
         self.prompt = prompt
+        # a lab's wording of the full prompt's sections (`palaestra.mars.prompt_text`); empty: the project's
+        self.text = load_prompt_text(prompt_file).get(self.game.name, {}) if prompt_file else {}
         self.agents = [agent_name(p) for p in range(self.game.num_players)]
         self.env_type = self.game.name
         self.state = None
@@ -193,11 +203,8 @@ class GameEnv(TextEnv):
         unseen, self._unseen[agent] = self._unseen[agent], []
         legal = self.game.legal_action_strings(self.state)
         compact = self.prompt in ("compact", "minimal")
-        note = "" if compact else self.game.action_note()
-        state = self.game.render_state(self.state, player)
-        if compact and self.game.kind == KIND_BOARD:
-            state = state.split("\nThis is the current snapshot")[0]
-        own = f"GAME STATE:\n{state}\n\nLEGAL ACTIONS:\n{', '.join(legal)}." + (f" {note}" if note else "")
+        state = self._state_text(player)
+        own = f"GAME STATE:\n{state}\n\nLEGAL ACTIONS:\n{', '.join(legal)}."
         if compact:
             parts = (
                 []
@@ -220,11 +227,29 @@ class GameEnv(TextEnv):
             first = f"PLAYER INFORMATION:\n{self.game.player_information(player)}\n\n{turn}"
             return [{"role": "system", "content": self.game.system_prompt()}, {"role": "user", "content": first}]
         first = (
-            f"GAME RULES:\n{self.game.rules()}\n\n"
-            f"PLAYER INFORMATION:\n{self.game.player_information(player)}\n\n"
-            f"RESPONSE INSTRUCTIONS:\n{self.response_instructions(legal[0])}\n\n{turn}"
+            f"GAME RULES:\n{self._section('rules', player)}\n\n"
+            f"PLAYER INFORMATION:\n{self._section('player_information', player)}\n\n"
+            f"RESPONSE INSTRUCTIONS:\n{self._section('response_instructions', player)}\n\n{turn}"
         )
-        return [{"role": "system", "content": self.game.system_prompt()}, {"role": "user", "content": first}]
+        return [{"role": "system", "content": self._section("system", player)}, {"role": "user", "content": first}]
+
+    def _section(self, name: str, player: int) -> str:
+        """A section of the full prompt: the lab's text from ``prompt_file`` if it has one, else the project's."""
+        example = self.game.example_action(player)
+        if name in self.text:
+            marks = {"mark": "XO"[player], "other_mark": "XO"[1 - player]} if self.game.kind == KIND_BOARD else {}
+            return fill(self.text[name], player=player, other=1 - player, example=example, **marks)
+        if name == "system":
+            return self.game.system_prompt()
+        if name == "rules":
+            return self.game.rules()
+        if name == "player_information":
+            return self.game.full_player_information(player)
+        return self.response_instructions(example)
+
+    def _state_text(self, player: int) -> str:
+        """GAME STATE as `player` sees it (a board game's board alone, as MARS renders it)."""
+        return self.game.render_state(self.state, player)
 
     def _other_turn(self, u: dict) -> str:
         """Another agent's turn as MARS shows it: the full state for board games, the action alone otherwise."""
@@ -241,11 +266,16 @@ class GameEnv(TextEnv):
         )
 
     def response_instructions(self, example: str) -> str:
-        form = "<think>[your thoughts]</think><answer>[your action]</answer>"
+        """MARS's instructions in the project's words: think first, then only ``<answer>ACTION</answer>``; the
+        example shows the answer alone, as MARS's does (the response starts inside ``<think>``)."""
+        loss = (
+            "ends the game at once with all life tokens lost" if self.game.cooperative else "loses the game immediately"
+        )
         return (
-            f"Always choose only one action from the legal actions and output {form} with no extra text. "
-            f"For example, <think>I will take {example} because ...</think><answer>{example}</answer>. "
-            "Strictly follow this format. A response that does not follow it loses the game immediately."
+            "Always choose exactly one action from the legal actions. When you have finished thinking, output "
+            "<answer>{your chosen action}</answer> and nothing after it; for example, "
+            f"<answer>{example}</answer>. Keep your thinking concise and follow this format strictly: a response "
+            f"that does not follow it {loss}."
         )
 
     def step(self, action: str) -> Step:
@@ -284,7 +314,7 @@ class GameEnv(TextEnv):
             if other != agent:
                 seen = {"agent": agent, "turn": self._moves, "action": text}
                 if self.game.kind == KIND_BOARD and self.prompt == "full":
-                    seen["state"] = self.game.render_state(self.state, self.agents.index(other))
+                    seen["state"] = self._state_text(self.agents.index(other))
                     seen["legal"] = self.game.legal_action_strings(self.state)
                 self._unseen[other].append(seen)
         before = self.state.returns()

@@ -97,6 +97,8 @@ class GameEvalConfig(JobConfig):
     shaping: Shaping = field(default_factory=Shaping)
     prompt: PromptStyle = PromptStyle.full
     """Prompt style: full (MARS) | compact (no rules or notes; for tiny CPU models trained on it)."""
+    prompt_file: str = ""
+    """A lab's wording of the full prompt's sections (`palaestra.mars.prompt_text`; empty: the project's)."""
     max_turns: int = 200
     """A game longer than this stops (truncated)."""
     max_context_tokens: int = 4096
@@ -233,11 +235,22 @@ def _play(cfg: GameEvalConfig, game: str, policy, opponent, seat: int | None, se
             stop=list(cfg.stop),
         )
         results, _ = engine_episodes(
-            policy.client, rollout, game, seeds, seat, opponent, cfg.shaping, cfg.prompt, run_seed=cfg.seed
+            policy.client,
+            rollout,
+            game,
+            seeds,
+            seat,
+            opponent,
+            cfg.shaping,
+            cfg.prompt,
+            run_seed=cfg.seed,
+            prompt_file=cfg.prompt_file,
         )
         return results
     players = [policy, policy] if seat is None else ([policy, opponent] if seat == 0 else [opponent, policy])
-    return play_episodes(game, players, seeds, cfg.shaping, cfg.max_turns, prompt=cfg.prompt)
+    return play_episodes(
+        game, players, seeds, cfg.shaping, cfg.max_turns, prompt=cfg.prompt, prompt_file=cfg.prompt_file
+    )
 
 
 def _record(metrics, records, game, seat, opponent, summary) -> None:

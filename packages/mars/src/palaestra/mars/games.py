@@ -77,15 +77,21 @@ class Game:
         raise NotImplementedError
 
     def player_information(self, player: int) -> str:
+        """The short PLAYER INFORMATION of the compact prompts."""
+        raise NotImplementedError
+
+    def full_player_information(self, player: int) -> str:
+        """PLAYER INFORMATION of the full prompt, MARS's points in order: who you are, then what each turn
+        shows, how to choose, and how the legal actions are written (MARS's ``_get_prefix_prompt``)."""
+        raise NotImplementedError
+
+    def example_action(self, player: int) -> str:
+        """The action in the RESPONSE INSTRUCTIONS' example (MARS's ``FORMAT_PROMPT_EXAMPLE``)."""
         raise NotImplementedError
 
     def render_state(self, state: pyspiel.State, player: int) -> str:
         """GAME STATE as `player` sees it (never the opponent's private information)."""
         raise NotImplementedError
-
-    def action_note(self) -> str:
-        """One sentence that explains the action strings (after LEGAL ACTIONS)."""
-        return ""
 
     def format_loss(self, state: pyspiel.State, player: int, penalty: float) -> float:
         """Reward to `player` whose response broke the format (MARS: -1-10 board, -bet-10 poker, -score-10 Hanabi)."""
@@ -122,17 +128,23 @@ class TicTacToe(Game):
     def player_information(self, player):
         return f"You are player_{player}. Your mark is {MARKS[player]}; your opponent's mark is {MARKS[1 - player]}."
 
-    def render_state(self, state, player):
-        return "\n".join(_board_rows(state)) + (
-            "\nThis is the current snapshot of the board, where 'X' and 'O' are the marks of the two players, "
-            "and '_' represents empty cells."
+    def full_player_information(self, player):
+        mark, other = MARKS[player], MARKS[1 - player]
+        return (
+            f"1. You play the mark {mark}; the other player plays the mark {other}.\n"
+            "2. In each of your turns:\n"
+            "   a. The game state is the board as three lines of text: 'X' and 'O' are the two players' marks, '_' is "
+            "an empty cell.\n"
+            "   b. Choose an empty cell for your mark from the game state and the history of your decisions.\n"
+            f"   c. Each legal action is written <{mark}({{row}},{{column}})>: your mark {mark}, then the row and the "
+            "column of the cell, both integers."
         )
 
-    def action_note(self):
-        return (
-            "Each action is represented as <{mark}({row},{column})>, where {mark} is your mark, and {row} and "
-            "{column} are integers indicating the row and column of the cell to place your mark."
-        )
+    def example_action(self, player):
+        return f"<{MARKS[player]}(0,0)>"
+
+    def render_state(self, state, player):
+        return "\n".join(_board_rows(state))  # MARS's three lines of text; PLAYER INFORMATION explains them
 
     def format_loss(self, state, player, penalty):
         return -1.0 - penalty
@@ -155,14 +167,22 @@ class ConnectFour(Game):
     def player_information(self, player):
         return f"You are player_{player}. Your mark is {MARKS[player]}; your opponent's mark is {MARKS[1 - player]}."
 
-    def render_state(self, state, player):
-        return "\n".join(_board_rows(state)) + (
-            "\nThis is the current snapshot of the grid (top row first), where 'X' and 'O' are the marks of the "
-            "two players, and '_' represents empty cells."
+    def full_player_information(self, player):
+        mark, other = MARKS[player], MARKS[1 - player]
+        return (
+            f"1. You play the mark {mark}; the other player plays the mark {other}.\n"
+            "2. In each of your turns:\n"
+            "   a. The game state is the 6 x 7 board, top row first: 'X' and 'O' are the two players' marks, '_' is "
+            "an empty cell.\n"
+            "   b. Choose a column to drop your mark into, from 0 (the leftmost) to 6 (the rightmost).\n"
+            f"   c. Each legal action is written <{mark}({{column}})>: your mark {mark}, then the column number."
         )
 
-    def action_note(self):
-        return "Each action is represented as <{mark}({column})>: drop your mark {mark} into column {column}."
+    def example_action(self, player):
+        return f"<{MARKS[player]}(3)>"
+
+    def render_state(self, state, player):
+        return "\n".join(_board_rows(state))  # six lines, top row first; PLAYER INFORMATION explains them
 
     def format_loss(self, state, player, penalty):
         return -1.0 - penalty
@@ -198,6 +218,18 @@ class KuhnPoker(Game):
             f"You are player_{player}. You are competing with player_{1 - player}.\n"
             "In each of your turns the game state shows your private card and the betting so far."
         )
+
+    def full_player_information(self, player):
+        return (
+            f"1. You are player_{player}; the other player is player_{1 - player}.\n"
+            "2. In each of your turns:\n"
+            "   a. The game state shows your private card and the betting so far.\n"
+            "   b. Choose an action from your card and the game state.\n"
+            "   c. The legal actions are written <PASS> and <BET>."
+        )
+
+    def example_action(self, player):
+        return "<PASS>"
 
     def contribution(self, state, player) -> int:
         return 1 + sum(1 for p, a in _moves(state) if p == player and a == 1)
@@ -250,6 +282,19 @@ class LeducPoker(Game):
             "In each of your turns the game state shows your private card, the public card (if revealed), and "
             "the betting history."
         )
+
+    def full_player_information(self, player):
+        return (
+            f"1. You are player_{player}; the other player is player_{1 - player}.\n"
+            "2. In each of your turns:\n"
+            "   a. The game state shows your private card, the public card once it is revealed, and the betting "
+            "so far.\n"
+            "   b. Choose an action from your cards and the game state.\n"
+            "   c. The legal actions are written <FOLD>, <CALL> and <RAISE>."
+        )
+
+    def example_action(self, player):
+        return "<CALL>"
 
     def contribution(self, state, player) -> int:
         return int(round(100 - state.money()[player]))
@@ -312,7 +357,8 @@ class Hanabi(Game):
             "other player's hand.\n"
             "7. After playing or discarding, the player draws a new card (if the deck is not empty).\n"
             f"8. The game ends when all stacks are complete (the maximum score, {c * r}), when the deck runs out "
-            "(score: the sum of the stack tops), or when all life tokens are lost."
+            "(score: the sum of the stack tops), or when all life tokens are lost (score 0: the points earned so "
+            "far are lost)."
         )
 
     def player_information(self, player):
@@ -322,6 +368,20 @@ class Hanabi(Game):
             "of each color stack, rank 0 meaning empty), your teammate's hand, what is known about your own cards, "
             "the deck size and the discard pile. 'R2' is a red card of rank 2; 'XX' is a card you cannot see."
         )
+
+    def full_player_information(self, player):
+        return (
+            f"1. You are player_{player}; your teammate is player_{1 - player}.\n"
+            "2. In each of your turns the game state gives the life and information tokens left, the color "
+            "stacks, the deck size, the discard pile, your teammate's hand and what has been revealed about your "
+            "own cards.\n"
+            "3. A known card is written color then rank: 'R2' is a red card of rank 2; 'XX' is a card you cannot "
+            "see.\n"
+            "4. A color stack is shown by its top card, rank 0 meaning empty: 'Y0' is an empty yellow stack."
+        )
+
+    def example_action(self, player):
+        return "<Discard card 0>"
 
     def render_state(self, state, player):
         return state.observation_string(player)

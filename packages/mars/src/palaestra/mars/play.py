@@ -38,12 +38,13 @@ def play_episodes(
     max_turns: int = 200,
     keep_transcripts: bool = False,
     prompt: str = "full",
+    prompt_file: str = "",
 ) -> list[EpisodeResult]:
     """Play one episode per seed with scripted `players[seat]` in each seat (one object may fill several seats)."""
     for player in players:
         if getattr(player, "batched", False):
             raise ValueError("play_episodes takes scripted players; LLM players play through engine_eval")
-    envs = [GameEnv(game, shaping, prompt) for _ in seeds]
+    envs = [GameEnv(game, shaping, prompt, prompt_file=prompt_file) for _ in seeds]
     conversations: list[dict[str, list[dict]]] = []
     shaped = [dict.fromkeys(env.agents, 0.0) for env in envs]
     turns = [0] * len(envs)

@@ -24,10 +24,14 @@ def _shaping(shaping: dict[str, Any] | None) -> Shaping:
 
 @ENVS.register("mars_game")
 def mars_game(
-    game: str = "tic_tac_toe", shaping: dict[str, Any] | None = None, prompt: str = "full", opening_moves: int = 0
+    game: str = "tic_tac_toe",
+    shaping: dict[str, Any] | None = None,
+    prompt: str = "full",
+    opening_moves: int = 0,
+    prompt_file: str = "",
 ) -> GameEnv:
-    """A MARS game for self-play (``opening_moves``: see `GameEnv`)."""
-    return GameEnv(game, _shaping(shaping), prompt, opening_moves)
+    """A MARS game for self-play (``opening_moves``, ``prompt_file``: see `GameEnv`)."""
+    return GameEnv(game, _shaping(shaping), prompt, opening_moves, prompt_file)
 
 
 @ENVS.register("mars_versus")
@@ -43,12 +47,13 @@ def mars_versus(
     equilibrium_cache: str = "outputs/mars/cache",
     seed: int = 0,
     prompt: str = "full",
+    prompt_file: str = "",
 ):
     """A MARS game with the learner in one seat and a fixed opponent in the other."""
     from palaestra.mars.players import MCTSPlayer, RandomPlayer, TabularPolicyPlayer
     from palaestra.mars.versus import VersusEnv
 
-    env = GameEnv(game, _shaping(shaping), prompt)
+    env = GameEnv(game, _shaping(shaping), prompt, prompt_file=prompt_file)
     if opponent == "random":
         player = RandomPlayer(seed)
     elif opponent == "mcts":

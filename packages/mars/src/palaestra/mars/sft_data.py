@@ -116,6 +116,7 @@ def legal_move_conversations(
     prompt: str = "full",
     equilibrium_cache: str = "outputs/mars/cache",
     strength: list[float] | None = None,
+    prompt_file: str = "",
 ) -> list[dict[str, Any]]:
     """One row per recorded seat per episode: ``{"messages": [...], "game": ..., "agent": ...}``."""
     if mover not in MOVERS:
@@ -130,7 +131,7 @@ def legal_move_conversations(
         raise ValueError(
             f"mover card_strength is for kuhn_poker with strength: [pJ, pQ, pK] (got {game!r}, {strength})"
         )
-    env = GameEnv(game, shaping, prompt)
+    env = GameEnv(game, shaping, prompt, prompt_file=prompt_file)
     if mover == "random":
         player: Player = RandomPlayer(seed)
     elif mover == "first":

@@ -105,6 +105,9 @@ class MarsTrainConfig(TrainConfig):
     shaping: Shaping = field(default_factory=Shaping)
     prompt: PromptStyle = PromptStyle.full
     """Prompt style of the games: full (MARS) | compact (short contexts for tiny CPU models)."""
+    prompt_file: str = ""
+    """A lab's wording of the full prompt's sections, e.g. MARS's exact text (`palaestra.mars.prompt_text`);
+    training, the SFT warm start and evaluation read it. Empty: the project's wording."""
     opening_moves: int = 0
     """Self-play only: start each episode after 0..N uniformly random moves (0: from the initial state, as MARS)."""
     envs: list[EnvSpec] = field(default_factory=list)
@@ -131,6 +134,8 @@ def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
         if g.game not in GAMES:
             raise ConfigError(f"games: unknown game {g.game!r}; known games: {', '.join(GAMES.names())}")
         kwargs: dict[str, Any] = {"game": g.game, "shaping": shaping, "prompt": cfg.prompt}
+        if cfg.prompt_file:
+            kwargs["prompt_file"] = cfg.prompt_file
         if cfg.mode == "selfplay":
             specs.append(EnvSpec("mars_game", {**kwargs, "opening_moves": cfg.opening_moves}, g.weight))
         else:
@@ -155,6 +160,7 @@ def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
         exploitability_temperature=e.exploitability_temperature,
         shaping=cfg.shaping,
         prompt=cfg.prompt,
+        prompt_file=cfg.prompt_file,
         seed=cfg.seed + 1,
         cache_dir=f"{cfg.output_dir}/cache",
     )
@@ -168,6 +174,8 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
     if cfg.sft_warmup.steps > 0 and not (cfg.sft_warmup.source or cfg.sft_warmup.data_path):
         cfg.sft_warmup.source = "mars_legal_moves"
         defaults = {"games": [g.game for g in cfg.games], "prompt": cfg.prompt}
+        if cfg.prompt_file:
+            defaults["prompt_file"] = cfg.prompt_file
         cfg.sft_warmup.source_kwargs = {**defaults, **cfg.sft_warmup.source_kwargs}
     eval_cfg = _eval_config(cfg)
 
