@@ -134,4 +134,3 @@ def greedy_rollouts(client, episodes: int = 6, seed: int = 3) -> list:
     specs = [EpisodeSpec(functools.partial(make_env, "task", {}), seed=i, group_id=str(i)) for i in range(episodes)]
     result = RolloutEngine(client, cfg).run(specs, seed)
     return [(t.group_id, [turn.response_ids for turn in t.turns]) for t in result.trajectories]
-
