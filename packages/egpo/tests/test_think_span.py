@@ -8,6 +8,7 @@ tokens. In both cases the span must not come out empty, or EGPO silently becomes
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from palaestra.shared.rl.advantages import AdvantageInput, AdvantageStep, compute_advantages
@@ -124,3 +125,28 @@ def test_close_marker_merged_with_a_following_tool_call_ends_the_span():
         mask = build_batch([traj(PROMPT, response, 1.0)], 0, markers).think_mask[0].tolist()
         assert mask[len(PROMPT) - 1 :] == want
         assert "".join(p for p, w in zip(pieces, want) if w) == "pick the tool"
+
+
+def test_entropy_term_reports_what_it_changed():
+    """The per-step log of EGPO's term: share of advantages changed, bonus size against the advantages, and the
+    groups of equal rewards (advantage 0) it lifted to non-zero (none: its clip bound is |A|/α = 0 there)."""
+    prompt = [*PROMPT, OPEN]
+    rewards = {"a": [1.0, 0.0, 1.0, 0.0], "b": [1.0, 1.0, 1.0, 1.0]}  # group b: all equal, advantages 0
+    trajs = [traj(prompt, [20 + i, 21, CLOSE, 30], r, group=g) for g, rs in rewards.items() for i, r in enumerate(rs)]
+    batch = build_batch(trajs, 0, (OPEN, CLOSE))
+    entropy = torch.rand(batch.loss_mask.shape) + 0.5
+    h = think_entropy(entropy, batch, "think")
+    adv_in = AdvantageInput.from_trajectories(trajs, h, think_entropy(entropy, batch, "response"))
+    out = compute_advantages(
+        [AdvantageStep("grpo"), AdvantageStep("entropy_clipped", {"lam": 0.4, "alpha": 2.0})], adv_in
+    )
+    # by hand: group a's advantages are ±0.5 / s, s = sqrt(1/3) the sample std of 1,0,1,0; bonus
+    # 0.4 * min(h, |A| / 2); group b's stay 0
+    a = 0.5 / np.sqrt(1 / 3)
+    grpo = [a, -a, a, -a, 0.0, 0.0, 0.0, 0.0]
+    bonus = [0.4 * min(max(hi, -abs(a) / 2), abs(a) / 2) for a, hi in zip(grpo, h)]
+    assert [float(v[0]) for v in out] == pytest.approx([a + b for a, b in zip(grpo, bonus)], abs=1e-5)
+    stats = adv_in.stats
+    assert stats["adv/entropy_changed_share"] == 0.5  # group a's four of eight
+    assert stats["adv/entropy_bonus_ratio"] == pytest.approx(sum(abs(b) for b in bonus) / (4 * a), rel=1e-4)
+    assert stats["adv/entropy_zero_groups"] == 1 and stats["adv/entropy_zero_to_nonzero_groups"] == 0

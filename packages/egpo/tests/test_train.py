@@ -62,6 +62,7 @@ def test_egpo_train_runs_and_logs(tmp_path, tracking):
     metrics = run.data.metrics
     assert "train/reward_mean" in metrics and "bfcl/simple_python/accuracy" in metrics
     assert "bfcl/multi_turn_base/accuracy" in metrics
+    assert 0 <= metrics["adv/entropy_changed_share"] <= 1  # EGPO's term reports its effect each step
 
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("bfcl_eval"), reason="bfcl-eval not installed")

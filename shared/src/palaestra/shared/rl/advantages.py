@@ -62,6 +62,8 @@ class AdvantageInput:
     step of the pipeline reads entropies (its estimator has ``uses_entropy = True``; see `reads_entropy`)."""
     response_entropy: np.ndarray | None = None
     """Per trajectory: mean token entropy over all its response tokens; set by the trainer."""
+    stats: dict[str, float] = field(default_factory=dict)
+    """What a step reports about its effect (logged per training step), e.g. ``entropy_clipped``'s."""
 
     @classmethod
     def from_trajectories(
@@ -304,6 +306,23 @@ def entropy_clipped(
         h = 0.0 if not np.isfinite(h) else float(h)  # no think span: no bonus
         bound = np.abs(v) / alpha
         out.append(v + lam * np.clip(h, -bound, bound))
+    # what the term did: the share of advantages it changed, its size against theirs, and the groups whose
+    # advantages were all 0 (equal rewards) that it made non-zero (never, with this clip: the bound is |A|/α)
+    before, after = np.concatenate([*values, np.zeros(0)]), np.concatenate([*out, np.zeros(0)])
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, key in enumerate(zip(batch.group_ids, batch.agents)):
+        groups[key].append(i)
+    lifted = sum(
+        all(not values[i].any() for i in members) and any(out[i].any() for i in members) for members in groups.values()
+    )
+    batch.stats.update(
+        {
+            "adv/entropy_changed_share": float((before != after).mean()) if len(before) else 0.0,
+            "adv/entropy_bonus_ratio": float(np.abs(after - before).sum() / max(np.abs(before).sum(), 1e-12)),
+            "adv/entropy_zero_groups": float(sum(all(not values[i].any() for i in m) for m in groups.values())),
+            "adv/entropy_zero_to_nonzero_groups": float(lifted),
+        }
+    )
     return out
 
 

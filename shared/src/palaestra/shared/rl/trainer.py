@@ -335,6 +335,7 @@ class Trainer:
             "train/reward_mean": float(np.mean([t.total_reward for t in trajs])),
             "train/advantage_mean": float(flat_adv.mean()),
             "train/advantage_std": float(flat_adv.std()),
+            **adv_in.stats,  # what advantage steps report of their effect (entropy_clipped: adv/entropy_*)
             "train/lr": lr,
             **{f"train/{k}": v for k, v in updates.items()},
             "perf/tokens_per_s": result.stats["generated_tokens"] / max(t_rollout, 1e-9),
