@@ -135,3 +135,54 @@ def test_reward_state_says_how_long_the_adversary_has_been_in_the_victim_lane():
                 assert s1 == pytest.approx(min(s0 + 1.0, 4.0), abs=1e-6)
                 checked += 1
     assert checked >= 3
+
+
+def _merging_policy(env) -> int:
+    """A scripted adversary for the merge: keep level with the victim, and move left out of the merging lane while
+    beside it (what an adversary trained for merge_conflict must find)."""
+    adv, victim = env.advs[0], env.victim
+    dx = adv.position[0] - victim.position[0]
+    if adv.lane_index == ("b", "c", 2) and abs(dx) < 8:
+        return 0  # LANE_LEFT
+    if adv.lane_index[:2] == ("b", "c") and adv.lane_index[2] < 2:
+        return 1
+    return 4 if dx > 1 else 3 if dx < -1 else 1  # SLOWER / FASTER / IDLE
+
+
+def test_scenario_placement_puts_the_merge_adversary_on_the_ramp_beside_the_victim():
+    from palaestra.aed.env import AdversaryEnv
+
+    nearest = AdversaryEnv("merge", "merge_conflict")
+    nearest.reset(seed=7)
+    assert nearest.advs[0].lane_index[:2] == ("a", "b")  # a main-road car: it can never be on the ramp
+    nearest.close()
+    env = AdversaryEnv("merge", "merge_conflict", placement="scenario")
+    env.reset(seed=7)
+    adv, victim = env.advs[0], env.victim
+    assert adv.lane_index == ("j", "k", 0)  # the ramp car (highway-env starts it 80 m ahead at x = 110)
+    assert adv.position[0] - victim.position[0] == pytest.approx(5.0, abs=0.5)
+    assert adv.speed == pytest.approx(victim.speed)
+    done = False
+    while not done:
+        _, _, term, trunc, info = env.step(_merging_policy(env))
+        done = term or trunc
+    assert info["attack"]["accident_type"] == "merge_conflict"  # in reach now
+    env.close()
+
+
+def test_an_intersection_reset_does_not_change_the_idm_of_later_scenarios():
+    """highway-env's intersection-v2 sets IDMVehicle.DISTANCE_WANTED/COMFORT_ACC_* on the class at every reset;
+    an IDM victim of any scenario simulated later in the same process (a Ray worker) inherited them."""
+    from highway_env.vehicle.behavior import IDMVehicle
+
+    from palaestra.aed.env import AdversaryEnv
+
+    crossing = AdversaryEnv("intersection", "intersection_crossing", max_steps=2)
+    crossing.reset(seed=0)
+    assert IDMVehicle.COMFORT_ACC_MIN == -3  # intersection's own values while it runs
+    crossing.close()
+    env = AdversaryEnv("highway", "rear_end", overrides={"vehicles_count": 6})
+    env.reset(seed=0)
+    assert (IDMVehicle.DISTANCE_WANTED, IDMVehicle.COMFORT_ACC_MAX, IDMVehicle.COMFORT_ACC_MIN) == (10.0, 3.0, -5.0)
+    assert env.victim.COMFORT_ACC_MIN == -5.0
+    env.close()

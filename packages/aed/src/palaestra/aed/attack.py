@@ -64,6 +64,7 @@ def _spec(cfg, scenario: str, accident_type: str, taxonomy: list[dict] | None = 
         num_adversaries=cfg.num_adversaries,
         overrides=dict(cfg.env_overrides),
         max_steps=cfg.max_steps,
+        placement=str(cfg.adversary_placement),
         taxonomy=taxonomy,
     )
 

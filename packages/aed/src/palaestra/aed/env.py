@@ -56,7 +56,7 @@ import numpy as np
 from palaestra.aed.attribution import History, classify, lane_str, make_record, relative, step_road
 from palaestra.aed.judge import RuleJudge
 from palaestra.aed.preference import accident_features
-from palaestra.aed.scenarios import ACTIONS, get_scenario, make_base_env
+from palaestra.aed.scenarios import ACTIONS, get_scenario, make_base_env, restore_idm_defaults
 
 NEIGHBOURS = 4
 OWN_F, VICTIM_F, OTHER_F = 6, 8, 5
@@ -87,6 +87,7 @@ class AdversaryEnv(gym.Env):
         overrides: dict[str, Any] | None = None,
         max_steps: int | None = None,
         render_mode: str | None = None,
+        placement: str = "nearest",
     ):
         from palaestra.aed.rewards import EXPERT_REWARDS, generic_reward
 
@@ -96,6 +97,9 @@ class AdversaryEnv(gym.Env):
             raise ValueError("victim='rl' needs victim_checkpoint (train one with the aed.victim job)")
         if num_adversaries < 1:
             raise ValueError(f"num_adversaries must be >= 1, got {num_adversaries}")
+        if placement not in ("nearest", "scenario"):
+            raise ValueError(f"placement must be 'nearest' or 'scenario', got {placement!r}")
+        self.placement = placement
         self.spec_ = get_scenario(scenario)
         self.scenario, self.accident_type = scenario, accident_type
         self.base = make_base_env(self.spec_, overrides, render=render_mode == "rgb_array")
@@ -130,6 +134,7 @@ class AdversaryEnv(gym.Env):
         self.episode_seed = int(seed)
         self.actions: list = []
         self.components: dict[str, float] = {}
+        restore_idm_defaults()  # another scenario's reset in this process may have changed them
         self.base.reset(seed=seed)
         self._take_over()
         self.steps = 0
@@ -270,6 +275,12 @@ class AdversaryEnv(gym.Env):
         npcs = sorted(
             (v for v in road.vehicles if v is not victim), key=lambda v: np.linalg.norm(v.position - victim.position)
         )
+        own = self.spec_.adversary_lanes if self.placement == "scenario" else ()
+        if own:  # the scenario's own adversaries first, moved beside the victim (e.g. merge: the ramp car)
+            npcs = [v for v in npcs if v.lane_index[:2] in own] + [v for v in npcs if v.lane_index[:2] not in own]
+            for v in npcs[: self.n_adv]:
+                if v.lane_index[:2] in own:
+                    _move_beside(v, victim, self.spec_.adversary_offset_m, road)
         if len(npcs) < self.n_adv:
             raise RuntimeError(f"{self.scenario}: only {len(npcs)} NPCs for {self.n_adv} adversaries")
         # adversaries may brake to a standstill (highway-env's default speeds 20-30 m/s would forbid brake checks)
@@ -357,6 +368,15 @@ class AdversaryEnv(gym.Env):
             },
             "event": ev,
         }
+
+
+def _move_beside(vehicle, victim, offset_m: float, road) -> None:
+    """Put `vehicle` on its own lane at the victim's longitudinal position plus `offset_m`, at the victim's speed."""
+    lane = road.network.get_lane(vehicle.lane_index)
+    s = lane.local_coordinates(victim.position)[0] + offset_m
+    vehicle.position = np.asarray(lane.position(s, 0.0), float)
+    vehicle.heading = lane.heading_at(s)
+    vehicle.speed = float(victim.speed)
 
 
 def _reward_value(value: Any) -> tuple[float, dict[str, float]]:

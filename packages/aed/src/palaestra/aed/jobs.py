@@ -15,6 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from palaestra.aed.scenarios import AdversaryPlacement
 from palaestra.aed.train import RLAlgo, TrainSettings
 from palaestra.shared.config import ConfigError, JobConfig, value_check
 from palaestra.shared.jobs import job
@@ -148,6 +149,9 @@ class AttackConfig(JobConfig):
     """SB3 .zip written by the aed.victim job (victim=rl)."""
     num_adversaries: int = 1
     """NPCs nearest to the victim taken over after each reset (more than one needs train.algo=ppo)."""
+    adversary_placement: AdversaryPlacement = AdversaryPlacement.nearest
+    """nearest (the NPCs nearest the victim) | scenario (the scenario's own first, moved beside the victim: in
+    merge the ramp car, which otherwise starts 80 m ahead and almost never meets the victim at the merge)."""
     env_overrides: dict[str, Any] = field(default_factory=dict)
     """highway-env config keys (e.g. vehicles_count) applied to every scenario."""
     max_steps: int | None = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 HIGHWAY_ENV_VERSION = "1.12.1"
@@ -31,11 +32,26 @@ class Scenario:
     """Policy steps per episode (the adversary env truncates here)."""
     config: dict[str, Any] = field(default_factory=dict)
     """highway-env config overrides applied before every reset."""
+    adversary_lanes: tuple[tuple[str, str], ...] = ()
+    """Road segments whose NPCs become adversaries first under ``adversary_placement: scenario`` (where the
+    scenario's own accident types happen: merge, the on-ramp)."""
+    adversary_offset_m: float = 0.0
+    """Such an adversary is moved along its lane to the victim's longitudinal position plus this, at the victim's
+    speed, so that both reach the conflict zone together."""
+
+
+class AdversaryPlacement(StrEnum):
+    """Which NPCs become adversaries: the ones nearest the victim, or the scenario's own (`Scenario.adversary_lanes`,
+    then the nearest)."""
+
+    nearest = "nearest"
+    scenario = "scenario"
 
 
 SCENARIOS: dict[str, Scenario] = {
     "highway": Scenario("highway", "highway-fast-v0", 30, {"vehicles_count": 20}),
-    "merge": Scenario("merge", "merge-v1", 30),
+    # the ramp car starts 80 m ahead of the victim: merge conflicts need it moved beside the victim
+    "merge": Scenario("merge", "merge-v1", 30, adversary_lanes=(("j", "k"), ("k", "b")), adversary_offset_m=5.0),
     "roundabout": Scenario("roundabout", "roundabout-v1", 20),
     "intersection": Scenario("intersection", "intersection-v2", 20, {"duration": 20}),
 }
@@ -58,6 +74,19 @@ def check_versions() -> None:
     found = version("highway-env")
     if found != HIGHWAY_ENV_VERSION:
         raise RuntimeError(f"palaestra-aed needs highway-env=={HIGHWAY_ENV_VERSION}, found {found}")
+
+
+IDM_DEFAULTS = {"DISTANCE_WANTED": 10.0, "COMFORT_ACC_MAX": 3.0, "COMFORT_ACC_MIN": -5.0}
+"""``IDMVehicle``'s class defaults in highway-env 1.12.1. ``intersection-v2`` overwrites them on the class at every
+reset (7, 6, -3), which changed every IDM vehicle of any scenario simulated later in the same process."""
+
+
+def restore_idm_defaults() -> None:
+    """Undo ``intersection-v2``'s class-wide IDM changes (it applies them again at its own resets)."""
+    from highway_env.vehicle.behavior import IDMVehicle
+
+    for key, value in IDM_DEFAULTS.items():
+        setattr(IDMVehicle, key, value)
 
 
 def make_base_env(scenario: str | Scenario, overrides: dict[str, Any] | None = None, render: bool = False):

@@ -28,6 +28,8 @@ class AdversarySpec:
     num_adversaries: int = 1
     overrides: dict[str, Any] = field(default_factory=dict)
     max_steps: int | None = None
+    placement: str = "nearest"
+    """Which NPCs become adversaries: nearest (to the victim) | scenario (`scenarios.AdversaryPlacement`)."""
     reward_code: str | None = None
     """LLM-written reward code (run sandboxed); None: the expert reward of the type."""
     taxonomy: list[dict] | None = None
@@ -78,6 +80,7 @@ def make_env(spec: AdversarySpec, render: bool = False, reward_fn=None):
         overrides=spec.overrides,
         max_steps=spec.max_steps,
         render_mode="rgb_array" if render else None,
+        placement=spec.placement,
     )
 
 
