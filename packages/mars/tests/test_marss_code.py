@@ -392,17 +392,115 @@ def test_prompt_file_replaces_the_sections_it_names(tmp_path):
 
 
 def test_prompt_file_reaches_training_sft_and_evaluation(tmp_path):
+    import yaml
+
+    from palaestra.mars.plugins import mars_legal_moves
+    from palaestra.mars.train import _eval_config, game_env_specs
+    from palaestra.shared.jobs import load_config
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(MARS_KUHN))
+    cfg = load_config({"job": "mars.train", "prompt_file": str(path), "games": [{"game": "kuhn_poker"}]})
+    assert all(e.kwargs["prompt_file"] == str(path) for e in game_env_specs(cfg))
+    assert _eval_config(cfg).prompt_file == str(path)
+    rows = mars_legal_moves(["kuhn_poker"], episodes=1, prompt_file=str(path))  # the SFT warm start's conversations
+    assert rows and all(r["messages"][0]["content"] == MARS_KUHN["kuhn_poker"]["system"] for r in rows)
+
+
+# -- evaluation --------------------------------------------------------------------------------------------------
+
+# MARS's evaluation settings, restated from the val_env_manager tags of
+# examples/multi_games/agentic_val_multi_games_selfplay.yaml (and examples/model_game_eval/agentic_rollout_eval.yaml):
+# (game, seat of the model, opponent); "first" is opponent_player 1 (the default), "second" opponent_player 0
+MARS_EVAL = {
+    ("tic_tac_toe", "first", "mcts100"),
+    ("tic_tac_toe", "second", "mcts100"),
+    ("tic_tac_toe", "first", "mcts1000"),
+    ("tic_tac_toe", "second", "mcts1000"),
+    ("connect_four", "first", "mcts100"),
+    ("connect_four", "second", "mcts100"),
+    ("connect_four", "first", "mcts1000"),
+    ("connect_four", "second", "mcts1000"),
+    ("kuhn_poker", "first", "cfr"),
+    ("kuhn_poker", "second", "cfr"),
+    ("leduc_poker", "first", "ne"),
+    ("leduc_poker", "second", "ne"),
+    ("mini_hanabi", "selfplay", "self"),
+    ("simple_hanabi", "selfplay", "self"),
+    ("full_hanabi", "selfplay", "self"),
+}
+MARS_MCTS = {"uct_c": 2.0, "rollout_count": 10}  # roll/agentic/env/tictactoe/config.py, connect_four's the same
+MARS_EQUILIBRIUM = {"cfr": "equilibrium", "ne": "equilibrium"}  # kuhn: cfr.pkl.gz (CFR), leduc: ne.pkl.gz
+
+
+def test_paper_config_evaluates_as_mars():
+    from palaestra.mars.evaluate import game_opponents
+    from palaestra.mars.games import make_game
     from palaestra.mars.train import _eval_config
     from palaestra.shared.jobs import load_config
 
-    cfg = load_config(
-        {
-            "job": "mars.train",
-            "prompt_file": str(tmp_path / "p.yaml"),
-            "sft_warmup": {"steps": 1},
-            "games": [{"game": "kuhn_poker"}],
-        }
+    cfg = load_config(EXPERIMENTS / "qwen3_4b.yaml")
+    ev = _eval_config(cfg)
+    settings = set()
+    for game in ev.games:
+        if make_game(game).cooperative:
+            settings.add((game, "selfplay", "self"))
+        for _, label, _ in game_opponents(ev, game):
+            settings |= {(game, seat, label) for seat in ev.seats}
+    expected = {(g, s, MARS_EQUILIBRIUM.get(o, o)) for g, s, o in MARS_EVAL}
+    assert settings == expected
+    assert (ev.mcts_uct_c, ev.mcts_rollouts, ev.mcts_solve) == (MARS_MCTS["uct_c"], MARS_MCTS["rollout_count"], False)
+    # MARS evaluates with its training sampling, prefix and sequence (actor_infer.generating_args, sequence_length)
+    r = cfg.rollout
+    assert (ev.temperature, ev.top_p, ev.top_k) == (r.temperature, r.top_p, r.top_k) == (0.6, 0.99, 100)
+    assert ev.response_prefix == r.response_prefix == "<think>\n"
+    assert ev.max_tokens == r.max_tokens_per_turn == 4096 and ev.max_context_tokens == 32768
+    assert ev.prompt == cfg.prompt and ev.shaping == cfg.shaping
+
+
+def test_mcts_levels_play_each_strength(tmp_path):
+    """`mcts_levels` plays one opponent per simulation count (scripted random policy, a few games)."""
+    from palaestra.mars.evaluate import GameEvalConfig, evaluate
+
+    cfg = GameEvalConfig(
+        games=["tic_tac_toe", "kuhn_poker"],
+        policy="random",
+        opponents=["mcts", "equilibrium"],
+        mcts_levels=[2, 5],
+        episodes=2,
+        cache_dir=str(tmp_path),
     )
-    assert all(e.kwargs["prompt_file"] == cfg.prompt_file for e in cfg.envs)
-    assert cfg.sft_warmup.source_kwargs["prompt_file"] == cfg.prompt_file
-    assert _eval_config(cfg).prompt_file == cfg.prompt_file
+    metrics, _ = evaluate(cfg)
+    for label in ("mcts2", "mcts5"):
+        assert f"eval/tic_tac_toe/both/{label}/win_rate" in metrics
+        assert not any(f"kuhn_poker/first/{label}" in k for k in metrics)
+    assert "eval/kuhn_poker/both/equilibrium/win_rate" in metrics
+    assert not any("tic_tac_toe/first/equilibrium" in k for k in metrics)
+
+
+def test_table_gives_base_trained_and_relative_change():
+    from palaestra.mars.eval_table import compare, format_table
+
+    def rec(game, seat, opponent, value, lo, hi):
+        key = "mean_return" if opponent == "self" else "win_rate"
+        return {"game": game, "seat": seat, "opponent": opponent, key: value, f"{key}_lo": lo, f"{key}_hi": hi}
+
+    base = [
+        rec("connect_four", "first", "mcts100", 0.2, 0.1, 0.3),
+        rec("connect_four", "second", "mcts100", 0.1, 0.0, 0.2),
+        rec("connect_four", "both", "mcts100", 0.15, 0.1, 0.2),
+        rec("simple_hanabi", "selfplay", "self", 2.0, 1.5, 2.5),
+        rec("kuhn_poker", "first", "equilibrium", 0.0, 0.0, 0.1),
+    ]
+    trained = [
+        rec("connect_four", "both", "mcts100", 0.3, 0.25, 0.35),
+        rec("simple_hanabi", "selfplay", "self", 2.5, 2.0, 3.0),
+        rec("kuhn_poker", "first", "equilibrium", 0.2, 0.1, 0.3),
+    ]
+    rows = {(r["game"], r["seat"]): r for r in compare(base, trained)}
+    assert set(rows) == {("connect_four", "both"), ("simple_hanabi", "selfplay"), ("kuhn_poker", "first")}
+    assert rows["connect_four", "both"]["relative_change"] == pytest.approx((0.3 - 0.15) / 0.15)
+    assert rows["simple_hanabi", "selfplay"]["relative_change"] == pytest.approx(0.25)
+    assert rows["connect_four", "both"]["trained_lo"] == 0.25
+    table = format_table(list(rows.values()))
+    assert "+100.0%" in table and "+25.0%" in table and "n/a" in table

@@ -5,7 +5,8 @@ default) plays first and second seat against each opponent that applies:
 
 - ``random``: uniform over legal actions;
 - ``mcts``: OpenSpiel MCTS (``mcts_uct_c`` 2, ``mcts_simulations``, ``mcts_rollouts`` 10 random
-  rollouts, ``mcts_solve`` False: MARS's settings);
+  rollouts, ``mcts_solve`` False: MARS's settings), in the board games; with ``mcts_levels`` one opponent
+  ``mcts<N>`` per simulation count (MARS: ``mcts100`` and ``mcts1000``);
 - ``equilibrium``: CFR for Kuhn, CFR+ for Leduc (OpenSpiel's solvers; cached;
   their exploitability is logged as ``eval/<game>/equilibrium_exploitability``);
 - ``checkpoint``: a frozen LLM checkpoint (``opponent_llm``).
@@ -71,6 +72,12 @@ class GameEvalConfig(JobConfig):
     """The checkpoint under test (``llm.model``: tiny, a local HF directory, a served model...)."""
     temperature: float = 0.6
     """Sampling temperature of LLM players (MARS: 0.6)."""
+    top_p: float = 1.0
+    """Nucleus sampling of LLM players (MARS: 0.99, as in training)."""
+    top_k: int = 0
+    """Top-k sampling of LLM players (0: off; MARS: 100, as in training)."""
+    response_prefix: str = ""
+    """Text every LLM response starts with, as in training (MARS: ``<think>\n``; `RolloutConfig.response_prefix`)."""
     max_tokens: int = 256
     """Longest response per turn."""
     stop: list[str] = field(default_factory=lambda: ["</answer>"])
@@ -84,7 +91,10 @@ class GameEvalConfig(JobConfig):
     episodes: int = 100
     """Episodes per (game, seat, opponent); MARS uses about 1000."""
     mcts_simulations: int = 100
-    """MCTS simulations per move (MARS: 100 and 1000)."""
+    """MCTS simulations per move of the ``mcts`` opponent (when ``mcts_levels`` is empty)."""
+    mcts_levels: list[int] = field(default_factory=list)
+    """MCTS opponents at each of these simulation counts, each its own opponent ``mcts<N>`` in the metrics
+    (MARS: 100 and 1000); empty: one ``mcts`` opponent at ``mcts_simulations``."""
     mcts_uct_c: float = 2.0
     mcts_rollouts: int = 10
     """Random rollouts per MCTS leaf evaluation (MARS: 10)."""
@@ -110,14 +120,22 @@ class GameEvalConfig(JobConfig):
     """Temperature of the policy read for ``exploitability`` (1.0: the model's own distribution)."""
 
 
-def make_player(kind: str, cfg: GameEvalConfig, game, llm_config: LLMConfig | None = None, clients: dict | None = None):
+def make_player(
+    kind: str,
+    cfg: GameEvalConfig,
+    game,
+    llm_config: LLMConfig | None = None,
+    clients: dict | None = None,
+    simulations: int | None = None,
+):
     from palaestra.mars.players import LLMPlayer, MCTSPlayer, RandomPlayer, TabularPolicyPlayer
     from palaestra.mars.solvers import equilibrium_policy
 
     if kind == "random":
         return RandomPlayer(cfg.seed)
     if kind == "mcts":
-        return MCTSPlayer(game, cfg.mcts_uct_c, cfg.mcts_simulations, cfg.mcts_rollouts, cfg.seed, cfg.mcts_solve)
+        sims = simulations or cfg.mcts_simulations
+        return MCTSPlayer(game, cfg.mcts_uct_c, sims, cfg.mcts_rollouts, cfg.seed, cfg.mcts_solve)
     if kind == "equilibrium":
         eq = equilibrium_policy(game.name, iterations=cfg.equilibrium_iterations or None, cache_dir=cfg.cache_dir)
         return TabularPolicyPlayer(eq.table, name=eq.solver, seed=cfg.seed)
@@ -175,10 +193,8 @@ def evaluate(cfg: GameEvalConfig, tracker: Tracker | None = None, step: int | No
             summary["format_loss_rate"] = sum(r.format_loser is not None for r in results) / len(results)
             _record(metrics, records, name, "selfplay", "self", summary)
             continue
-        for opponent_kind in cfg.opponents:
-            if opponent_kind == "equilibrium" and game.kind != "poker":
-                continue  # equilibria are solved for the poker games only
-            opponent = make_player(opponent_kind, cfg, game, cfg.opponent_llm, clients)
+        for opponent_kind, label, sims in game_opponents(cfg, name):
+            opponent = make_player(opponent_kind, cfg, game, cfg.opponent_llm, clients, sims)
             if opponent_kind == "equilibrium":
                 from palaestra.mars.solvers import equilibrium_policy
 
@@ -188,11 +204,11 @@ def evaluate(cfg: GameEvalConfig, tracker: Tracker | None = None, step: int | No
             for seat_name in cfg.seats:
                 seat = SEATS.index(seat_name)
                 results = _play(cfg, name, policy, opponent, seat, seeds)
-                _record(metrics, records, name, seat_name, opponent_kind, summarize(results, seat))
+                _record(metrics, records, name, seat_name, label, summarize(results, seat))
                 pooled += results
                 pooled_seats += [seat] * len(results)
             if len(cfg.seats) > 1:  # the win rate against this opponent, whichever seat the policy had
-                _record(metrics, records, name, "both", opponent_kind, summarize(pooled, pooled_seats))
+                _record(metrics, records, name, "both", label, summarize(pooled, pooled_seats))
     if tracker is not None:
         tracker.log_metrics(metrics, step=step)
         out = scratch_dir()
@@ -203,6 +219,26 @@ def evaluate(cfg: GameEvalConfig, tracker: Tracker | None = None, step: int | No
         if plot:
             tracker.log_artifact(plot)
     return metrics, records
+
+
+def game_opponents(cfg: GameEvalConfig, game: str) -> list[tuple[str, str, int | None]]:
+    """(opponent kind, its name in the metrics, MCTS simulations) of each opponent `game` is played against, in
+    both seats: equilibria in poker only, MCTS in the board games only (it would see the hidden cards), ``mcts``
+    one ``mcts<N>`` per ``mcts_levels`` entry when that list is set. Cooperative games: none (self-play)."""
+    kind_of_game = make_game(game)
+    if kind_of_game.cooperative:
+        return []
+    out: list[tuple[str, str, int | None]] = []
+    for kind in cfg.opponents:
+        if kind == "equilibrium" and kind_of_game.kind != "poker":
+            continue
+        if kind == "mcts" and kind_of_game.kind == "poker":
+            continue
+        if kind == "mcts" and cfg.mcts_levels:
+            out += [("mcts", f"mcts{n}", n) for n in cfg.mcts_levels]
+        else:
+            out.append((str(kind), str(kind), None))
+    return out
 
 
 def _exploitability(cfg: GameEvalConfig, name: str, clients: dict, metrics: dict, records: list, tracker, step) -> None:
@@ -232,6 +268,9 @@ def _play(cfg: GameEvalConfig, game: str, policy, opponent, seat: int | None, se
             max_tokens_per_turn=cfg.max_tokens,
             max_context_tokens=cfg.max_context_tokens,
             temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            response_prefix=cfg.response_prefix,
             stop=list(cfg.stop),
         )
         results, _ = engine_episodes(

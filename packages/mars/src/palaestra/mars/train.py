@@ -82,6 +82,14 @@ class MarsEval:
     max_tokens: int = 64
     stop: list[str] = field(default_factory=lambda: ["</answer>"])
     mcts_simulations: int = 100
+    mcts_levels: list[int] = field(default_factory=list)
+    """MCTS opponents at each simulation count, ``mcts<N>`` in the metrics (MARS: 100 and 1000)."""
+    top_p: float = 1.0
+    top_k: int = 0
+    response_prefix: str = ""
+    """Sampling as in training (MARS evaluates with its training sampling: top_p 0.99, top_k 100, ``<think>\n``)."""
+    max_context_tokens: int = 4096
+    """Context limit per conversation (MARS: its 32,768-token sequence)."""
     exploitability: list[str] = field(default_factory=list)
     """Poker games whose policy is read off the model and scored exactly: ``eval/<game>/exploitability``."""
     exploitability_temperature: float = 1.0
@@ -156,6 +164,11 @@ def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
         seats=list(e.seats),
         episodes=e.episodes,
         mcts_simulations=e.mcts_simulations,
+        mcts_levels=list(e.mcts_levels),
+        top_p=e.top_p,
+        top_k=e.top_k,
+        response_prefix=e.response_prefix,
+        max_context_tokens=e.max_context_tokens,
         exploitability=list(e.exploitability),
         exploitability_temperature=e.exploitability_temperature,
         shaping=cfg.shaping,
