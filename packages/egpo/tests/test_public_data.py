@@ -156,3 +156,34 @@ def test_same_verdicts_as_datagens_query_check():
     for text in texts:
         assert sorted(ours.text_hits([text])) == sorted(theirs.query_hits([text])), text
     assert ours.text_hits([texts[-1]]) and not ours.text_hits([texts[-2]])
+
+
+def test_source_reasoning_is_kept_for_the_warm_start():
+    from palaestra.egpo.tasks import tasks_from_record
+
+    apigen, _ = load_public(str(DATA / "apigen-mt_5k.json"))
+    assert [t.thinking for t in apigen] == ["Look up the user first.", None]  # the think tool's thought
+    funreason, _ = load_public(str(DATA / "bfcl_multi_turn.json"), limit=2)
+    assert [t.thinking for t in funreason] == ["The user wants the reports folder.", "Two calls."]
+    row = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {
+                "role": "assistant",
+                "content": "<think>Use f.</think>",
+                "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
+            },
+        ],
+        "tools": [{"name": "f"}],
+    }
+    assert tasks_from_record(row, 0)[0].thinking == "Use f."  # datagen's chat rows
+    sources = [{"path": str(DATA / "apigen-mt_5k.json")}]
+    sft = public_fc_tasks(sources, contamination="off", with_answers=True, source_thoughts=True)
+    text = sft[0]["messages"][-1]["content"]
+    assert text.startswith("<think>Look up the user first.</think>")
+    assert judge_completion(apigen[0], text)[0] == 1.0  # the answer still earns the reward
+    plain = public_fc_tasks(sources, contamination="off", with_answers=True)[0]["messages"][-1]["content"]
+    assert plain.startswith("<think>Call get_user_details")  # the one-line reference thought otherwise
+    xlam = [{"path": str(DATA / "xlam_function_calling_60k.json")}]
+    assert len(public_fc_tasks(xlam, contamination="off", min_args=1)) == 3  # the task with no call goes
+    assert len(public_fc_tasks(xlam, contamination="off", min_args=2)) == 2  # is_prime passes one argument

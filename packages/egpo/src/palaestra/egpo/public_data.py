@@ -150,20 +150,20 @@ def xlam_tasks(record: dict, index: int, source: str) -> list[FCTask]:
 def apigen_mt_messages(record: dict) -> list[dict]:
     """APIGen-MT's ShareGPT turns as OpenAI-style messages, the ``think`` tool's calls and results dropped."""
     messages: list[dict] = []
-    skip_observation = False
+    skip_observation, thought = False, None
     for turn in record["conversations"]:
         role, value = turn.get("from"), turn.get("value", "")
         if role == "function_call":
             call = _loads(value)
-            if call.get("name") == "think":
-                skip_observation = True
+            if call.get("name") == "think":  # the reasoning of the next action
+                skip_observation, thought = True, (call.get("arguments") or {}).get("thought")
                 continue
             tool_call = {"function": {"name": call["name"], "arguments": call.get("arguments", {})}}
             if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
                 messages[-1]["tool_calls"].append(tool_call)  # consecutive calls: one message
             else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [tool_call]})
-            skip_observation = False
+                messages.append({"role": "assistant", "content": "", "tool_calls": [tool_call], "thinking": thought})
+            skip_observation, thought = False, None
         elif role == "observation":
             if not skip_observation:
                 messages.append({"role": "tool", "content": value})
@@ -216,11 +216,13 @@ def funreason_messages(record: dict) -> tuple[list[dict], list[dict]]:
         role, content = message.get("role"), message.get("content") or ""
         if role == "assistant":
             parsed = python_calls(content)
+            thought = content.split("</think>")[0].split("<think>")[-1].strip() if "</think>" in content else None
             if parsed is None:
-                messages.append({"role": "assistant", "content": content.split("</think>")[-1].strip()})
+                text = content.split("</think>")[-1].strip()
+                messages.append({"role": "assistant", "content": text, "thinking": thought})
             else:
                 calls = [{"function": c} for c in parsed[1]]
-                messages.append({"role": "assistant", "content": parsed[0], "tool_calls": calls})
+                messages.append({"role": "assistant", "content": parsed[0], "tool_calls": calls, "thinking": thought})
         elif role == "tool":
             results = ast.literal_eval(content) if isinstance(content, str) else content
             for result in results if isinstance(results, list) else [results]:
@@ -291,6 +293,8 @@ def public_fc_tasks(
     with_answers: bool = False,
     max_tools: int = 0,
     think_args: bool = False,
+    source_thoughts: bool = False,
+    min_args: int = 0,
     seed: int = 0,
 ) -> list[dict]:
     """Task source: the tasks of several sources (each ``{path, format?, limit?, turns?, drop_error_responses?,
@@ -299,8 +303,13 @@ def public_fc_tasks(
     Before anything is returned, every task's user turns go through BFCL's contamination check
     (`palaestra.egpo.bfcl_contamination`: a shared word 8-gram with any BFCL v4 test question): ``drop``
     (default) removes the hits, ``report`` keeps them, ``off`` skips the check. What the check found, per source,
-    is printed and, with ``report_path``, written there as JSON."""
-    from palaestra.egpo.train import subset_tools, task_sample
+    is printed and, with ``report_path``, written there as JSON.
+
+    ``source_thoughts``: an answer of ``with_answers`` thinks what the source's own reasoning says (datagen's,
+    FunReason-MT's, APIGen-MT's think tool) where the task has it, instead of the one-line reference thought.
+    ``min_args``, ``max_tools``, ``think_args``: as in ``fc_tasks``."""
+    from palaestra.egpo.tasks import canonical_calls
+    from palaestra.egpo.train import subset_tools
 
     if contamination not in ("drop", "report", "off"):
         raise ValueError(f"invalid value for 'contamination': {contamination!r} (drop | report | off)")
@@ -327,6 +336,23 @@ def public_fc_tasks(
         Path(report_path).write_text(json.dumps(report, indent=1, default=str))
     if not tasks:
         raise ValueError("public_fc_tasks: no tasks left")
+    if min_args:
+        given = {t.id: [len(c["arguments"]) for c in canonical_calls(t.ground_truth, t.tools)] for t in tasks}
+        tasks = [t for t in tasks if given[t.id] and min(given[t.id]) >= min_args]
     if max_tools:
         tasks = [subset_tools(t, max_tools, seed) for t in tasks]
-    return [task_sample(t, with_answers, think_args=think_args) for t in tasks]
+    return [_sample(t, with_answers, think_args, source_thoughts) for t in tasks]
+
+
+def _sample(task: FCTask, with_answer: bool, think_args: bool, source_thoughts: bool) -> dict:
+    from palaestra.egpo.tasks import canonical_calls
+    from palaestra.egpo.train import task_sample
+    from palaestra.shared.toolcall import ToolCall, format_calls
+
+    if not (with_answer and source_thoughts and task.thinking):
+        return task_sample(task, with_answer, think_args=think_args)
+    sample = task_sample(task)
+    calls = [ToolCall(c["name"], c["arguments"]) for c in canonical_calls(task.ground_truth, task.tools)]
+    content = "" if calls else "I cannot help with that using these tools."
+    text = format_calls(calls, thinking=task.thinking, content=content)
+    return {**sample, "messages": [*sample["messages"], {"role": "assistant", "content": text}]}

@@ -29,6 +29,7 @@ Prompt format: tools go to the chat template (rendered into the system prompt); 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ class FCTask:
     """Possible-answer form: per expected call ``{name: {param: [accepted values]}}``; empty: no call is due."""
     category: str = ""
     """BFCL category or the source's name."""
+    thinking: str | None = None
+    """The source's own reasoning before the expected answer (its ``<think>`` text), where it has one."""
 
     def prompt_messages(self) -> list[dict]:
         """The messages to render: our system prompt first unless the task brings its own."""
@@ -237,9 +240,15 @@ def tasks_from_record(record: dict, index: int, source: str = "jsonl") -> list[F
         # a task per assistant answer to a user message (answers to tool results continue a chain)
         if message.get("role") == "assistant" and history and history[-1].get("role") == "user":
             truth = exact_ground_truth(_calls_of(message), tools)
-            tasks.append(FCTask(f"{rid}-{len(tasks)}", list(history), tools, truth, source))
+            thought = message.get("thinking") or _think_text(message.get("content"))
+            tasks.append(FCTask(f"{rid}-{len(tasks)}", list(history), tools, truth, source, thought))
         history.append({k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "name")})
     return tasks
+
+
+def _think_text(content: Any) -> str | None:
+    found = re.search(r"<think>(.*?)</think>", content, re.DOTALL) if isinstance(content, str) else None
+    return found[1].strip() if found and found[1].strip() else None
 
 
 def load_jsonl(path: str | Path, limit: int | None = None, source: str | None = None) -> list[FCTask]:
