@@ -16,6 +16,7 @@ from palaestra.shared.plan import (
     activation_bytes_per_token_layer,
     arch_from_hf_config,
     learner_memory,
+    learner_total,
     model_arch,
     vllm_memory,
 )
@@ -96,10 +97,11 @@ def test_mixed_precision_adam_is_16_bytes_per_parameter_sharded_by_fsdp_only():
     for n, strategy, expected in ((1, "fsdp", 16 * p), (8, "fsdp", 2 * p), (8, "ddp", 16 * p)):
         parts = learner_memory(arch, _shape(world_size=n, strategy=strategy))
         assert parts["weights"] + parts["gradients"] + parts["optimizer"] == pytest.approx(expected)
-    # DESIGN.md §6: about 64 GB on one GPU, 8 GB per GPU on 8; the bf16 reference adds 8/N GB
+    # DESIGN.md §6: about 64 GB on one GPU, 8 GB per GPU on 8; a bf16 reference would add 8/N GB, but the ranks
+    # hold it in float32 (rl/distributed_rank.py loads it with dtype=torch.float32): 16/N GB
     assert 16 * p / GB == pytest.approx(64.4, abs=0.1)
     parts = learner_memory(arch, _shape(world_size=8, reference_model=True))
-    assert parts["reference"] / GB == pytest.approx(8.04 / 8, abs=0.01)
+    assert parts["reference"] / GB == pytest.approx(16.09 / 8, abs=0.01)
 
 
 def test_hand_computed_tiny_config():
@@ -182,3 +184,85 @@ def test_plan_exits_nonzero_when_it_does_not_fit_and_names_the_part(capsys):
 def test_plan_refuses_a_config_that_is_not_rl(capsys):
     assert main(["plan", str(ROOT / "experiments/datagen/deterministic.yaml")]) == 2
     assert "not one" in capsys.readouterr().err
+
+
+def test_reference_output_gradient_and_attention_mask_closed_forms():
+    arch = ModelArch(2, 8, 16, 2, 1, 4, 10, tied_embeddings=False)  # 1352 parameters, root 168 (as above)
+    p, root = 2 * 592 + 168, 168
+    kw = dict(micro_batch_tokens=100, longest_row=25, reference_model=True)
+    ckpt = learner_memory(arch, _shape(world_size=2, **kw), on_gpu=False)
+    # the reference is float32 on the ranks (sharded like the weights), not bf16
+    assert ckpt["reference"] == 4 * p / 2
+    # under fsdp the root's unsharded bf16 gradient (embeddings + untied head + final norm) lives through backward
+    assert ckpt["output_grad"] == 2 * root
+    # one boolean (rows, 1, L, L) mask: 100 tokens x 25 columns; plus one bf16 converted copy (the recomputed layer)
+    assert ckpt["attention_mask"] == 100 * 25 * (1 + 2)
+    full = learner_memory(arch, _shape(world_size=2, gradient_checkpointing=False, **kw), on_gpu=False)
+    assert full["attention_mask"] == 100 * 25 * (1 + 2 * 2)  # a converted copy kept by each of the 2 layers
+    # ddp and the in-process learner keep the output layer's gradient among the float32 gradients already
+    assert learner_memory(arch, _shape(world_size=2, strategy="ddp", **kw))["output_grad"] == 0
+    assert learner_memory(arch, _shape(world_size=1, **kw))["output_grad"] == 0
+    assert ckpt["reference"] + ckpt["output_grad"] + ckpt["attention_mask"] <= learner_total(ckpt)
+
+
+def test_attention_mask_term_matches_what_transformers_and_sdpa_keep_on_cpu():
+    """Measured: the boolean mask transformers hands each layer, and the float32 masks autograd saves."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        attn_implementation="sdpa",
+    )
+    model = Qwen3ForCausalLM(config)
+    rows, width = 3, 96
+    ids = torch.randint(0, 512, (rows, width))
+    attention = torch.ones(rows, width, dtype=torch.long)
+    attention[1, 50:], attention[2, 70:] = 0, 0  # a padded micro-batch
+    masks: list[torch.Tensor] = []
+    hook = model.model.layers[0].register_forward_pre_hook(
+        lambda m, args, kwargs: masks.append(kwargs["attention_mask"]), with_kwargs=True
+    )
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params and t.dim() == 4 and t.shape[-2:] == (width, width):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(input_ids=ids, attention_mask=attention)
+    hook.remove()
+    (mask,) = masks
+    measured = mask.untyped_storage().nbytes() + sum(saved.values())
+    arch = arch_from_hf_config(config.to_dict())
+    shape = _shape(micro_batch_tokens=rows * width, longest_row=width, compute_bytes=4, gradient_checkpointing=False)
+    assert mask.dtype == torch.bool and len(saved) == config.num_hidden_layers
+    assert learner_memory(arch, shape, on_gpu=False)["attention_mask"] == measured
+
+
+@pytest.mark.parametrize(
+    ("config", "learner_gb"),
+    [
+        # the issue's hand correction of the plan's 28.83: + 2.01 (fp32 reference) + 0.78 (output-layer gradient)
+        # + 0.27 (the boolean mask) = about 32; the mask's bf16 converted copy (0.54) comes on top
+        ("experiments/egpo/qwen3_4b_bfcl.yaml", 28.83 + 2.01 + 0.78 + 0.27 + 0.54),
+        # mars: 34.77 + 2.01 + 0.78 + 1.07 = about 39 by hand, + the converted copy 2.15
+        ("experiments/mars/qwen3_4b.yaml", 34.77 + 2.01 + 0.78 + 1.07 + 2.15),
+    ],
+)
+def test_paper_configs_count_the_measured_undercounts(config, learner_gb, capsys):
+    assert main(["plan", str(ROOT / config)]) == 0
+    out = capsys.readouterr().out
+    total = float(next(line.split()[1] for line in out.splitlines() if line.strip().startswith("total")))
+    assert total == pytest.approx(learner_gb, abs=0.02)
+    # the trainer's GPU while it copies the reference: two float32 copies of 4.02B parameters + the 3 GB reserve
+    p = KNOWN_ARCHITECTURES["Qwen/Qwen3-4B"].params()
+    assert f"= {(2 * 4 * p + 3e9) / GB:.2f} GB" in out and 35.0 < (2 * 4 * p + 3e9) / GB < 35.5

@@ -13,7 +13,12 @@ sharded parts divided by N under ``fsdp``, whole under ``ddp``):
 - under fsdp: the all-gathered compute-dtype copy of the root (embeddings, lm_head) and of
   two decoder layers (the current one and the prefetched next), plus one layer's unsharded
   fp32 gradient before its reduce-scatter; under ddp with bf16 compute: autocast's weight copies;
-- the frozen reference model (``loss.kl_coef`` > 0) in the compute dtype, sharded like the weights;
+- under fsdp: the output layer's (the root's: embeddings, lm_head) unsharded gradient, in the compute
+  dtype: the first logit chunk's backward creates it and the root's reduce-scatter frees it only once the
+  whole backward is done, so it is held through the backward pass (c x root parameters);
+- the frozen reference model (``loss.kl_coef`` > 0, no LoRA) in float32, sharded like the weights: the
+  ranks load it with ``dtype=torch.float32`` (rl/distributed_rank.py) and the in-process learner deep-copies
+  its float32 model (rl/trainer.py); only its forward runs in the compute dtype;
 - activations of one micro-batch (T tokens). Per token and decoder layer, what autograd keeps in
   a Qwen/Llama layer (the two RMSNorms' fp32 input and compute-dtype output, kept twice as the
   projections' 2-D inputs; q/k norms; rotated q and k, v, the attention output and its 2-D copy;
@@ -21,6 +26,12 @@ sharded parts divided by N under ``fsdp``, whole under ``ddp``):
   ``(4+2c)·2h + (4+c)(q+k) + c(3q+2k) + 4c·I`` (h hidden, q = heads·head_dim, k = kv_heads·head_dim,
   I intermediate; attention itself is flash/SDPA, linear in T). With gradient checkpointing only each
   layer's input (c·h per token per layer) is kept, plus one layer recomputed during backward;
+- the attention mask of a padded micro-batch (T tokens, longest row L): transformers builds one boolean
+  (rows, 1, L, L) mask, T x L bytes at most, and SDPA converts it for each attention call into an additive
+  mask in the compute dtype that autograd keeps for the backward: c x T x L per layer, so one layer's
+  worth with gradient checkpointing (the layer being recomputed), all layers' without (measured on CPU,
+  where SDPA's math backend does this; cuDNN's converts too, while the memory-efficient kernel takes the
+  boolean mask itself, and then this counts c x T x L per layer too many: erring on the safe side);
 - logits: rl/loss.py runs the output head a chunk of `LOGIT_CHUNK_ELEMENTS` logits at a time,
   checkpointed, so only one chunk is alive: its compute-dtype and float32 logits, log-softmax,
   the entropy's exp, and in the backward two float32 gradients and one in the compute dtype;
@@ -28,6 +39,8 @@ sharded parts divided by N under ``fsdp``, whole under ``ddp``):
 
 With ``learner.world_size`` > 1 and ``llm.device`` on a GPU, the trainer's process keeps a
 float32 copy of the weights there (rollouts in process, evaluation, checkpoints): one more GPU.
+With a reference model it peaks at two float32 copies: it deep-copies its model as the reference
+(saved for the ranks, then dropped once they start).
 
 A vLLM worker's GPU: vLLM takes ``gpu_memory_utilization`` of it; its KV cache is that
 budget less the bf16 weights (split by tensor parallelism) and `VLLM_OVERHEAD_GB` of
@@ -145,6 +158,8 @@ class LearnerShape:
     micro_batch_tokens: int
     gradient_checkpointing: bool
     reference_model: bool
+    longest_row: int = 0
+    """The longest row of a micro-batch (the attention mask is rows x L x L); 0: the whole micro-batch."""
 
 
 def activation_bytes_per_token_layer(arch: ModelArch, c: int) -> int:
@@ -168,18 +183,28 @@ def learner_memory(arch: ModelArch, shape: LearnerShape, on_gpu: bool = True) ->
     else:
         gathered = c * p if c < shape.master_bytes else 0  # autocast's compute-dtype copies of the weights
     chunk = min(t * arch.vocab, LOGIT_CHUNK_ELEMENTS)
+    mask_elements = t * min(shape.longest_row or t, t)
+    converted = c * mask_elements * (1 if shape.gradient_checkpointing else arch.layers)
     return {
         "weights": shape.master_bytes * p / shard,
         "gradients": shape.master_bytes * p / shard,
         "optimizer": optimizer_bytes * p / shard,
         "gathered": gathered,
-        "reference": c * p / shard if shape.reference_model else 0.0,
+        "output_grad": c * arch.root_params() if shape.strategy == "fsdp" and n > 1 else 0.0,
+        "reference": shape.master_bytes * p / shard if shape.reference_model else 0.0,
+        "attention_mask": mask_elements + converted,
         "activations": checkpointed if shape.gradient_checkpointing else full,
         "activations_no_ckpt": full,
         "activations_ckpt": checkpointed,
         "logits": (2 * c + 5 * 4) * chunk,
         "reserve": RUNTIME_RESERVE_GB * GB if on_gpu else 0.0,
     }
+
+
+def trainer_weight_copies(reference_model: bool) -> int:
+    """float32 copies of the weights on the trainer's GPU at its peak (``learner.world_size`` > 1): its model,
+    and while it builds the reference (`Trainer.init_reference`, before the ranks take it over) a deep copy."""
+    return 2 if reference_model else 1
 
 
 def learner_total(parts: dict[str, float]) -> float:
@@ -216,6 +241,7 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8) -> tuple[str, bool]:
         micro_batch_tokens=tokens,
         gradient_checkpointing=learner.gradient_checkpointing,
         reference_model=bool(cfg.loss.kl_coef) and not cfg.lora.enabled,
+        longest_row=longest,
     )
     parts = learner_memory(arch, shape, on_gpu)
     total = learner_total(parts)
@@ -236,9 +262,11 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8) -> tuple[str, bool]:
         f"  gradients                {g(parts['gradients'])}",
         f"  optimizer (AdamW)        {g(parts['optimizer'])}",
         f"  gathered / cast weights  {g(parts['gathered'])}",
-        f"  reference model          {g(parts['reference'])}",
+        f"  output-layer gradient    {g(parts['output_grad'])}",
+        f"  reference model (fp32)   {g(parts['reference'])}",
         f"  activations ({ckpt:>3})     {g(parts['activations'])}"
         f"   (checkpointing on: {parts['activations_ckpt'] / GB:.2f}, off: {parts['activations_no_ckpt'] / GB:.2f})",
+        f"  attention mask           {g(parts['attention_mask'])}",
         f"  logits                   {g(parts['logits'])}",
         f"  runtime reserve          {g(parts['reserve'])}",
         f"  total                    {g(total)}  {'fits' if total <= gpu_gb * GB else 'DOES NOT FIT'}",
@@ -247,11 +275,14 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8) -> tuple[str, bool]:
     learner_gpus = math.ceil(world * learner.num_gpus) if world > 1 else (1 if on_gpu else 0)
     driver_gpus = 1 if world > 1 and cfg.llm.device != "cpu" else 0
     if driver_gpus:  # the trainer's own copy of the weights (rollouts, evaluation, checkpoints)
-        driver = 4 * arch.params() + RUNTIME_RESERVE_GB * GB
+        copies = trainer_weight_copies(shape.reference_model)
+        driver = copies * 4 * arch.params() + RUNTIME_RESERVE_GB * GB
         ok = driver <= gpu_gb * GB
+        why = " (its model and the reference it copies)" if copies == 2 else ""
         lines.append(
-            f"trainer process GPU ({cfg.llm.device}): float32 copy of the weights {4 * arch.params() / GB:.2f} "
-            f"+ reserve {RUNTIME_RESERVE_GB:g} = {driver / GB:.2f} GB  {'fits' if ok else 'DOES NOT FIT'}"
+            f"trainer process GPU ({cfg.llm.device}): {copies} float32 copies of the weights{why} "
+            f"{copies * 4 * arch.params() / GB:.2f} + reserve {RUNTIME_RESERVE_GB:g} = {driver / GB:.2f} GB  "
+            f"{'fits' if ok else 'DOES NOT FIT'}"
         )
         fits = fits and ok
     w = cfg.workers
