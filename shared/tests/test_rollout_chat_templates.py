@@ -307,3 +307,31 @@ def test_the_trainer_stops_a_step_whose_episodes_fail(tiny_llm, tmp_path):
     )
     with Trainer(cfg) as trainer, pytest.raises(RolloutFailures, match="2 of 2 episodes failed"):
         trainer.train_step()
+
+
+def test_the_trainer_logs_failed_episodes_under_the_share(tiny_llm, tmp_path):
+    from palaestra.shared.rl.trainer import Trainer
+    from palaestra.shared.rollout.env import ENVS
+
+    if "exploding_duel" not in ENVS.names():
+        ENVS.register("exploding_duel")(Exploding)
+    cfg = resolve(
+        TrainConfig,
+        {
+            "job": "rl.train",
+            "output_dir": str(tmp_path),
+            "tracking": {"enabled": False},
+            "envs": [{"name": "exploding_duel"}, {"name": "task"}],
+            "rollout": {"max_tokens_per_turn": 4, "group_size": 2, "max_failed_share": 1.0},
+            "tasks_per_step": 6,
+            "steps": 1,
+        },
+    )
+    with Trainer(cfg) as trainer:
+        broken = sum(spec.make_env.args[0] == "exploding_duel" for spec in trainer.draw_tasks(0))
+        assert 0 < broken < 6  # the mixture drew both kinds
+        with pytest.warns(UserWarning, match=f"{2 * broken} of 12 episodes failed"):
+            metrics = trainer.train_step()
+    assert metrics["rollout/failed_episodes"] == 2 * broken
+    assert metrics["rollout/failed"] == 2 * 2 * broken  # two seats each
+    assert metrics["rollout/trajectories"] == 2 * (6 - broken)
