@@ -19,7 +19,8 @@ Protocol, per episode::
 
 A response the env cannot parse is a format failure the env scores (a
 penalty, usually ending the episode), never an exception. An env that raises
-marks that trajectory failed in the engine; the run goes on.
+marks its episode failed in the engine (counted and reported; the trainer's
+step stops when more than ``rollout.max_failed_share`` of its episodes fail).
 """
 
 from __future__ import annotations
