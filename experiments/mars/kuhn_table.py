@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 STATES = ["0", "1", "2", "0p", "1p", "2p", "0b", "1b", "2b", "0pb", "1pb", "2pb"]
@@ -39,6 +40,11 @@ def main() -> None:
     parser.add_argument("--tracking-uri", default=f"sqlite:///{Path('mlruns/mlflow.db').resolve()}")
     parser.add_argument("--experiment", default="mars-kuhn")
     parser.add_argument("--output-dir-contains", default="_r5/")
+    parser.add_argument(
+        "--label-by-dir",
+        action="store_true",
+        help="name each run by its output_dir's last part less _sN (kuhn_ablation.yaml's arms) instead of RL/control",
+    )
     args = parser.parse_args()
     import mlflow
 
@@ -52,6 +58,8 @@ def main() -> None:
         if args.output_dir_contains not in params.get("output_dir", ""):
             continue
         kind = "control" if "kuhn_cpu_control" in params.get("output_dir", "") else "RL"
+        if args.label_by_dir:
+            kind = re.sub(r"_s\d+$", "", Path(params.get("output_dir", "")).name)
         history = client.get_metric_history(run.info.run_id, "eval/kuhn_poker/exploitability")
         if run.info.status == "FINISHED" and history:
             hist = sorted((m.step, m.value) for m in history)
@@ -65,7 +73,7 @@ def main() -> None:
     for (kind, seed), (sft, hist, minutes, _, _, rewards) in sorted(rows.items()):
         values = ", ".join(f"{v:.3f}" for _, v in hist)
         start, end = hist[0][1], hist[-1][1]
-        delta = f"{end - start:+.3f}" if kind == "RL" else "-"
+        delta = f"{end - start:+.3f}" if kind != "control" else "-"
         print(f"| {kind} | {seed} | {sft} | {values} | {end:.3f} | {delta} | {rewards} | {minutes:.1f} |")
     print()
     print("P(<BET>) read off the model at each information state (card J/Q/K = 0/1/2; p pass, b bet so far):")

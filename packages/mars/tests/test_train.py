@@ -178,3 +178,36 @@ def test_first_finished_batch_trains_on_the_first_rows(tracking, tmp_path, monke
     metrics = mlflow.tracking.MlflowClient(tracking.uri).get_run(out["run_id"]).data.metrics
     assert metrics["rollout/trajectories"] == 8
     assert calls == [(8, 16, 8)]
+
+
+def test_kuhn_ablation_arms_differ_in_the_estimator_only():
+    """kuhn_ablation.yaml: per seed, four RL arms that are kuhn_cpu.yaml of that seed with 8 deals x 4 plays and
+    their own advantage pipeline, and the control that is kuhn_cpu_control.yaml of that seed."""
+    from dataclasses import asdict
+
+    from palaestra.shared.jobs import _stage_config
+
+    cfg = load_config(EXPERIMENTS / "kuhn_ablation.yaml")
+    stages = {k: _stage_config(cfg, k, v) for k, v in cfg.stages.items()}
+    estimators = {
+        "grpo": ["grpo"],
+        "turn": ["turn_level"],
+        "turn_norm": ["turn_level", "agent_norm"],
+        "mars_code": ["mars_code_norm"],
+    }
+    assert set(stages) == {f"{a}_s{s}" for a in [*estimators, "control"] for s in range(3)}
+    skip = ("advantages", "output_dir", "tracking", "envs")
+    for s in range(3):
+        seeds = [f"seed={s}", f"llm.seed={s}", f"sft_warmup.seed={s}", f"sft_warmup.source_kwargs.seed={s}"]
+        rl = load_config(EXPERIMENTS / "kuhn_cpu.yaml", [*seeds, "rollout.group_size=4", "tasks_per_step=8"])
+        control = load_config(EXPERIMENTS / "kuhn_cpu_control.yaml", seeds)
+        for arm, names in estimators.items():
+            stage = stages[f"{arm}_s{s}"]
+            assert [a.name for a in stage.advantages] == names
+            assert {k: v for k, v in asdict(stage).items() if k not in skip} == {
+                k: v for k, v in asdict(rl).items() if k not in skip
+            }
+        assert {k: v for k, v in asdict(stages[f"control_s{s}"]).items() if k not in skip} == {
+            k: v for k, v in asdict(control).items() if k not in skip
+        }
+        assert len({stages[f"{a}_s{s}"].output_dir for a in [*estimators, "control"]}) == 5
