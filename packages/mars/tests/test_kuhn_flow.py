@@ -66,3 +66,17 @@ def test_exploitability_of_reference_policies(flow):
     assert [t for t, _, _ in path] == [0, 10, 20]
     assert path[0][1] == pytest.approx(exploitability.exploitability(flow.GAME, direct), abs=1e-12)
     assert path[-1][1] < path[0][1]  # the recorded prediction: the flow falls from this start
+
+
+def test_king_only_script_scores_known_policies():
+    """experiments/mars/kuhn_king_only.py's exploitability against known values: the uniform policy 11/24, and 0 for
+    Kuhn's equilibrium with alpha = 0 (player 0 never bets first, calls a bet with Q 1/3 and K; player 1 bets J 1/3
+    and K after a pass, calls with Q 1/3 and K), written as one table over both seats' information states."""
+    spec = importlib.util.spec_from_file_location("kuhn_king_only", SCRIPT.parent / "kuhn_king_only.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.kuhn_exploitability([0.5] * 12) == pytest.approx(11 / 24)
+    # the equilibrium with alpha = 0, one table for both seats (their states do not overlap in Kuhn)
+    eq = {"0": 0, "1": 0, "2": 0, "0p": 1 / 3, "1p": 0, "2p": 1, "0b": 0, "1b": 1 / 3, "2b": 1}
+    eq |= {"0pb": 0, "1pb": 1 / 3, "2pb": 1}
+    assert module.kuhn_exploitability([eq[s] for s in module.STATES]) == pytest.approx(0.0, abs=1e-12)
