@@ -44,7 +44,7 @@ $(VLLM_STAMP): shared/pyproject.toml
 	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/pip freeze | grep -E '^(torch|transformers)==' > $(VLLM_VENV)/constraints.txt
 	$(VLLM_BIN)/pip install -q --no-deps -e shared
-	$(VLLM_BIN)/pip install -q -c $(VLLM_VENV)/constraints.txt "omegaconf>=2.3" "pytest>=8"
+	$(VLLM_BIN)/pip install -q -c $(VLLM_VENV)/constraints.txt "omegaconf>=2.3" "pytest>=8" "ray[default]>=2.40"
 	$(VLLM_BIN)/python -c "import torch, vllm; from transformers import Qwen3ForCausalLM; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $(VLLM_STAMP)
 
