@@ -75,7 +75,7 @@ class AdvantageInput:
         rewards = []
         for t in trajs:
             r = np.array([turn.reward for turn in t.turns], dtype=np.float64)
-            if len(r):
+            if len(r):  # rewards that reached the agent before its first turn count on that turn
                 r[0] += t.extra_reward
             rewards.append(r)
         return cls(
