@@ -196,3 +196,21 @@ def test_fc_tasks_min_args_and_think_args(tmp_path):
         fc_tasks(path=str(path), min_args=-1)
     with pytest.raises(ValueError, match="at least 3 arguments"):
         fc_tasks(path=str(path), min_args=3)
+
+
+def test_entropy_demo_arms_differ_in_the_advantage_key_only():
+    """entropy_demo.yaml: EGPO and GRPO from one warm start with varied reasoning, seeds 0-2, one key apart."""
+    pipeline = load_config(EXPERIMENTS / "entropy_demo.yaml")
+    sft = _stage_config(pipeline, "sft", pipeline.stages["sft"])
+    assert sft.sft.source == "public_fc_tasks" and sft.sft.source_kwargs["source_thoughts"] is True
+    for seed in (0, 1, 2):
+        egpo, grpo = (
+            _stage_config(pipeline, f"{a}_seed{seed}", pipeline.stages[f"{a}_seed{seed}"]) for a in ("egpo", "grpo")
+        )
+        assert egpo.seed == grpo.seed == seed
+        assert [a.name for a in egpo.advantages] == ["grpo", "entropy_clipped"]
+        assert [a.name for a in grpo.advantages] == ["grpo"]
+        same = {k for k in vars(grpo) if getattr(grpo, k) == getattr(egpo, k)}
+        assert set(vars(grpo)) - same == {"advantages", "output_dir", "tracking"}  # tracking: the run's name
+        assert egpo.tracking.experiment == grpo.tracking.experiment
+        assert egpo.llm.model == sft.save_dir  # both start from the SFT model
