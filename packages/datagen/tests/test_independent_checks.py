@@ -6,8 +6,12 @@
   tool calls, replayed on another fresh instance, must reproduce every tool
   message and end in the same state;
 - BFCL's own ``multi_turn_checker`` accepts every sample's ground truth;
-- the deterministic run covers all eight environments, >= 90% of their
-  functions, with >= 3 calls per trace on average (HardGen: 3.21);
+- the deterministic run covers all eight environments, >= 85% of their
+  functions (120 items);
+- every ground-truth step is needed: its output feeds a later call, or
+  leaving it out of a fresh replay changes a later result or the final state
+  (no filler), except a call of a tool the graph found to be a prerequisite
+  of a later one;
 - ``datasets.load_dataset("json")`` reads the file as is.
 """
 
@@ -125,8 +129,10 @@ def test_coverage_and_depth_of_the_deterministic_run(deterministic_run):
             seen |= {(row["provenance"]["env"], s["name"]) for s in trace["steps"]}
     assert {env for env, _ in seen} == set(BFCL_CLASSES)
     total = sum(len(get_env(e).tool_names) for e in BFCL_CLASSES)
-    assert len(seen) / total >= 0.9
-    assert sum(calls) / len(calls) >= 3.0
+    assert len(seen) / total >= 0.85  # 0.95 at deterministic.yaml's 400 items
+    # goal-directed traces (no filler: test_every_step_is_needed) are shorter than HardGen's 3.21 calls, which
+    # count random calls after the target; 1.43 at deterministic.yaml's 400 items
+    assert sum(calls) / len(calls) >= 1.25
     assert all(1 <= c <= 8 for c in calls)
     kinds = {t["kind"] for r in rows for t in r["turns"]}
     assert {"miss_param", "param_given", "miss_func", "func_added"} <= kinds
@@ -157,3 +163,56 @@ def test_datasets_loads_the_file(deterministic_run):
     assert row["messages"][0]["role"] == "user"
     assert isinstance(json.loads(row["tools"]), list)
     assert row["verdict"]["passed"]
+
+
+def _scalars(value):
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _scalars(v)] + list(value)
+    if isinstance(value, list | tuple):
+        return [x for v in value for x in _scalars(v)]
+    return [value]
+
+
+def _flows(output, later_args) -> bool:
+    return any(v == a and not isinstance(v, bool) and v not in (None, "") for v in _scalars(output) for a in later_args)
+
+
+def test_every_step_is_needed(deterministic_run):
+    """Every call of a turn feeds a later call (a value of its output is a later argument) or, left out of a
+    replay on fresh BFCL instances, changes a later result or the final state: the request's goal needs it.
+    Exempt: a call of a tool that execution probing found to be a prerequisite of a later call in the turn
+    (``rmdir`` after ``cat``: probing is not proof). Tolerated: 1% of the calls (a state change a later call
+    overwrites, ``close_ticket`` then ``resolve_ticket``; the old sampler's random calls after the target were
+    56%)."""
+    from palaestra.datagen.generate import build_graph
+
+    path, _ = deterministic_run
+    rows = _rows(path)
+    graph = build_graph(sorted({r["provenance"]["env"] for r in rows}), seed=7)
+    filler, calls = [], 0
+    for row in rows:
+        env = row["provenance"]["env"]
+        turns = [t for t in row["ground_truth"] if t]
+        for k, turn in enumerate(turns):
+            calls += len(turn)
+            prefix = [c for t in turns[:k] for c in t]
+            for i in range(len(turn) - 1):
+                later = {_parse(c)[0] for c in turn[i + 1 :]}
+                if _parse(turn[i])[0] in {p for t in later for p in graph.prerequisites(env, t)}:
+                    continue
+                step_out = [s for t in json.loads(row["provenance"]["trace"]) for s in t["steps"]]
+                later_args = [v for c in turn[i + 1 :] for v in _scalars(_parse(c)[1])]
+                if _flows(step_out[len(prefix) + i]["output"], later_args):
+                    continue  # its result feeds a later call
+                full, without = _fresh(row), _fresh(row)
+                for c in prefix:
+                    name, kwargs = _parse(c)
+                    getattr(full, name)(**kwargs)
+                    getattr(without, name)(**kwargs)
+                outs_full = [_norm(getattr(full, _parse(c)[0])(**_parse(c)[1])) for c in turn]
+                outs_without = [
+                    _norm(getattr(without, _parse(c)[0])(**_parse(c)[1])) for j, c in enumerate(turn) if j != i
+                ]
+                if outs_full[i + 1 :] == outs_without[i:] and _norm(_state(full)) == _norm(_state(without)):
+                    filler.append((row["id"], turn[i]))
+    assert len(filler) <= 0.01 * calls, (len(filler), calls, filler[:5])

@@ -1,4 +1,5 @@
-"""The ``palaestra`` command: ``run``, ``jobs``, ``show``, ``serve``, ``plan``.
+"""The ``palaestra`` command: ``run`` (``--matrix``: seeds x arms, palaestra.shared.matrix), ``jobs``, ``show``,
+``serve``, ``plan``.
 
 Heavy imports happen inside each command, so ``--help`` and ``jobs`` are quick.
 Options may come anywhere (``palaestra run X.yaml --dry-run seed=1``).
@@ -32,9 +33,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from palaestra.shared.config import to_yaml
+    from palaestra.shared.config import read_yaml, to_yaml
     from palaestra.shared.jobs import PipelineConfig, load_config, run_job, stage_configs, summary_table
 
+    if args.matrix or "matrix" in read_yaml(args.config):
+        from palaestra.shared import matrix
+
+        return matrix.run_config(args.config, args.overrides, args.matrix or (), args.metric, args.dry_run)
     cfg = load_config(args.config, args.overrides)
     if args.dry_run:
         print(to_yaml(cfg), end="")
@@ -116,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", help="path to the YAML config")
     run.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
     run.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    run.add_argument(
+        "--matrix",
+        nargs="+",
+        metavar="AXIS=V1,V2",
+        help="run every combination (e.g. seed=0,1,2 advantages=grpo,egpo); overrides go before it",
+    )
+    run.add_argument("--metric", help="the summary key of the matrix's table (default: matrix.metric)")
     run.set_defaults(fn=cmd_run)
     jobs = sub.add_parser("jobs", help="list the registered jobs")
     jobs.set_defaults(fn=cmd_jobs)

@@ -128,8 +128,8 @@ def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
     bases = data.pop("base", None) or []
     merged: dict[str, Any] = {}
     for base in [bases] if isinstance(bases, str) else bases:
-        merged = _deep_merge(merged, read_yaml(path.parent / base, (*_chain, here)))
-    return _deep_merge(merged, data)
+        merged = deep_merge(merged, read_yaml(path.parent / base, (*_chain, here)))
+    return deep_merge(merged, data)
 
 
 def _relative(paths: list[Path]) -> list[Path]:
@@ -137,10 +137,11 @@ def _relative(paths: list[Path]) -> list[Path]:
     return [p.relative_to(cwd) if p.is_relative_to(cwd) else p for p in paths]
 
 
-def _deep_merge(a: dict, b: dict) -> dict:
+def deep_merge(a: dict, b: dict) -> dict:
+    """`b` merged into `a`: mappings merge key by key, anything else (lists included) in `b` replaces."""
     out = dict(a)
     for key, value in b.items():
-        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
 
 
@@ -258,7 +259,7 @@ class RegistryKwargs:
 
 
 class EntryKwargs:
-    """Marker for a keyword parameter: it holds keyword arguments of the `registry` entry named by parameter `name_param`."""
+    """Marker for a keyword parameter holding keyword arguments of the `registry` entry named by parameter `name_param`."""
 
     def __init__(self, registry: Any, name_param: str):
         self.registry = RegistryName(registry)

@@ -48,6 +48,8 @@ class Job:
     name: str
     config: type[JobConfig]
     run: Callable[[Any, Tracker], dict | None]
+    metric: str | None = None
+    """The key of the job's summary that a matrix's table shows by default (palaestra.shared.matrix)."""
 
     @property
     def summary(self) -> str:
@@ -57,11 +59,11 @@ class Job:
 JOBS: Registry[Job] = Registry("job", "palaestra.jobs")
 
 
-def job(name: str, config: type[JobConfig]) -> Callable:
-    """Register the decorated function as job `name` with config schema `config`."""
+def job(name: str, config: type[JobConfig], metric: str | None = None) -> Callable:
+    """Register the decorated function as job `name` with config schema `config` (and its headline `metric`)."""
 
     def decorator(fn: Callable) -> Callable:
-        JOBS.register(name, Job(name, config, fn))
+        JOBS.register(name, Job(name, config, fn, metric))
         return fn
 
     return decorator
@@ -96,8 +98,8 @@ def seed_everything(seed: int) -> None:
         pass
 
 
-def run_job(cfg: JobConfig, run_name: str | None = None) -> dict:
-    """Seed, open an MLflow run (nested if one is open), run the job, return its summary."""
+def run_job(cfg: JobConfig, run_name: str | None = None, parent_run_id: str | None = None) -> dict:
+    """Seed, open an MLflow run (nested if one is open, or under `parent_run_id`), run the job, return its summary."""
     spec = JOBS.get(cfg.job)
     seed_everything(cfg.seed)
     if cfg.torch_threads < 0:
@@ -106,7 +108,7 @@ def run_job(cfg: JobConfig, run_name: str | None = None) -> dict:
         import torch
 
         torch.set_num_threads(cfg.torch_threads)
-    with Tracker.start(cfg, name=run_name) as tracker:
+    with Tracker.start(cfg, name=run_name, parent_run_id=parent_run_id) as tracker:
         result = spec.run(cfg, tracker) or {}
         numeric = {
             f"result/{k}": v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)

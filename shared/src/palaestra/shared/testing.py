@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
-from palaestra.shared.config import ClusterConfig, TrackingConfig
+from palaestra.shared.config import ClusterConfig, JobConfig, TrackingConfig
+from palaestra.shared.jobs import Job
 
 TEST_CLUSTER = ClusterConfig(num_cpus=2, object_store_mb=128)
 
@@ -134,3 +137,30 @@ def greedy_rollouts(client, episodes: int = 6, seed: int = 3) -> list:
     specs = [EpisodeSpec(functools.partial(make_env, "task", {}), seed=i, group_id=str(i)) for i in range(episodes)]
     result = RolloutEngine(client, cfg).run(specs, seed)
     return [(t.group_id, [turn.response_ids for turn in t.turns]) for t in result.trajectories]
+
+
+@dataclass
+class ProbeConfig(JobConfig):
+    """The probe job: a score from the seed, after a sleep."""
+
+    scale: float = 1.0
+    offset: float = 0.0
+    sleep_s: float = 0.0
+
+
+def probe(cfg: ProbeConfig, tracker: Any) -> dict:
+    """Sleep, append (start, end, pid) to ``<output_dir>/runs.jsonl``, report ``score = seed * scale + offset``."""
+    import json
+    import time
+    from pathlib import Path
+
+    start = time.time()
+    time.sleep(cfg.sleep_s)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "runs.jsonl", "a") as f:
+        f.write(json.dumps({"start": start, "end": time.time(), "pid": os.getpid()}) + "\n")
+    return {"score": cfg.seed * cfg.scale + cfg.offset}
+
+
+PROBE_JOB = Job("palaestra.shared.testing:PROBE_JOB", ProbeConfig, probe, metric="score")

@@ -87,8 +87,9 @@ class Tracker:
     # -- lifecycle -------------------------------------------------------
     @classmethod
     @contextlib.contextmanager
-    def start(cls, job_cfg: Any, name: str | None = None) -> Iterator[Tracker]:
-        """Open a run for `job_cfg` (a resolved `JobConfig`), nested if a run is active."""
+    def start(cls, job_cfg: Any, name: str | None = None, parent_run_id: str | None = None) -> Iterator[Tracker]:
+        """Open a run for `job_cfg` (a resolved `JobConfig`), nested if a run is active, or else under
+        `parent_run_id` (a run of another process: a matrix's combinations on Ray)."""
         cfg: TrackingConfig = job_cfg.tracking
         if not cfg.enabled:
             yield cls(cfg)
@@ -98,8 +99,9 @@ class Tracker:
         mlflow.set_tracking_uri(tracker.uri)
         experiment_id = tracker._experiment_id(cfg.experiment)
         nested = mlflow.active_run() is not None
+        tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id and not nested else None
         with mlflow.start_run(
-            experiment_id=experiment_id, run_name=name or cfg.run_name or job_cfg.job, nested=nested
+            experiment_id=experiment_id, run_name=name or cfg.run_name or job_cfg.job, nested=nested, tags=tags
         ) as run:
             tracker.run_id = run.info.run_id
             tracker._record_config(job_cfg)

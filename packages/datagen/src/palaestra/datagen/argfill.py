@@ -60,7 +60,7 @@ def names_match(param: str, key: str) -> bool:
 
 def _described(key: str, described: set[str]) -> bool:
     """A response key named in the parameter's description ("The zipcode of the first city")."""
-    k = tokens(key) - GENERIC_TOKENS - {"id"}
+    k = tokens(key) - {"to", "of", "the", "a", "id"}  # every word of the key: ``token_type`` is no ``access token``
     return bool(k) and k <= described and len(key) > 3
 
 
@@ -70,10 +70,16 @@ def compatible_key(param: str, pspec: dict, key: str) -> bool:
 
 
 def unique_candidates(value: Any, outputs: list[tuple[str, Any]], param: str, pspec: dict) -> list | None:
-    """The distinct values at keys compatible with `param` in `outputs` if `value` is the only one, else None."""
+    """The distinct values of the parameter's type at keys compatible with `param` in `outputs` (only those at a
+    key named exactly as the parameter, where there is one) if `value` is the only one, else None."""
     want_list = isinstance(value, list)
+    kind = pspec.get("type", "string")
     seen: list = []
+    if any(key == param for key, _ in outputs):  # a key named as the parameter is the source (access_token)
+        outputs = [(key, v) for key, v in outputs if key == param]
     for key, v in outputs:
+        if not type_matches(coerce(v, kind), kind):
+            continue  # a status text is no candidate for an integer id
         if isinstance(v, list) == want_list and compatible_key(param, pspec, key) and v not in seen:
             seen.append(v)
     return seen if seen == [value] else None

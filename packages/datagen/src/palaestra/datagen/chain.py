@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from palaestra.datagen.envs import Execution, ToolEnv
-from palaestra.datagen.grounding import param_words
+from palaestra.datagen.grounding import asked_names
 from palaestra.datagen.roles import Roles
 from palaestra.datagen.sampler import Trace
 from palaestra.shared.toolcall import ToolCall, parse_response
@@ -113,7 +113,11 @@ def run_try(
                 }
             )
     passed, failure, truth = verify_turn(env_start, env, turn, executions)
-    if passed and turn.kind == "miss_param" and not asks_for(new[-1]["content"] if new else "", turn.missing or ""):
+    if (
+        passed
+        and turn.kind == "miss_param"
+        and not asks_for(new[-1]["content"] if new else "", turn.missing or "", turn.tools)
+    ):
         passed, failure = False, {"no_question": True}
     if user and hint:  # the kept conversation carries the original request, not the hint
         user = _user_message(turn, None)
@@ -128,12 +132,12 @@ def _user_message(turn: TurnTask, hint: str | None) -> dict | None:
     return {"role": "user", "content": text}
 
 
-def asks_for(reply: str, param: str) -> bool:
-    """Whether a reply asks a question that names the parameter (its words, e.g. ``file name``)."""
+def asks_for(reply: str, param: str, tools: list[dict] = ()) -> bool:
+    """Whether a reply asks a question that names the parameter (its words, e.g. ``file name``, or the phrase
+    a user says for it, e.g. ``zipcode of the second city`` for ``cityB``: `grounding.asked_names`)."""
     answer = reply.split("</think>")[-1].lower()
     words = " ".join(re.findall(r"[a-z0-9]+", answer))
-    want = param_words(param)
-    return "?" in answer and bool(want) and f" {want} " in f" {words} "
+    return "?" in answer and any(f" {n} " in f" {words} " for n in asked_names(param, list(tools)))
 
 
 def canonical(output) -> str:

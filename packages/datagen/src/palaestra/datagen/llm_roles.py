@@ -25,7 +25,8 @@ from pathlib import Path
 from string import Template
 
 from palaestra.datagen.grounding import stated
-from palaestra.datagen.roles import NOISE, AdvancedTool, DeterministicToolMaker, Query, _detail
+from palaestra.datagen.phrasing import NOISE, param_phrase, value_text
+from palaestra.datagen.roles import AdvancedTool, DeterministicToolMaker, Query
 from palaestra.shared.llm.base import LLMClient, LLMError, SamplingParams
 
 PROMPTS = Path(__file__).parent / "prompts"
@@ -133,7 +134,10 @@ class LLMQueryWriter:
                         "query_writer",
                         description=tool.description,
                         noise=rng.choice(NOISE),
-                        values="; ".join(_detail(v["param"], v["value"]) for v in values.values()) or "none",
+                        values="; ".join(
+                            f"{param_phrase(v['param'])} {value_text(v['value'])}" for v in values.values()
+                        )
+                        or "none",
                     ),
                 }
             ]

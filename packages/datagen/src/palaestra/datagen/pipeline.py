@@ -19,14 +19,20 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
 
+from palaestra.datagen import phrasing as P
 from palaestra.datagen import roles as R
 from palaestra.datagen.argfill import leaves
 from palaestra.datagen.chain import TurnTask, guided_chain
 from palaestra.datagen.envs import ToolEnv, get_env
 from palaestra.datagen.graph import ApiGraph
 from palaestra.datagen.sampler import SamplerStats, draw_length, sample_trace
+from palaestra.datagen.schema import parameters
 from palaestra.shared.llm.base import LLMConfig, SamplingParams
 
+FED_BONUS = 3.0
+"""Later turns' targets: weight of a tool that another tool's output can feed, relative to one none can."""
+ANSWERS = ["The {w} is {v}.", "It's {v}.", "Use {v}.", "Sorry, I forgot: the {w} is {v}.", "{v}, please."]
+"""The user's answer when the assistant asked for a missing value (a miss_param turn)."""
 ROLE_NAMES = ("tool_maker", "query_writer", "reasoner", "critic")
 
 
@@ -104,8 +110,15 @@ def make_roles(cfg: RolesConfig) -> tuple[R.Roles, object | None]:
 
 
 def weighted_tool(graph: ApiGraph, env: str, rng: random.Random, exclude: set[str] = frozenset()) -> str:
+    """A tool by node weight; one that an output-to-input mapping can feed weighs `FED_BONUS` times more (a goal
+    whose steps feed each other)."""
     tools = [t for t in graph.tools(env) if t not in exclude]
-    return rng.choices(tools, weights=[graph.weight(env, t) for t in tools])[0]
+    fed = {
+        t
+        for t in tools
+        if any("mapping" in d.get("kinds", []) for _, _, d in graph.g.in_edges(f"{env}.{t}", data=True))
+    }
+    return rng.choices(tools, weights=[graph.weight(env, t) * (FED_BONUS if t in fed else 1.0) for t in tools])[0]
 
 
 def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, counter=None) -> dict:
@@ -176,13 +189,14 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         if kind == "miss_param":
             value = tool.inputs[omit[0]]["value"]
             param = tool.inputs[omit[0]]["param"]
-            words = param.replace("_", " ")
+            pspec = parameters(spec.doc(trace.steps[tool.inputs[omit[0]]["step"]].name)).get(param, {})
+            answer = rng.choice(ANSWERS).format(w=P.param_phrase(param, pspec), v=P.value_text(value))
             tasks = [
                 TurnTask(query.text, trace, tools_now(exclude), "miss_param", param),
-                TurnTask(f"The {words} is {R._value_text(value)}.", trace, tools_now(exclude), "param_given", param),
+                TurnTask(answer, trace, tools_now(exclude), "param_given", param),
             ]
         elif kind == "miss_func":
-            what = R.short_description(spec.doc(withheld)).lower()
+            what = P.imperative(spec.doc(withheld))
             tasks = [
                 TurnTask(query.text, trace, tools_now({withheld}), "miss_func", what),
                 TurnTask("", trace, all_tools, "func_added", withheld, schema=spec.doc(withheld)),

@@ -17,30 +17,17 @@ one per role from config.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from palaestra.datagen.grounding import param_words
+from palaestra.datagen import phrasing as P
+from palaestra.datagen.phrasing import short_description
 from palaestra.datagen.sampler import Trace
 from palaestra.datagen.schema import parameters, to_openai_tool
 from palaestra.shared.toolcall import ToolCall, format_calls
-
-NOISE = [
-    "I'm in a bit of a rush today.",
-    "Thanks a lot in advance!",
-    "This came up during our weekly sync.",
-    "No need for a long explanation.",
-    "My colleague asked me to handle this.",
-]
-
-
-def short_description(doc: dict) -> str:
-    """The tool-specific sentence of a BFCL description (after 'Tool description:')."""
-    text = doc.get("description", "")
-    text = text.split("Tool description:", 1)[-1].strip()
-    return text.split(". ")[0].rstrip(".") or doc["name"]
 
 
 @dataclass
@@ -81,11 +68,9 @@ def free_inputs(trace: Trace, spec) -> dict[str, dict]:
                 continue  # a documented default: nothing the user has to say
             key = param
             n = 2
-            while key in inputs and inputs[key]["value"] != value:
+            while key in inputs:  # each step's value is its own input: the request states it for that step
                 key = f"{param}_{n}"
                 n += 1
-            if key in inputs:
-                continue
             inputs[key] = {
                 "type": pspec.get("type", "string"),
                 "description": pspec.get("description", ""),
@@ -106,78 +91,93 @@ class DeterministicToolMaker:
         return AdvancedTool(f"{trace.target}_adv", f"Composite operation: {steps}.", free_inputs(trace, spec), out)
 
 
-def _value_text(value: Any) -> str:
-    if isinstance(value, str):
-        return f"'{value}'"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, list):
-        return ", ".join(_value_text(v) for v in value) if value else "nothing"
-    if isinstance(value, dict):
-        return ", ".join(f"{k.replace('_', ' ')} {_value_text(v)}" for k, v in value.items())
-    return repr(value)
-
-
-def _words(name: str) -> str:
-    return re.sub(r"([a-z])([A-Z])", r"\1 \2", name).replace("_", " ").lower()
-
-
-def _detail(param: str, value: Any) -> str:
-    words = _words(param)
-    return f"{words}: {_value_text(value)}" if isinstance(value, bool) else f"{words} {_value_text(value)}"
-
-
-def goal_phrase(spec, step_name: str) -> str:
-    text = short_description(spec.doc(step_name))
-    return text[0].lower() + text[1:]
-
-
-OPENERS = ["Could you {g}?", "I'd like you to {g}.", "Please {g}.", "I need you to {g}.", "Can you help me {g}?"]
-JOINERS = [", and then ", "; after that, ", ", and once that is done, ", " and also "]
-CONTEXT = ["For reference: {d}.", "In case you need it, {d}.", "Details you may need: {d}."]
-
-
 class DeterministicQueryWriter:
-    """States the user's goals (the visible steps) with the values the user knows; hidden steps stay unsaid.
+    """States the user's goal with the values the user knows; intermediate values are described, not stated.
 
-    Phrasing varies by the sample's rng: several openers, joiners and ways to
-    give the values that no visible step takes directly (the inputs of hidden
-    steps, e.g. credentials for a login that the goal needs).
+    The trace ends at its target, so the request's goal (the target) and the
+    steps it needs before (a login, a prerequisite) determine every call. A
+    value an earlier call produces is described by what it is ("the symbol
+    for order id 22112", "the id of the one with the highest priority"),
+    never by the call that gets it; every stated value is said for its own
+    step. Wording varies by the sample's rng (`phrasing`).
     """
 
     name = "deterministic"
 
     def write(self, tool: AdvancedTool, trace: Trace, spec, rng: random.Random, omit: list[str] = ()) -> Query | None:
-        visible = [i for i in range(len(trace.steps)) if i not in trace.hidden]
-        by_step: dict[int, list[str]] = {}
+        steps = trace.steps
+        hidden = set(trace.hidden)
+        visible = [i for i in range(len(steps)) if i not in hidden]
+        by_step: dict[int, list[tuple[str, Any]]] = {}
         for key, v in tool.inputs.items():
             if key not in omit:
-                by_step.setdefault(v["step"], []).append(_detail(v["param"], v["value"]))
+                by_step.setdefault(v["step"], []).append((v["param"], v["value"]))
+
+        def spec_of(i: int, param: str) -> dict:
+            return parameters(spec.doc(steps[i].name)).get(param, {})
+
         goals = []
         for i in visible:
-            step = trace.steps[i]
-            details = by_step.pop(i, [])
-            for param, src in step.feeds.items():  # say what the value is, not how to get it
-                key = step.feed_keys.get(param, param)
-                inner = by_step.pop(src, [])
-                how = goal_phrase(spec, trace.steps[src].name) + (" with " + ", ".join(inner) if inner else "")
+            step = steps[i]
+            details = [P.detail(p, v, spec_of(i, p), rng) for p, v in by_step.pop(i, [])]
+            for param, src in step.feeds.items():
+                key = P.words(step.feed_keys.get(param, param))
+                inner = " and ".join(
+                    f"{P.param_phrase(p, spec_of(src, p))} {P.value_text(v)}" for p, v in by_step.pop(src, [])
+                )
                 sel = step.selectors.get(param)
-                which = f" of the one with the {sel[1]} {_words(sel[0])} among those" if sel else ""
-                details.append(f"{_words(param)}: the {_words(key)}{which} you get when you {how}")
-            g = goal_phrase(spec, step.name)
-            goals.append(g + (" (" + "; ".join(details) + ")" if details else ""))
-        joiner = rng.choice(JOINERS)
-        text = rng.choice(OPENERS).format(g=joiner.join(goals))
-        rest = [d for i in sorted(by_step) for d in by_step[i]]
+                if sel:
+                    ref = f"the {key} of the one with the {sel[1]} {P.words(sel[0])}"
+                elif inner:
+                    ref = rng.choice(["the {k} for {i}", "the {k} that goes with {i}", "the {k} of the one with {i}"])
+                    ref = ref.format(k=key, i=inner)
+                else:
+                    ref = rng.choice(["my {k}", "the current {k}", "the {k} on record"]).format(k=key)
+                name = P.param_phrase(param, spec_of(i, param))
+                details.append(ref if P.words(param) == key else f"{name}: {ref}")
+            goal = P.imperative(spec.doc(step.name))
+            if details:
+                goal += rng.choice([" ({d})", " with {d}", ", using {d}"]).format(d="; ".join(details))
+            goals.append(goal)
+        if len(goals) >= 2 and rng.random() < 0.35:
+            text = rng.choice(P.GOAL_FIRST).format(goal=goals[-1], pre=P.join_goals(goals[:-1], rng))
+        else:
+            text = rng.choice(P.OPENERS).format(g=P.join_goals(goals, rng))
+        rest = [
+            f"{P.param_phrase(p, spec_of(i, p))} is {P.value_text(v)}" for i in sorted(by_step) for p, v in by_step[i]
+        ]
         if rest:
-            text += " " + rng.choice(CONTEXT).format(d=", ".join(rest))
+            text += " " + rng.choice(P.CONTEXT).format(d=", and my ".join(rest))
         if rng.random() < 0.5:
-            text += " " + rng.choice(NOISE)
+            text += " " + rng.choice(P.NOISE)
         return Query(text, list(omit))
 
 
+LEADS = ["Next: {n} ({p}).", "Now I call {n} to {p}.", "The next step is {n}, to {p}.", "I'll use {n} to {p}."]
+CONSUMES = [
+    "{c} needs the {p}, which is the {k} that {n} returns",
+    "{n} gives the {k} that {c} takes as its {p}",
+    "I need the {k} from {n} for the {p} of {c}",
+]
+FEEDS = [
+    "the {p} is the {k}{w} from {s}",
+    "I take the {p} from the {k}{w} that {s} returned",
+    "{s} already returned the {k}{w}; that is the {p}",
+]
+GIVEN = ["the request gives the {ps}", "the user stated the {ps}", "the {ps} come from the request"]
+FINISHED = [
+    "Every step the request needs is done.",
+    "That completes the request; I'll report the results.",
+    "The goal is reached, so I summarize what came back.",
+    "All calls succeeded. Time to answer with the results.",
+]
+
+
 class DeterministicReasoner:
-    """Follows the ground-truth trace and says why each call comes now; may skip hidden steps on the first try."""
+    """Follows the ground-truth trace and says why each call comes now; may skip hidden steps on the first try.
+
+    The final answer reports what the calls returned (`phrasing.report`), not which tools ran.
+    """
 
     name = "deterministic"
 
@@ -187,12 +187,33 @@ class DeterministicReasoner:
     def act(self, messages: list[dict], tools: list[dict], turn, try_index: int, rng: random.Random) -> str:
         spec_doc = {t["function"]["name"]: t["function"] for t in tools}
         if turn.kind == "miss_param":
-            what = param_words(turn.missing or "information")
-            text = f"I can do that, but I need the {what} first. Could you tell me the {what}?"
+            pspec = next(
+                (
+                    f["parameters"]["properties"][turn.missing]
+                    for f in spec_doc.values()
+                    if turn.missing in f.get("parameters", {}).get("properties", {})
+                ),
+                {},
+            )
+            what = P.param_phrase(turn.missing or "information", pspec)
+            text = rng.choice(
+                [
+                    "I can do that, but I need the {w} first. Could you tell me the {w}?",
+                    "Which {w} should I use?",
+                    "Before I start: what is the {w}?",
+                    "I'm missing the {w}. Could you give it to me?",
+                ]
+            ).format(w=what)
             thinking = f"The request needs the {what}, and neither the request nor any earlier result gives it."
             return format_calls([], thinking=thinking, content=text)
         if turn.kind == "miss_func":
-            text = f"None of the available functions can {turn.missing}, so I cannot do this right now."
+            text = rng.choice(
+                [
+                    "None of the available functions can {m}, so I cannot do this right now.",
+                    "I'm sorry, I have no function that can {m}.",
+                    "That isn't possible with the tools I have: nothing here can {m}.",
+                ]
+            ).format(m=turn.missing)
             thinking = f"The request needs a function that can {turn.missing}; no listed function does that."
             return format_calls([], thinking=thinking, content=text)
         done = _tool_results_since_user(messages)
@@ -201,29 +222,41 @@ class DeterministicReasoner:
         if try_index == 0 and turn.trace.hidden and rng.random() < self.naive_first_try:
             plan = [i for i in plan if i not in turn.trace.hidden]
         if done >= len(plan):
-            return format_calls([], thinking="Every step the request needs is done.", content="Done: " + turn.summary())
+            return format_calls([], thinking=rng.choice(FINISHED), content=P.report(_results_since_user(messages), rng))
         i = plan[done]
         step = steps[i]
         why = []
         consumers = [(j, p) for j, s in enumerate(steps) for p, src in s.feeds.items() if src == i and j in plan]
         for j, param in consumers:
-            key = steps[j].feed_keys.get(param, param)
-            why.append(
-                f"{steps[j].name} needs the {_words(param)}, which is the {_words(key)} that {step.name} returns"
-            )
+            key = P.words(steps[j].feed_keys.get(param, param))
+            why.append(rng.choice(CONSUMES).format(c=steps[j].name, p=P.words(param), k=key, n=step.name))
         for param, src in step.feeds.items():
             sel = step.selectors.get(param)
-            which = f" of the record with the {sel[1]} {_words(sel[0])}" if sel else ""
-            key = _words(step.feed_keys.get(param, param))
-            why.append(f"the {_words(param)} is the {key}{which} from {steps[src].name}")
+            which = f" of the record with the {sel[1]} {P.words(sel[0])}" if sel else ""
+            key = P.words(step.feed_keys.get(param, param))
+            why.append(rng.choice(FEEDS).format(p=P.words(param), k=key, w=which, s=steps[src].name))
         given = [p for p in step.arguments if p not in step.feeds]
         if given and not consumers:
-            why.append(f"the request gives the {', '.join(_words(p) for p in given)}")
-        desc = spec_doc.get(step.name, {}).get("description", "")
-        lead = f"Next: {step.name}" + (f" ({desc.split('Tool description:')[-1].strip().rstrip('.')})" if desc else "")
+            why.append(rng.choice(GIVEN).format(ps=", ".join(P.words(p) for p in given)))
+        doc = spec_doc.get(step.name)
+        purpose = P.imperative(doc) if doc else "continue"
+        lead = rng.choice(LEADS).format(n=step.name, p=purpose)
         return format_calls(
-            [ToolCall(step.name, step.arguments)], thinking=f"{lead}." + (f" {'; '.join(why)}." if why else "")
+            [ToolCall(step.name, step.arguments)], thinking=lead + (f" {'; '.join(why).capitalize()}." if why else "")
         )
+
+
+def _results_since_user(messages: list[dict]) -> list:
+    out = []
+    for m in messages:
+        if m["role"] in ("user", "system"):
+            out = []
+        elif m["role"] == "tool":
+            try:
+                out.append(json.loads(m["content"]))
+            except (json.JSONDecodeError, TypeError):
+                out.append(m["content"])
+    return out
 
 
 def _tool_results_since_user(messages: list[dict]) -> int:

@@ -7,7 +7,7 @@ first problem, ``grounding_problems`` counts every problem found), LLM calls
 per kept sample, throughput. `audit_rows` re-checks a finished file: the
 contamination check against BFCL's test entries, the groundedness verifier
 on every kept row (``ungrounded_kept``), error responses among ground-truth
-steps (``error_response_steps``).
+steps (``error_response_steps``), and what the data teaches (``quality``: `quality.quality_figures`).
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ def audit_rows(rows: list[dict]) -> dict:
     from palaestra.datagen.contamination import ContaminationIndex
     from palaestra.datagen.envs import get_env, is_error_response
     from palaestra.datagen.grounding import verify_row
+    from palaestra.datagen.quality import quality_figures
 
     ungrounded = 0
     problems: dict[str, int] = {}
@@ -114,4 +115,5 @@ def audit_rows(rows: list[dict]) -> dict:
         "ungrounded_kept": ungrounded,
         "ungrounded_kept_problems": problems,
         "error_response_steps": error_steps,
+        "quality": quality_figures(rows),
     }

@@ -3,13 +3,18 @@
 legal(T) iff Prerequisite(T) ⊆ T_called. The target T_a is picked as soon
 as it is legal (or, with probability `P_PRODUCER_FIRST`, right after a tool
 whose output can feed it, chosen by edge weight); before that, the legal
-tool nearest T_a in the API graph; after it, a random legal tool, weighted
-toward consumers of earlier results and by the weight of the edge from the
-previous call (the closed loop raises the weights of edges the student fails
-on). Every call is executed on the live
+tool nearest T_a in the API graph; after it nothing (the target ends the
+trace, unless it cannot run here: then random legal tools, weighted toward
+consumers of earlier results and by the weight of the edge from the previous
+call; the closed loop raises the weights of edges the student fails on). Every call is executed on the live
 environment (through forks: a call that fails is retried with other
 arguments, then the tool is set aside for this step). A trace is
-(C1, E1, ..., CM, EM), 1 to 8 calls.
+(C1, E1, ..., CM, EM), 1 to 8 calls, and ends with the target: the goal of
+the request determines every step (no call after it). A step whose argument
+the user would have to state although only an earlier output holds it (an id
+just created, a token, a computed figure; not in the initial state) is
+refused: the user could not know it. A finished trace keeps only the steps
+its goal needs (`prune`).
 
 Each step records where its argument values came from; a value equal to an
 earlier response value is an observed output-to-input flow, and the earlier
@@ -19,17 +24,24 @@ query will not state).
 
 from __future__ import annotations
 
+import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from palaestra.datagen.argfill import compatible_key, leaves, superlative, unique_candidates
+from palaestra.datagen.argfill import compatible_key, leaves, superlative, tokens, unique_candidates
 from palaestra.datagen.envs import ToolEnv, call_string
 from palaestra.datagen.graph import ApiGraph, node, try_call
 from palaestra.datagen.schema import parameters
 
-P_PRODUCER_FIRST = 0.6
+P_PRODUCER_FIRST = 0.9
 """Chance to call a tool whose output can feed the target right before it (a hidden step), when there is one."""
+P_CONSUMER = 0.3
+"""Chance that the goal goes on from the target to a tool that consumes its result (the target becomes hidden)."""
+P_CONSUMER_NO_FLOW = 0.9
+"""The same chance when no step of the trace feeds another yet."""
+MAX_CONSUMERS = 2
+"""At most this many such steps."""
 LENGTH_WEIGHTS = {1: 0.04, 2: 0.12, 3: 0.24, 4: 0.26, 5: 0.16, 6: 0.1, 7: 0.05, 8: 0.03}
 """Trace length distribution (1-8 calls); with prerequisites and failures the mean lands near 3.5."""
 
@@ -43,6 +55,8 @@ class Step:
     """Parameter -> index of the earlier step whose response supplied its value."""
     feed_keys: dict[str, str] = field(default_factory=dict)
     """Parameter -> the response key it was read from."""
+    changes_state: bool = True
+    """Whether the call changed the environment's public state (a read-only call that feeds nothing is pruned)."""
     selectors: dict[str, list[str]] = field(default_factory=dict)
     """Parameter -> ``[sibling, "highest" | "lowest"]`` when the value is one of several records, singled out by
     a numeric field (the query states that criterion)."""
@@ -124,31 +138,49 @@ def sample_trace(
     trace: a value from them is one the user states.
     """
     name = env.spec.name
+    start = env
     tools = [t for t in env.spec.tool_names if t not in exclude]
     steps: list[Step] = []
     outputs: list[tuple[str, Any]] = list(prior_outputs)
     origin: list[int] = [-1] * len(outputs)  # step index of each entry in `outputs` (-1: an earlier turn)
     called: set[str] = set()
     hit = False
+    known = json.dumps(env.scenario, default=str)  # the initial state: the user's own data
     blocked: set[str] = set()
     budget = length + 6
+    consuming = 0  # steps added after the target, each consuming an earlier result
+    snapshot: tuple | None = None  # the state before a producer, restored if the target does not consume it
+    tried: set[str] = set()  # producers whose result the target did not take
     while len(steps) < length and budget > 0:
         budget -= 1
         legal = [t for t in tools if set(graph.prerequisites(name, t)) <= called and t not in blocked]
         if not legal:
             break
         producers = [] if hit or target not in legal else _producers(graph, name, target, legal, called, steps)
-        if producers and len(steps) < length - 1 and rng.random() < P_PRODUCER_FIRST:
+        producers = [p for p in producers if p not in tried] if len(tried) < 2 else []
+        if producers and len(steps) < 7 and rng.random() < P_PRODUCER_FIRST:
             # its result will feed the target (a hidden intermediate step); edges the student fails on weigh more
             pick = rng.choices(producers, weights=[graph.edge_weight(name, p, target) for p in producers])[0]
+            snapshot = (env, list(steps), list(outputs), list(origin), set(called), pick)
         elif not hit and target in legal:
             pick = target
         elif not hit:
             fresh = [t for t in legal if t not in called] or legal
             best = min(graph.distance(name, t, target) for t in fresh)
             pick = rng.choice([t for t in fresh if graph.distance(name, t, target) == best])
+        elif consuming:
+            # the goal goes on to a tool that takes a result of the last call as input (a hidden step)
+            pool = [
+                t
+                for t in legal
+                if t not in called
+                and "mapping" in graph.g.get_edge_data(node(name, steps[-1].name), node(name, t), {}).get("kinds", [])
+            ]
+            if not pool:
+                break
+            pick = rng.choices(pool, weights=[graph.edge_weight(name, steps[-1].name, t) for t in pool])[0]
         else:
-            # a random legal tool, favouring those that consume an earlier result (HardGen's hidden steps)
+            # the target cannot run: a random legal tool, favouring those that consume an earlier result
             pool = [t for t in legal if t not in called] or legal
             # and the transitions the student fails on (edge weights from the closed loop)
             last = steps[-1].name if steps else None
@@ -166,34 +198,119 @@ def sample_trace(
             if pick == target and not hit:
                 target = None  # the target cannot run here: fall back to random legal tools
                 hit = True
+            if consuming:
+                break
             continue
-        blocked.clear()
         step = Step(pick, ex.arguments, ex.output)
         props = parameters(env.spec.doc(pick))
         for param, value in ex.arguments.items():
             found = _producer(value, outputs, param, props.get(param, {}))
-            if found is not None and origin[found] >= 0:
+            if found is not None and origin[found] >= 0 and not any(_echo(value, x) for x in steps):
                 src = origin[found]
                 step.feeds[param] = src
                 step.feed_keys[param] = outputs[found][0]
                 if stats is not None:
                     stats.flows.append((name, steps[src].name, outputs[found][0], pick, param))
-            elif found is None and _distinctive(value):
+            elif found is None and (_distinctive(value) or _small_id(value, param)):
                 for src in range(len(steps) - 1, -1, -1):  # one of several records, picked by a criterion
                     best = superlative(value, steps[src].output, param, props.get(param, {}))
                     if best is not None:
                         step.feeds[param], step.feed_keys[param], step.selectors[param] = src, best[0], list(best[1:])
                         break
+        if consuming and steps[-1] is not None and len(steps) - 1 not in step.feeds.values():
+            break  # it would not consume the last result: the goal ends where it is
+        if _leaks(step, outputs, known + json.dumps([x.arguments for x in steps], default=str), props):
+            if consuming:
+                break
+            blocked.add(pick)  # a value only a tool output gives, not fed: the user could not state it
+            if stats is not None:
+                stats.record(name, pick, False)
+            continue
+        blocked.clear()
+        step.changes_state = not env.same_state(new_env)
         env = new_env
         steps.append(step)
         called.add(pick)
         pairs = leaves(ex.output, "result")
         outputs += pairs
         origin += [len(steps) - 1] * len(pairs)
-        if pick == target:
+        if pick == target and snapshot is not None:
+            producer_at = len(snapshot[1])
+            env_s, steps_s, outputs_s, origin_s, called_s, producer = snapshot
+            snapshot = None
+            if producer_at not in step.feeds.values():  # the target took nothing from it: undo both calls
+                env, steps, outputs, origin, called = env_s, steps_s, outputs_s, origin_s, called_s
+                tried.add(producer)
+                budget += 2  # the undone attempt does not count
+                continue
+        if pick == target or consuming:
             hit = True
+            consuming += 1
+            flow = any(x.feeds for x in steps)
+            if consuming > MAX_CONSUMERS or rng.random() >= (P_CONSUMER if flow else P_CONSUMER_NO_FLOW):
+                break  # the goal is reached: no step the request did not ask for
     target_hit = target is not None and any(s.name == target for s in steps)
-    return Trace(name, target if target_hit else (steps[-1].name if steps else ""), steps, target_hit), env
+    if steps:
+        kept = prune(list(steps), lambda tool: graph.prerequisites(name, tool))
+        if len(kept) < len(steps):  # a dropped call may have moved an environment's random state: replay
+            replay = start.copy()
+            outs = [replay.execute(s.name, s.arguments).output for s in kept]
+            if json.dumps(outs, sort_keys=True, default=str) == json.dumps(
+                [s.output for s in kept], sort_keys=True, default=str
+            ) and replay.same_state(env):
+                steps, env = kept, replay
+
+    # the goal is the last call: the target, or a tool that consumes its result
+    return Trace(name, steps[-1].name if steps else "", steps, target_hit), env
+
+
+def _echo(value: Any, producer: Step) -> bool:
+    """A value an earlier step was given (``get_ticket(ticket_id=7)`` returns id 7): no hidden value, the user
+    said it."""
+    return any(value == v or (isinstance(v, list) and value in v) for v in producer.arguments.values())
+
+
+def prune(steps: list[Step], prerequisites=lambda tool: ()) -> list[Step]:
+    """The steps the goal needs: the target (last), every step whose result feeds a kept step, every step that
+    changes the state, and every call of a kept step's prerequisite tool (`prerequisites(tool)`). A read-only call
+    that feeds nothing is dropped; dropping it changes no later result, so the trace still replays."""
+    keep = {len(steps) - 1}
+    needed: set[str] = set()
+    for i in range(len(steps) - 1, -1, -1):
+        if i in keep or steps[i].changes_state or steps[i].name in needed:
+            keep.add(i)
+            keep |= set(steps[i].feeds.values())
+            needed |= set(prerequisites(steps[i].name))
+    index = {old: new for new, old in enumerate(sorted(keep))}
+    return [replace(steps[i], feeds={p: index[src] for p, src in steps[i].feeds.items()}) for i in sorted(keep)]
+
+
+def _leaks(step: Step, outputs: list, known: str, props: dict) -> bool:
+    """Whether an argument the user would have to state (not fed, not a default) is an id, a token or a
+    computed figure that an earlier output returned and `known` (the initial state, the values stated for
+    earlier steps) does not hold: only a tool could produce it."""
+    for param, value in step.arguments.items():
+        if param in step.feeds or props.get(param, {}).get("default", object()) == value:
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            if _unknowable(v) and any(x == v for _, x in outputs) and str(v) not in known:
+                return True
+    return False
+
+
+def _unknowable(v: Any) -> bool:
+    if isinstance(v, bool) or v is None:
+        return False
+    if isinstance(v, float) and not v.is_integer():
+        return True
+    if isinstance(v, int | float):
+        return abs(v) >= 1000
+    return isinstance(v, str) and len(v) >= 3
+
+
+def _small_id(value: Any, param: str) -> bool:
+    """A small integer for an id parameter (``tweet_id=3``): an id when the only candidate is at an id key."""
+    return isinstance(value, int) and not isinstance(value, bool) and "id" in tokens(param)
 
 
 def _distinctive(value: Any) -> bool:
@@ -213,7 +330,7 @@ def _producer(value: Any, outputs: list, param: str, pspec: dict) -> int | None:
     when it is the one candidate there: a value picked from a list of several
     is a choice the user must state, not an intermediate result.
     """
-    if not _distinctive(value):
+    if not (_distinctive(value) or _small_id(value, param)):
         return None
     candidates = unique_candidates(value, outputs, param, pspec)
     if candidates is None:
