@@ -11,10 +11,59 @@ from palaestra.shared.jobs import load_config, run_job
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("name", ["tiny_cpu", "llm_rewards", "paper", "victim_dqn", "compare_cpu", "scenarios_cpu"])
+@pytest.mark.parametrize("name", ["tiny_cpu", "llm_rewards", "victim_dqn", "scenarios_cpu"])
 def test_experiment_configs_resolve(name):
     cfg = load_config(ROOT / "experiments" / "aed" / f"{name}.yaml")
     assert cfg.job == ("aed.victim" if name == "victim_dqn" else "aed.attack")
+
+
+@pytest.mark.parametrize("name, scenarios", [("paper", ["highway", "merge", "roundabout", "intersection"]),
+                                             ("compare_cpu", ["highway"])])  # fmt: skip
+def test_paper_protocol_configs(name, scenarios):
+    """paper.yaml (and compare_cpu.yaml at CPU size): an RL victim per scenario from its aed.victim stage, expert
+    and LLM arms on every fixed type, LLM-proposed types beside them, preference filtering, both baselines."""
+    from palaestra.aed.attack import victim_checkpoint
+    from palaestra.aed.jobs import _tasks
+    from palaestra.aed.rewards import SCENARIO_TYPES
+    from palaestra.shared.jobs import stage_configs
+
+    stages = stage_configs(load_config(ROOT / "experiments" / "aed" / f"{name}.yaml"))
+    attack = stages["attack"]
+    assert attack.scenarios == scenarios and attack.victim == "rl" and attack.preference.enabled
+    assert attack.rewards == "both" and attack.taxonomy == "both" and attack.adversary_placement == "scenario"
+    victims = {s.scenario: s for s in stages.values() if s.job == "aed.victim"}
+    assert sorted(victims) == sorted(scenarios)
+    for scenario, v in victims.items():  # the aed.victim job's default checkpoint path (see jobs.victim)
+        assert Path(victim_checkpoint(attack, scenario)) == Path(v.output_dir) / "victims" / f"{scenario}_{v.algo}.zip"
+    new = [{"name": f"new_{i}", "description": "d", "recognizer": "def recognize(record):\n    return False\n"}
+           for i in range(attack.proposals.n_types)]  # fmt: skip
+    tasks = _tasks(attack, {s: new for s in scenarios}, check_victim=False)
+    arms = {(t["scenario"], t["accident_type"], t["arm"]) for t in tasks if t["kind"] == "attack"}
+    fixed = {
+        (s, t, a) for s in scenarios for t in attack.accident_types or SCENARIO_TYPES[s] for a in ("expert", "llm")
+    }
+    assert arms == fixed | {(s, n["name"], "proposed") for s in scenarios for n in new}
+    baselines = {(t["scenario"], t["kind"], t["arm"]) for t in tasks if t["kind"] != "attack"}
+    assert baselines == {(s, k, a) for s in scenarios for k in ("random", "passive") for a in (None, "proposed")}
+
+
+def test_plan_counts_cpu_hours_per_type_as_documented():
+    from palaestra.aed.plan import SECONDS_PER_STEP, describe
+    from palaestra.shared.jobs import stage_configs
+
+    cfg = load_config(ROOT / "experiments" / "aed" / "paper.yaml")
+    attack = stage_configs(cfg)["attack"]
+    horizon = 30  # highway's policy steps per episode
+    e, p = attack.eureka, attack.preference
+    evaluation = attack.eval_episodes * horizon
+    expert = attack.train.timesteps + evaluation + p.finetune_timesteps + evaluation + attack.video_episodes * horizon
+    llm = expert + e.rounds * e.samples * (e.timesteps + e.eval_episodes * horizon)
+    text = describe(cfg)
+    hours = llm * SECONDS_PER_STEP / 3600
+    assert 14 < hours < 16  # the issue's estimate: about 15 CPU-hours per type at 50 ms per step
+    assert f"| highway/rear_end/llm | {llm:,} | {hours:.2f} |" in text
+    assert f"| highway/rear_end/expert | {expert:,} |" in text
+    assert "Ray: 52 tasks" in text and "each asking 8 CPUs" in text
 
 
 def test_preference_demo_attacks_the_victim_its_first_stage_caches():
@@ -206,8 +255,9 @@ def test_scenarios_cpu_covers_every_scenario_with_its_default_types():
 
 def test_compare_cpu_trains_each_type_on_both_rewards():
     from palaestra.aed.jobs import _tasks
+    from palaestra.shared.jobs import stage_configs
 
-    cfg = load_config(ROOT / "experiments" / "aed" / "compare_cpu.yaml")
-    arms = sorted((t["accident_type"], t["arm"]) for t in _tasks(cfg) if t["kind"] == "attack")
+    cfg = stage_configs(load_config(ROOT / "experiments" / "aed" / "compare_cpu.yaml"))["attack"]
+    arms = sorted((t["accident_type"], t["arm"]) for t in _tasks(cfg, check_victim=False) if t["kind"] == "attack")
     assert arms == [("cut_in", "expert"), ("cut_in", "llm"), ("rear_end", "expert"), ("rear_end", "llm")]
     assert cfg.llm.backend == "aed_scripted"

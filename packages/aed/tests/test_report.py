@@ -116,3 +116,32 @@ def test_headline_pools_the_target_type_rate_against_random():
     lo, hi = wilson(36, 200)
     expected = f"target-type accident rate 0.18 [{lo:.2f}, {hi:.2f}] (200 episodes, 95% Wilson; random adversary 0.02)"
     assert headline({"highway": items}) == expected
+
+
+def test_proposed_types_meet_their_own_baselines_and_diversity_is_per_arm():
+    """taxonomy: both. A proposed type is measured against the random adversary classified by the proposed
+    recognizers (the fixed one never names it); distinct types and entropy come out per arm."""
+    from palaestra.aed.report import comparison_table
+
+    def armed(r, arm):
+        return {**r, "arm": arm, "reward_source": "llm" if arm != "expert" else "expert"}
+
+    items = [
+        armed(result("attack", "rear_end", rear_end=10, side_swipe=10), "expert"),
+        armed(result("attack", "rear_end", rear_end=5, side_swipe=5, cut_in=10), "llm"),
+        armed(result("attack", "late_cut_in", late_cut_in=20, other=4), "proposed"),
+        armed(result("random", rear_end=2, side_swipe=9), None),
+        armed(result("random", late_cut_in=3, other=7), "proposed"),
+    ]
+    m = aggregate({"highway": items})
+    assert m["aed/highway/late_cut_in/proposed/random_target_rate"] == pytest.approx(0.03)
+    assert m["aed/highway/rear_end/llm/random_target_rate"] == pytest.approx(0.02)
+    assert m["aed/highway/random_proposed/asr"] == pytest.approx(0.10)
+    assert m["aed/highway/random/asr"] == pytest.approx(0.11)
+    assert m["aed/highway/expert/distinct_types"] == 2 and m["aed/highway/llm/distinct_types"] == 3
+    p = [0.25, 0.25, 0.5]
+    assert m["aed/highway/llm/type_entropy"] == pytest.approx(-sum(x * math.log(x) for x in p))
+    assert m["aed/highway/expert/type_entropy"] == pytest.approx(math.log(2))
+    table = comparison_table({"highway": items}, "aed_scripted")
+    assert "| highway | late_cut_in | proposed | llm |" in table and "| 0.03 [0.01, 0.08] |" in table
+    assert "| highway | llm | 3 | 1.04 |" in table

@@ -28,14 +28,15 @@ def attack_task(task: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     with Tracker.attach(cfg.tracking, task.get("run_id")) as tracker:
-        rewards = task.get("arm") or cfg.rewards
+        arm = task.get("arm")
+        rewards = "llm" if arm == "proposed" else arm or cfg.rewards  # a proposed type has no expert reward
         sandboxed = bool(task.get("taxonomy")) or (kind == "attack" and rewards == "llm")
         isolation = _log_isolation(tracker) if sandboxed else None
         if kind in ("random", "passive"):
             out = _baseline(cfg, scenario, kind, tracker, task.get("taxonomy"))
         else:
             out = _attack_type(cfg, scenario, task["accident_type"], tracker, task.get("taxonomy"), rewards)
-            out["arm"] = task.get("arm")
+        out["arm"] = arm
         return {**out, "sandbox_isolation": isolation} if isolation is not None else out
 
 
@@ -53,6 +54,11 @@ def _log_isolation(tracker: Tracker) -> dict[str, Any]:
     return isolation
 
 
+def victim_checkpoint(cfg, scenario: str) -> str | None:
+    """The RL victim of `scenario`: ``victim_checkpoint`` with ``{scenario}`` replaced (one victim per scenario)."""
+    return cfg.victim_checkpoint.replace("{scenario}", scenario) if cfg.victim_checkpoint else None
+
+
 def _spec(cfg, scenario: str, accident_type: str, taxonomy: list[dict] | None = None):
     from palaestra.aed.train import AdversarySpec
 
@@ -60,7 +66,7 @@ def _spec(cfg, scenario: str, accident_type: str, taxonomy: list[dict] | None = 
         scenario=scenario,
         accident_type=accident_type,
         victim=cfg.victim,
-        victim_checkpoint=cfg.victim_checkpoint,
+        victim_checkpoint=victim_checkpoint(cfg, scenario),
         num_adversaries=cfg.num_adversaries,
         overrides=dict(cfg.env_overrides),
         max_steps=cfg.max_steps,

@@ -31,10 +31,11 @@ class JudgeKind(StrEnum):
 
 
 class TaxonomySource(StrEnum):
-    """Where the accident types come from."""
+    """Where the accident types come from (``both``: the fixed types, and the LLM-proposed ones beside them)."""
 
     expert = "expert"
     llm = "llm"
+    both = "both"
 
 
 class VictimKind(StrEnum):
@@ -141,12 +142,16 @@ class AttackConfig(JobConfig):
     Ignored with taxonomy=llm."""
     taxonomy: TaxonomySource = TaxonomySource.expert
     """expert (the fixed taxonomy) | llm (per scenario the LLM proposes types with recognizers, through ``llm``;
-    the fixed taxonomy when its answer is unusable). A type without an expert reward gets an LLM reward."""
+    the fixed taxonomy when its answer is unusable) | both (the fixed types with the arms of ``rewards``, and beside
+    them the usable LLM-proposed types, arm ``proposed``: LLM reward only, since no expert reward exists for a new
+    type; each is compared with the random adversary's rate of that type under the proposed recognizers, on the
+    same episodes, and through the per-arm diversity metrics). A type without an expert reward gets an LLM reward."""
     proposals: ProposalConfig = field(default_factory=ProposalConfig)
     victim: VictimKind = VictimKind.idm
     """idm (rule-based) | rl (a frozen SB3 policy from victim_checkpoint)."""
     victim_checkpoint: str | None = None
-    """SB3 .zip written by the aed.victim job (victim=rl)."""
+    """SB3 .zip written by the aed.victim job (victim=rl); ``{scenario}`` in it is replaced by each scenario's name
+    (one victim per scenario, e.g. ``outputs/victims/{scenario}_dqn.zip``)."""
     num_adversaries: int = 1
     """NPCs nearest to the victim taken over after each reset (more than one needs train.algo=ppo)."""
     adversary_placement: AdversaryPlacement = AdversaryPlacement.nearest
@@ -185,28 +190,40 @@ class AttackConfig(JobConfig):
     """Testing: each task kills its worker once, leaving a marker file here (Ray must retry it)."""
 
 
-def _tasks(cfg: AttackConfig, proposed: dict[str, list[dict]] | None = None) -> list[dict[str, Any]]:
-    """One task per (scenario, type) and per baseline; ``proposed``: each scenario's LLM-proposed types."""
+def _tasks(
+    cfg: AttackConfig, proposed: dict[str, list[dict]] | None = None, check_victim: bool = True
+) -> list[dict[str, Any]]:
+    """One task per (scenario, type, arm) and per baseline; ``proposed``: each scenario's LLM-proposed types.
+
+    With ``taxonomy: both`` the proposed types (those with a recognizer) come beside the fixed ones, under arm
+    ``proposed``, with their own random and passive baselines (classified by the proposed recognizers)."""
+    from palaestra.aed.attack import victim_checkpoint
     from palaestra.aed.rewards import SCENARIO_TYPES
 
-    if cfg.victim == "rl" and not (cfg.victim_checkpoint and Path(cfg.victim_checkpoint).exists()):
-        raise ConfigError(
-            f"victim=rl needs an existing 'victim_checkpoint' (got {cfg.victim_checkpoint!r}); run aed.victim"
-        )
     tasks = []
     for scenario in cfg.scenarios:
+        path = victim_checkpoint(cfg, scenario)
+        if check_victim and cfg.victim == "rl" and not (path and Path(path).exists()):
+            raise ConfigError(f"victim=rl needs an existing 'victim_checkpoint' (got {path!r}); run aed.victim")
         taxonomy = (proposed or {}).get(scenario)
-        names = [t["name"] for t in taxonomy] if taxonomy else cfg.accident_types or SCENARIO_TYPES[scenario]
-        common = {"scenario": scenario, "taxonomy": taxonomy}
-        arms = ["expert", "llm"] if cfg.rewards == "both" else [None]
-        for t in names:
-            for arm in arms:
-                name = f"{scenario}/{t}" + (f"/{arm}" if arm else "")
-                tasks.append({"kind": "attack", "accident_type": t, "name": name, "arm": arm, **common})
-        if cfg.random_baseline:
-            tasks.append({"kind": "random", "name": f"{scenario}/random", **common})
-        if cfg.passive_baseline:
-            tasks.append({"kind": "passive", "name": f"{scenario}/passive", **common})
+        arms: list[str | None] = ["expert", "llm"] if cfg.rewards == "both" else [None]
+        if cfg.taxonomy == "llm" and taxonomy:
+            sets = [(taxonomy, [t["name"] for t in taxonomy], arms, "")]
+        else:
+            sets = [(None, list(cfg.accident_types or SCENARIO_TYPES[scenario]), arms, "")]
+        new = [t for t in taxonomy or [] if t.get("recognizer")]
+        if cfg.taxonomy == "both" and new:
+            sets.append((new, [t["name"] for t in new], ["proposed"], "proposed"))
+        for tax, names, set_arms, group in sets:
+            common = {"scenario": scenario, "taxonomy": tax}
+            for t in names:
+                for arm in set_arms:
+                    name = f"{scenario}/{t}" + (f"/{arm}" if arm else "")
+                    tasks.append({"kind": "attack", "accident_type": t, "name": name, "arm": arm, **common})
+            suffix = f"/{group}" if group else ""
+            for kind in ("random", "passive"):
+                if getattr(cfg, f"{kind}_baseline"):
+                    tasks.append({"kind": kind, "name": f"{scenario}/{kind}{suffix}", "arm": group or None, **common})
     return tasks
 
 
@@ -219,6 +236,7 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
         comparison_figure,
         comparison_table,
         curves_figure,
+        diversity_figure,
         headline,
         rates_figure,
     )
@@ -227,7 +245,7 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
     from palaestra.shared.cluster import TaskFailure, parallel_map
 
     _tasks(cfg)  # the config's errors before any LLM call
-    proposed = _propose(cfg, tracker) if cfg.taxonomy == "llm" else None
+    proposed = _propose(cfg, tracker) if cfg.taxonomy in ("llm", "both") else None
     tasks = _tasks(cfg, proposed)
     for task in tasks:
         task.update(
@@ -265,8 +283,9 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
         summary[scenario] = {"types_found": types, "results": items}
         if cfg.rewards == "both":
             tracker.log_figure(comparison_figure(scenario, items), f"{scenario}_expert_vs_llm")
-        else:
-            tracker.log_figure(rates_figure(scenario, items), f"{scenario}_rates")
+        tracker.log_figure(rates_figure(scenario, items), f"{scenario}_rates")
+        if cfg.rewards == "both" or cfg.taxonomy == "both":
+            tracker.log_figure(diversity_figure(scenario, items), f"{scenario}_diversity")
         tracker.log_figure(curves_figure(scenario, items), f"{scenario}_learning_curves")
     if cfg.rewards == "both":
         table = comparison_table(by_scenario, cfg.llm.backend)

@@ -11,7 +11,13 @@ and passive baselines, all evaluated on the same episode seeds) into metrics:
   not to overlap;
 - per scenario: diversity over what was found (distinct types, entropy over
   types, `evaluation.trajectory_diversity` over all accidents), steps to
-  first success, and ``beats_random`` (every type's).
+  first success, and ``beats_random`` (every type's); with arms (``rewards:
+  both``, ``taxonomy: both``) the same diversity per arm
+  (``aed/<scenario>/<arm>/distinct_types``, ...): the paper's "more and more
+  varied accidents" compares the expert and llm arms on the fixed types.
+  LLM-proposed types (arm ``proposed``) are measured against their own
+  baselines (random and passive adversaries classified by the proposed
+  recognizers, ``aed/<scenario>/random_proposed/...``).
 
 `figures` draws what the paper would show: rates per type with intervals
 against the baselines, the learning curves, and the reward-design history.
@@ -29,11 +35,15 @@ def aggregate(by_scenario: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for scenario, items in by_scenario.items():
         attacks = [r for r in items if r["kind"] == "attack"]
-        baselines = {r["kind"]: r for r in items if r["kind"] in ("random", "passive")}
+        groups = {
+            g: {r["kind"]: r for r in items if r["kind"] in ("random", "passive") and _group(r) == g}
+            for g in ("fixed", "proposed")
+        }
         types: dict[str, int] = {}
         beats, beats_ci = [], []
         for r in attacks:
             t = r["accident_type"]
+            baselines = groups[_group(r)]
             pre = f"aed/{scenario}/{t}" + (f"/{r['arm']}" if r.get("arm") else "")
             for key in ("asr", "target_rate", "responsible_rate", "effective_asr"):
                 metrics[f"{pre}/{key}"] = r[key]
@@ -64,15 +74,37 @@ def aggregate(by_scenario: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
         if attacks:
             metrics[f"aed/{scenario}/mean_asr"] = sum(r["asr"] for r in attacks) / len(attacks)
             metrics[f"aed/{scenario}/mean_target_rate"] = sum(r["target_rate"] for r in attacks) / len(attacks)
-        for kind, base in baselines.items():
-            for key in ("asr", "responsible_rate", "effective_asr"):
-                metrics[f"aed/{scenario}/{kind}/{key}"] = base[key]
-                metrics[f"aed/{scenario}/{kind}/{key}_lo"], metrics[f"aed/{scenario}/{kind}/{key}_hi"] = base[
-                    f"{key}_ci"
-                ]
+        for group, baselines in groups.items():
+            for kind, base in baselines.items():
+                pre = f"aed/{scenario}/{kind}" + ("_proposed" if group == "proposed" else "")
+                for key in ("asr", "responsible_rate", "effective_asr"):
+                    metrics[f"{pre}/{key}"] = base[key]
+                    metrics[f"{pre}/{key}_lo"], metrics[f"{pre}/{key}_hi"] = base[f"{key}_ci"]
+        metrics.update(arm_diversity(scenario, attacks))
         if beats:
             metrics[f"aed/{scenario}/beats_random"] = float(all(beats))
             metrics[f"aed/{scenario}/beats_random_ci"] = float(all(beats_ci))
+    return metrics
+
+
+def _group(result: dict[str, Any]) -> str:
+    """``proposed`` for the tasks of LLM-proposed types beside the fixed ones (``taxonomy: both``), else ``fixed``."""
+    return "proposed" if result.get("arm") == "proposed" else "fixed"
+
+
+def arm_diversity(scenario: str, attacks: list[dict[str, Any]]) -> dict[str, float]:
+    """Distinct accident types, entropy over types and trajectory diversity of each arm's adversaries (pooled)."""
+    metrics: dict[str, float] = {}
+    for arm in sorted({r["arm"] for r in attacks if r.get("arm")}):
+        mine = [r for r in attacks if r.get("arm") == arm]
+        types: dict[str, int] = {}
+        for r in mine:
+            for name, n in r["types"].items():
+                types[name] = types.get(name, 0) + n
+        features = [f for r in mine for f in r.get("accident_features", [])]
+        metrics[f"aed/{scenario}/{arm}/distinct_types"] = len([t for t, n in types.items() if n])
+        metrics[f"aed/{scenario}/{arm}/type_entropy"] = type_entropy(types)
+        metrics[f"aed/{scenario}/{arm}/trajectory_diversity"] = trajectory_diversity(features)
     return metrics
 
 
@@ -84,8 +116,8 @@ def headline(by_scenario: dict[str, list[dict[str, Any]]]) -> str:
 
     hits = episodes = random_hits = random_episodes = 0
     for items in by_scenario.values():
-        rand = next((r for r in items if r["kind"] == "random"), None)
-        for r in (r for r in items if r["kind"] == "attack"):
+        rand = next((r for r in items if r["kind"] == "random" and _group(r) == "fixed"), None)
+        for r in (r for r in items if r["kind"] == "attack" and _group(r) == "fixed"):
             hits, episodes = hits + r["target_count"], episodes + r["episodes"]
             if rand is not None:
                 random_hits += rand["types"].get(r["accident_type"], 0)
@@ -113,15 +145,45 @@ def comparison_table(by_scenario: dict[str, list[dict[str, Any]]], backend: str)
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for scenario, items in by_scenario.items():
-        rand = next((r for r in items if r["kind"] == "random"), None)
-        for r in sorted((r for r in items if r["kind"] == "attack"), key=lambda r: (r["accident_type"], r["arm"])):
+        rands = {_group(r): r for r in items if r["kind"] == "random"}
+        for r in sorted(
+            (r for r in items if r["kind"] == "attack"), key=lambda r: (_group(r), r["accident_type"], r["arm"])
+        ):
+            rand = rands.get(_group(r))
             base = cell(*type_rate(rand, r["accident_type"])) if rand else "-"
             lines.append(
                 f"| {scenario} | {r['accident_type']} | {r['arm']} | {r['reward_source']} | "
                 f"{cell(r['asr'], r['asr_ci'])} | {cell(r['target_rate'], r['target_rate_ci'])} | "
                 f"{cell(r['responsible_rate'], r['responsible_rate_ci'])} | {base} |"
             )
-    return "\n".join(lines) + "\n"
+    diversity = ["", "| scenario | arm | distinct types | type entropy | trajectory diversity |", "| --- |" * 5]
+    for scenario, items in by_scenario.items():
+        per_arm = arm_diversity(scenario, [r for r in items if r["kind"] == "attack"])
+        for arm in sorted({k.split("/")[2] for k in per_arm}):
+            pre = f"aed/{scenario}/{arm}"
+            diversity.append(
+                f"| {scenario} | {arm} | {per_arm[pre + '/distinct_types']:.0f} | {per_arm[pre + '/type_entropy']:.2f} "
+                f"| {per_arm[pre + '/trajectory_diversity']:.2f} |"
+            )
+    return "\n".join(lines + diversity) + "\n"
+
+
+def diversity_figure(scenario: str, items: list[dict[str, Any]]):
+    """Per arm: distinct accident types, entropy over types and trajectory diversity of its adversaries."""
+    import numpy as np
+
+    from palaestra.shared.tracking import new_figure
+
+    per_arm = arm_diversity(scenario, [r for r in items if r["kind"] == "attack"])
+    arms = sorted({k.split("/")[2] for k in per_arm})
+    fig, axes = new_figure(1, 3, figsize=(9, 3))
+    for ax, key in zip(axes, ("distinct_types", "type_entropy", "trajectory_diversity")):
+        ax.bar(np.arange(len(arms)), [per_arm[f"aed/{scenario}/{a}/{key}"] for a in arms], 0.6)
+        ax.set_xticks(np.arange(len(arms)), arms, fontsize=8)
+        ax.set_title(key.replace("_", " "), fontsize=9)
+    fig.suptitle(f"{scenario}: diversity of the accidents found, per arm")
+    fig.tight_layout()
+    return fig
 
 
 def comparison_figure(scenario: str, items: list[dict[str, Any]]):
@@ -130,7 +192,7 @@ def comparison_figure(scenario: str, items: list[dict[str, Any]]):
 
     from palaestra.shared.tracking import new_figure
 
-    attacks = [r for r in items if r["kind"] == "attack"]
+    attacks = [r for r in items if r["kind"] == "attack" and _group(r) == "fixed"]
     types = sorted({r["accident_type"] for r in attacks})
     fig, axes = new_figure(1, 3, figsize=(10, 3.2))
     for ax, (key, label) in zip(
@@ -159,12 +221,21 @@ def rates_figure(scenario: str, items: list[dict[str, Any]]):
     from palaestra.shared.tracking import new_figure
 
     attacks = [r for r in items if r["kind"] == "attack"]
-    baselines = {r["kind"]: r for r in items if r["kind"] in ("random", "passive")}
+    groups = {(r["kind"], _group(r)): r for r in items if r["kind"] in ("random", "passive")}
     fig, ax = new_figure(figsize=(1.8 + 1.6 * max(1, len(attacks)), 3.2))
     bars = [("target type", lambda r: (r["target_rate"], r["target_rate_ci"]))]
     bars.append(("any type", lambda r: (r["asr"], r["asr_ci"])))
-    for kind in baselines:
-        bars.append((f"{kind} (target type)", lambda r, k=kind: type_rate(baselines[k], r["accident_type"])))
+    for kind in sorted({k for k, _ in groups}):  # each type against the baseline classified by its own taxonomy
+        bars.append(
+            (
+                f"{kind} (target type)",
+                lambda r, k=kind: (
+                    type_rate(groups[(k, _group(r))], r["accident_type"])
+                    if (k, _group(r)) in groups
+                    else (0.0, (0.0, 0.0))
+                ),
+            )
+        )
     width = 0.8 / len(bars)
     x = np.arange(len(attacks))
     for i, (label, get) in enumerate(bars):

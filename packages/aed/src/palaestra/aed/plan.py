@@ -1,0 +1,122 @@
+"""The CPU budget and Ray placement of an ``aed.attack`` config, before anything runs.
+
+``python -m palaestra.aed.plan experiments/aed/paper.yaml [key=value ...]`` resolves the config (a pipeline's
+``aed.victim`` and ``aed.attack`` stages too) and prints, per task (scenario, type, arm, baselines), the
+environment steps it takes and its CPU-hours at `SECONDS_PER_STEP`, then how the tasks sit on the Ray cluster.
+
+Steps of one attack task (upper bounds: episodes may end before ``max_steps``):
+
+- training: ``train.timesteps``;
+- an LLM arm (``rewards: llm``, the llm arm of ``both``, every LLM-proposed type): Eureka's candidates,
+  ``eureka.rounds x eureka.samples x (eureka.timesteps + eureka.eval_episodes x max_steps)``;
+- preference learning: ``preference.finetune_timesteps`` plus a second evaluation;
+- evaluation ``eval_episodes x max_steps`` and video ``video_episodes x max_steps``.
+
+A baseline task evaluates only; an ``aed.victim`` stage trains ``timesteps``. The number of LLM-proposed types
+is known only once the LLM has answered: the plan counts ``proposals.n_types`` per scenario (the most kept).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+SECONDS_PER_STEP = 0.05
+"""CPU-seconds per environment step, simulation and SB3 learner together (highway-env runs about 50 steps/s in
+one process here, before any learner update: DESIGN.md section 3)."""
+
+
+def task_steps(cfg, task: dict[str, Any]) -> int:
+    """Environment steps of one task of `cfg` (module docstring)."""
+    from palaestra.aed.scenarios import get_scenario
+
+    horizon = cfg.max_steps or get_scenario(task["scenario"]).max_steps
+    evaluation = cfg.eval_episodes * horizon
+    if task["kind"] != "attack":
+        return evaluation
+    steps = cfg.train.timesteps + evaluation
+    llm = task.get("arm") in ("llm", "proposed") or (task.get("arm") is None and cfg.rewards == "llm")
+    if llm:
+        e = cfg.eureka
+        steps += e.rounds * e.samples * (e.timesteps + e.eval_episodes * horizon)
+    if cfg.preference.enabled:
+        steps += cfg.preference.finetune_timesteps + evaluation
+    if cfg.video:
+        steps += cfg.video_episodes * horizon
+    return steps
+
+
+def attack_plan(cfg) -> tuple[list[str], float]:
+    """Lines of the plan of an ``aed.attack`` config, and its total CPU-hours."""
+    from palaestra.aed.jobs import _tasks
+
+    proposed = None
+    if cfg.taxonomy in ("llm", "both"):  # placeholders for the types the LLM will propose
+        n = cfg.proposals.n_types
+        fake = [{"name": f"proposed_{i + 1}", "recognizer": "(LLM-written)"} for i in range(n)]
+        proposed = {s: fake for s in cfg.scenarios}
+    tasks = _tasks(cfg, proposed, check_victim=False)
+    lines = ["| task | env steps | CPU-hours |", "| --- | --- | --- |"]
+    total = 0.0
+    per_type: dict[str, float] = {}
+    for task in tasks:
+        steps = task_steps(cfg, task)
+        hours = steps * SECONDS_PER_STEP / 3600
+        total += hours
+        lines.append(f"| {task['name']} | {steps:,} | {hours:.2f} |")
+        if task["kind"] == "attack":
+            key = f"{task['scenario']}/{task['accident_type']}"
+            per_type[key] = per_type.get(key, 0.0) + hours
+    lines.append("")
+    lines += [f"per type (all arms): {k} {v:.1f} CPU-hours" for k, v in per_type.items()]
+    cpus = cfg.cpus_per_task
+    slots = int(cfg.cluster.num_cpus // cpus) if cfg.cluster.num_cpus else None
+    longest = max(task_steps(cfg, t) for t in tasks) * SECONDS_PER_STEP / 3600
+    lines.append(
+        f"Ray: {len(tasks)} tasks (one per scenario, type and arm, plus baselines), each asking {cpus:g} CPUs "
+        f"({cfg.train.n_envs} vectorized envs): {len(tasks) * cpus:g} CPUs run them all at once"
+        + (f"; this cluster's {cfg.cluster.num_cpus} CPUs hold {slots} at a time" if slots else "")
+        + f" (cluster address: {cfg.cluster.address or 'local'})."
+    )
+    waves = math.ceil(len(tasks) / slots) if slots else 1
+    wall = waves * longest / max(1.0, min(cpus, cfg.train.n_envs))
+    lines.append(
+        f"Longest task {longest:.1f} CPU-hours; about {wall:.1f} hours of wall time in {waves} wave(s) if its "
+        f"envs use its {cpus:g} CPUs. Total {total:.1f} CPU-hours at {SECONDS_PER_STEP * 1000:.0f} ms per step."
+    )
+    return lines, total
+
+
+def describe(cfg) -> str:
+    """The plan of an ``aed.attack`` config, or of each ``aed.victim``/``aed.attack`` stage of a pipeline."""
+    from palaestra.shared.jobs import PipelineConfig, stage_configs
+
+    stages = stage_configs(cfg) if isinstance(cfg, PipelineConfig) else {cfg.job: cfg}
+    out, total = [], 0.0
+    for name, stage in stages.items():
+        if stage.job == "aed.victim":
+            hours = stage.timesteps * SECONDS_PER_STEP / 3600
+            out.append(f"stage {name} (aed.victim {stage.scenario}): {stage.timesteps:,} steps, {hours:.2f} CPU-hours")
+            total += hours
+        elif stage.job == "aed.attack":
+            lines, hours = attack_plan(stage)
+            out += [f"stage {name} (aed.attack):", *lines]
+            total += hours
+    out.append(f"all stages: {total:.1f} CPU-hours")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from palaestra.shared.jobs import load_config
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print("usage: python -m palaestra.aed.plan CONFIG [key=value ...]", file=sys.stderr)
+        return 2
+    print(describe(load_config(args[0], args[1:])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
