@@ -149,29 +149,48 @@ def _rescore_cases():
 EXPECTED = {"compact": (10, 0), "unclosed_think": (0, 10), "good_plus_malformed": (0, 10)}
 
 
-@pytest.mark.parametrize("case", sorted(EXPECTED))
-def test_bfcls_own_runner_rescores_our_files_to_our_numbers_whichever_decoder(tmp_path, case):
+# each (case, decoder) on its own AST category's first 10 entries, so that BFCL's runner scores all six at once
+CATEGORY = {
+    ("compact", "palaestra"): "simple_python",
+    ("compact", "bfcl"): "multiple",
+    ("unclosed_think", "palaestra"): "parallel",
+    ("unclosed_think", "bfcl"): "parallel_multiple",
+    ("good_plus_malformed", "palaestra"): "live_simple",
+    ("good_plus_malformed", "bfcl"): "live_multiple",
+}
+
+
+def test_bfcls_own_runner_rescores_our_files_to_our_numbers_whichever_decoder(tmp_path):
     from bfcl_eval.eval_checker.eval_runner import runner
 
     from palaestra.egpo.eval import score_single_turn
     from palaestra.egpo.tasks import load_bfcl
 
     cases, canonical_calls = _rescore_cases()
-    tasks = load_bfcl("simple_python", 10)
-    for decoder, want in zip(("palaestra", "bfcl"), EXPECTED[case]):
-        root = tmp_path / decoder
-        records = []
-        for task in tasks:
+    expected, records = {}, {}
+    for (case, decoder), category in CATEGORY.items():
+        expected[category] = (EXPECTED[case][decoder == "bfcl"], 10)
+        records[category] = []
+        for task in load_bfcl(category, 10):
             text = cases[case](canonical_calls(task.ground_truth, task.tools))
             verdict = score_single_turn(task, text, decoder)
-            records.append({"id": task.id, "outputs": [text], "valid": verdict["valid"], "error": verdict["error"]})
-        ours = write_run_files(root, {"simple_python": records}, model="m", decoder=decoder)["scores"]
-        assert ours["simple_python"] == (want, 10), (case, decoder)
-        (root / "bfcl_score").mkdir()
-        runner([CHECKER_MODEL_NAME], ["simple_python"], root / "result", root / "bfcl_score", allow_missing=True)
-        (path,) = (root / "bfcl_score").glob(f"{CHECKER_MODEL_NAME}/*/BFCL_v4_simple_python_score.json")
+            record = {"id": task.id, "outputs": [text], "valid": verdict["valid"], "error": verdict["error"]}
+            records[category].append(record)
+        # the result file of this category is written with this decoder (one call per decoder's categories)
+        ours = write_run_files(tmp_path / category, {category: records[category]}, model="m", decoder=decoder)
+        assert ours["scores"][category] == expected[category], (case, decoder)
+        for path in (tmp_path / category / "result").rglob("*.json"):  # gather the files under one root
+            target = tmp_path / "all" / path.relative_to(tmp_path / category)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(path.read_text())
+    (tmp_path / "bfcl_score").mkdir()
+    runner(
+        [CHECKER_MODEL_NAME], list(records), tmp_path / "all" / "result", tmp_path / "bfcl_score", allow_missing=True
+    )
+    for category in records:
+        (path,) = (tmp_path / "bfcl_score").glob(f"{CHECKER_MODEL_NAME}/*/BFCL_v4_{category}_score.json")
         header = json.loads(path.read_text().splitlines()[0])
-        assert (header["correct_count"], header["total_count"]) == (want, 10), (case, decoder)
+        assert (header["correct_count"], header["total_count"]) == expected[category], category
 
 
 def test_v3_summary_by_hand():
