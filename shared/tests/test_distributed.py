@@ -7,9 +7,12 @@ import torch
 
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.rl.batch import TrainBatch
-from palaestra.shared.rl.config import LearnerConfig, OptimConfig
+from palaestra.shared.rl.config import LearnerConfig, OptimConfig, TrainConfig
 from palaestra.shared.rl.distributed import DistributedLearner, shares
-from palaestra.shared.rl.loss import LossConfig, policy_loss, token_logprobs_and_entropy
+from palaestra.shared.rl.logprobs import token_logprobs_and_entropy
+from palaestra.shared.rl.loss import LossConfig, policy_loss
+from palaestra.shared.rl.update import StepData
+from palaestra.shared.rollout.engine import RolloutConfig
 
 pytestmark = pytest.mark.slow
 
@@ -45,17 +48,18 @@ def _reference_gradients(model, state, batch, idx, advantages, old, ref, cfg) ->
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def _learner(strategy: str, lr: float, tiny_llm) -> DistributedLearner:
+def _learner(strategy: str, lr: float, tiny_llm, micro_batch_tokens: int = 0) -> DistributedLearner:
     from palaestra.shared.testing import TEST_CLUSTER
 
-    return DistributedLearner(
-        LLMConfig(model="tiny", device="cpu"),
-        LearnerConfig(world_size=2, strategy=strategy, num_cpus=1),
-        OptimConfig(lr=lr, max_grad_norm=0.0),
-        initial_state={k: v.clone() for k, v in tiny_llm.model.state_dict().items()},
-        reference=True,
+    cfg = TrainConfig(
+        llm=LLMConfig(model="tiny", device="cpu"),
+        learner=LearnerConfig(world_size=2, strategy=strategy, num_cpus=1, micro_batch_tokens=micro_batch_tokens),
+        optim=OptimConfig(lr=lr, max_grad_norm=0.0),
+        rollout=RolloutConfig(temperature=1.0),
         cluster=TEST_CLUSTER,
     )
+    initial = {k: v.clone() for k, v in tiny_llm.model.state_dict().items()}
+    return DistributedLearner(cfg, initial_state=initial, reference=True)
 
 
 def _assert_same(got: dict, expected: dict, rtol: float = 1e-5) -> None:
@@ -78,16 +82,17 @@ def test_two_ranks_give_the_single_process_gradient_for_every_reduction(strategy
     model = copy.deepcopy(tiny_llm.model).train()
     batch, advantages = _batch(model.config.vocab_size)
     idx = torch.tensor([4, 0, 3, 1, 2])  # a shuffled minibatch, as the trainer's
-    learner = _learner(strategy, lr=1e-2, tiny_llm=tiny_llm)
+    # a budget of 24 padded tokens: rank 0 (rows 4, 0, 3) runs 3 micro-batches, rank 1 (rows 1, 2) runs 1
+    learner = _learner(strategy, lr=1e-2, tiny_llm=tiny_llm, micro_batch_tokens=24)
     try:
         for reduction in ("grpo", "dapo", "dr_grpo"):
             cfg = LossConfig(reduction=reduction, max_len=16, kl_coef=0.1, dual_clip=3.0)
+            learner.cfg.loss = cfg  # the settings travel with each call
             state = learner.state_dict()
-            old, _ = learner.score(batch, 1.0, with_entropy=False)
-            ref, _ = learner.score(batch, 1.0, with_entropy=False, ref=True)
+            old, _ = learner.score(batch, with_entropy=False)
+            ref, _ = learner.score(batch, with_entropy=False, ref=True)
             old = old + 0.05 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1))
-            # a budget of 24 padded tokens: rank 0 (rows 4, 0, 3) runs 3 micro-batches, rank 1 (rows 1, 2) runs 1
-            metrics = learner.update(batch, idx, advantages, cfg, 1.0, 24, old_logps=old, ref_logps=ref)
+            metrics = learner.optimizer_step(StepData(batch, advantages, old_logps=old, ref_logps=ref), idx)
             expected = _reference_gradients(model, state, batch, idx, advantages, old, ref, cfg)
             _assert_same(learner.full_gradients(), expected)
             assert metrics["tokens"] == float(batch.loss_mask.sum())
@@ -106,9 +111,10 @@ def test_gathered_state_round_trips_and_a_sharded_checkpoint_resumes_exactly(tin
     learner = _learner("fsdp", lr=1e-2, tiny_llm=tiny_llm)
 
     def step(lrn):
-        old, _ = lrn.score(batch, 1.0, with_entropy=False)
-        ref, _ = lrn.score(batch, 1.0, with_entropy=False, ref=True)
-        lrn.update(batch, idx, advantages, cfg, 1.0, old_logps=old - 0.05, ref_logps=ref)
+        lrn.cfg.loss = cfg
+        old, _ = lrn.score(batch, with_entropy=False)
+        ref, _ = lrn.score(batch, with_entropy=False, ref=True)
+        lrn.optimizer_step(StepData(batch, advantages, old_logps=old - 0.05, ref_logps=ref), idx)
 
     try:
         state = learner.state_dict()

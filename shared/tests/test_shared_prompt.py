@@ -5,9 +5,11 @@ import copy
 import pytest
 import torch
 
-from palaestra.shared.rl.batch import TrainBatch, micro_batches, score_batch
-from palaestra.shared.rl.loss import LossConfig, token_logprobs_and_entropy
-from palaestra.shared.rl.update import accumulate_gradients
+from palaestra.shared.rl.batch import TrainBatch, micro_batches
+from palaestra.shared.rl.learner import model_forward
+from palaestra.shared.rl.logprobs import token_logprobs_and_entropy
+from palaestra.shared.rl.loss import LossConfig
+from palaestra.shared.rl.update import StepData, accumulate, score_rows, token_means
 
 # (prompt, completion length): prompt "a" is a group of 4, "b" of 3; "c" and "a+" (a's prompt and one more
 # token) are one row each, so they share with nobody
@@ -77,8 +79,9 @@ def test_logprobs_and_entropies_equal_the_plain_forward(tiny_llm):
 def test_float32_scoring_in_micro_batches_matches_the_plain_forward(tiny_llm):
     model = copy.deepcopy(tiny_llm.model).eval()
     batch = make_batch(model.config.vocab_size)
-    plain_lp, plain_ent = score_batch(model, batch, 1.0)
-    lp, ent = score_batch(model, batch, 1.0, max_rows=4, shared_prompt=True)
+    rows = torch.arange(len(batch))
+    plain_lp, plain_ent = score_rows(model_forward(model, 1.0), batch, rows)
+    lp, ent = score_rows(model_forward(model, 1.0, shared_prompt=True), batch, rows, max_rows=4)
     scored = batch.loss_mask > 0
     assert torch.allclose(lp, plain_lp, rtol=1e-5, atol=1e-5) and lp[scored].abs().min() > 0
     assert torch.allclose(ent, plain_ent, rtol=1e-5, atol=1e-5)
@@ -86,9 +89,8 @@ def test_float32_scoring_in_micro_batches_matches_the_plain_forward(tiny_llm):
 
 def grads(model, batch, idx, cfg, budget, shared, old, ref, adv):
     model.zero_grad(set_to_none=True)
-    metrics = accumulate_gradients(
-        model, batch, idx, adv, cfg, 0.7, budget, old_logps=old, ref_logps=ref, shared_prompt=shared
-    )
+    data = StepData(batch, adv, old_logps=old, ref_logps=ref)
+    metrics = token_means(accumulate(model_forward(model, 0.7, shared), data, idx, cfg, budget, "cpu"))
     return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, metrics
 
 
@@ -170,7 +172,7 @@ def test_a_model_that_cannot_share_runs_the_plain_forward_with_a_warning(tiny_ll
 
 def test_the_learner_setting_reaches_the_update(tiny_llm):
     from palaestra.shared.rl.config import TrainConfig
-    from palaestra.shared.rl.update import ppo_update
+    from palaestra.shared.rl.learner import LocalLearner
 
     batch = make_batch(tiny_llm.model.config.vocab_size)
     _, _, adv = loss_inputs(batch)
@@ -178,10 +180,10 @@ def test_the_learner_setting_reaches_the_update(tiny_llm):
     for shared in (True, False):
         model = copy.deepcopy(tiny_llm.model).train()
         cfg = TrainConfig()
-        cfg.learner.shared_prompt = shared
+        cfg.learner.shared_prompt, cfg.optim.lr = shared, 0.5
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
         seen, hook = decoder_batches(model)
-        ppo_update(model, optimizer, batch, adv.float(), cfg, step=0)
+        LocalLearner(cfg, model, optimizer, torch.float32).update(StepData(batch, adv.float()))
         hook.remove()
         assert seen == ([(4, 6), (len(ROWS), 13)] if shared else [tuple(batch.input_ids.shape)])
         weights[shared] = torch.cat([p.detach().flatten() for p in model.parameters()])

@@ -256,11 +256,11 @@ def test_ray_workers_with_eval_every_run_to_the_end(tmp_path, ray_local):
 
 
 def test_on_policy_step_skips_the_old_logprob_forward(tmp_path, monkeypatch):
-    import palaestra.shared.rl.trainer as trainer_module
+    from palaestra.shared.rl.learner import LocalLearner
 
     calls = []
-    real = trainer_module.score_batch
-    monkeypatch.setattr(trainer_module, "score_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = LocalLearner.score
+    monkeypatch.setattr(LocalLearner, "score", lambda *a, **k: calls.append(1) or real(*a, **k))
     egpo = [AdvantageStep("grpo"), AdvantageStep("entropy_clipped", {"span": "response"})]
     for kw, scored in [
         (dict(ppo_epochs=1, minibatch_size=0), 0),  # exactly on-policy: skipped

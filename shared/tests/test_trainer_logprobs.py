@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from palaestra.shared.rl.loss import token_logprobs_and_entropy
+from palaestra.shared.rl.logprobs import token_logprobs_and_entropy
 
 
 def full_logits_path(model, ids, attention, temperature, with_entropy=True):
@@ -61,7 +61,7 @@ PEAK_SCRIPT = textwrap.dedent(
     from transformers import Qwen3Config, Qwen3ForCausalLM
     sys.path.insert(0, sys.argv[2])
     from test_trainer_logprobs import full_logits_path
-    from palaestra.shared.rl.loss import token_logprobs_and_entropy
+    from palaestra.shared.rl.logprobs import token_logprobs_and_entropy
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=32000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -138,3 +138,35 @@ def test_scoring_only_some_positions_equals_the_full_scores_there(tiny_llm):
     assert torch.allclose(ent[positions], ref_ent[positions], rtol=1e-9, atol=1e-9)
     for k in ref_grad:
         assert torch.linalg.norm(grad[k] - ref_grad[k]) <= 1e-6 * torch.linalg.norm(ref_grad[k]), k
+
+
+def test_bfloat16_head_gradient_adds_its_chunks_in_float32():
+    """Under FSDP's bfloat16 mixed precision the head's weight is bfloat16 and its gradient is the sum of every
+    logit chunk's share (300 chunks here, as a few thousand tokens of a 151k vocabulary): added in bfloat16 the
+    error grows with the square root of the chunk count; added in float32 it stays at one bfloat16 rounding."""
+    from palaestra.shared.rl.logprobs import head_logprobs
+
+    torch.manual_seed(0)
+    positions, hidden_size, vocab = 600, 64, 512
+    hidden = torch.randn(positions, hidden_size, dtype=torch.float64).bfloat16()
+    weight = (torch.randn(vocab, hidden_size, dtype=torch.float64) * 0.1).bfloat16()
+    targets = torch.randint(0, vocab, (positions,))
+    coef = torch.randn(positions, dtype=torch.float64)
+
+    def head_gradient(dtype, float32_sum=None):
+        head = torch.nn.Linear(hidden_size, vocab, bias=False).to(dtype)
+        with torch.no_grad():
+            head.weight.copy_(weight.to(dtype))
+        h = hidden.to(dtype).requires_grad_(True)
+        lp, _ = head_logprobs(
+            h, targets, head, with_entropy=False, chunk_elements=2 * vocab, float32_grad_sum=float32_sum
+        )
+        (lp.double() * coef).sum().backward()
+        return lp.detach(), head.weight.grad.double()
+
+    _, exact = head_gradient(torch.float64)  # the same bfloat16 values, every sum in float64
+    lp_bf16_sum, bf16_sum = head_gradient(torch.bfloat16, float32_sum=False)  # what autograd does by itself
+    lp_default, default = head_gradient(torch.bfloat16)  # the default for a bfloat16 head: float32 sums
+    err = {name: float((g - exact).norm() / exact.norm()) for name, g in (("bf16", bf16_sum), ("f32", default))}
+    assert torch.equal(lp_default, lp_bf16_sum)  # the forward is the same bfloat16 matmul
+    assert err["f32"] < 0.004 < 0.008 < err["bf16"]  # measured: 0.0029 vs 0.0124

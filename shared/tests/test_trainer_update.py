@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from palaestra.shared.rl.batch import TrainBatch, micro_batches
+from palaestra.shared.rl.learner import model_forward
 from palaestra.shared.rl.loss import LossConfig
-from palaestra.shared.rl.update import accumulate_gradients
+from palaestra.shared.rl.update import StepData, accumulate, score_rows, token_means
 
 LENGTHS = [14, 5, 9, 3, 11, 7]
 
@@ -34,9 +35,8 @@ def inputs(batch: TrainBatch, seed: int = 1):
 
 def grads_of(model, batch, idx, cfg, budget, old, ref, adv):
     model.zero_grad(set_to_none=True)
-    metrics = accumulate_gradients(
-        model, batch, idx, adv, cfg, 0.7, budget, old_logps=old, ref_logps=ref, entropies=torch.ones_like(ref)
-    )
+    data = StepData(batch, adv, old_logps=old, ref_logps=ref, entropies=torch.ones_like(ref))
+    metrics = token_means(accumulate(model_forward(model, 0.7), data, idx, cfg, budget, "cpu"))
     return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, metrics
 
 
@@ -127,14 +127,12 @@ def test_on_policy_update_without_old_logprobs_gives_the_same_gradients(tiny_llm
     # one epoch, one minibatch: the old log-probs equal the current ones, so the trainer may skip scoring
     import copy
 
-    from palaestra.shared.rl.batch import score_batch
-
     model = copy.deepcopy(tiny_llm.model).double().train()
     batch = make_batch(model.config.vocab_size)
     _, ref, adv = (x.double() for x in inputs(batch))
     cfg = LossConfig(kl_coef=0.1, dual_clip=3.0, reduction=reduction, max_len=16)
     idx = torch.arange(len(batch))
-    scored, _ = score_batch(model, batch, 0.7, with_entropy=False)
+    scored, _ = score_rows(model_forward(model, 0.7), batch, idx, with_entropy=False)
     with_old, m_old = grads_of(model, batch, idx, cfg, 20, scored.double(), ref, adv)
     skipped, m_skip = grads_of(model, batch, idx, cfg, 20, None, ref, adv)
     for k in with_old:

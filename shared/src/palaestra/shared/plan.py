@@ -32,7 +32,7 @@ sharded parts divided by N under ``fsdp``, whole under ``ddp``):
   worth with gradient checkpointing (the layer being recomputed), all layers' without (measured on CPU,
   where SDPA's math backend does this; cuDNN's converts too, while the memory-efficient kernel takes the
   boolean mask itself, and then this counts c x T x L per layer too many: erring on the safe side);
-- logits: rl/loss.py runs the output head a chunk of `LOGIT_CHUNK_ELEMENTS` logits at a time,
+- logits: rl/logprobs.py runs the output head a chunk of `LOGIT_CHUNK_ELEMENTS` logits at a time,
   checkpointed, so only one chunk is alive: its compute-dtype and float32 logits, log-softmax,
   the entropy's exp, and in the backward two float32 gradients and one in the compute dtype;
 - a flat runtime reserve (CUDA context, allocator fragmentation): `RUNTIME_RESERVE_GB`.
@@ -59,7 +59,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from palaestra.shared.rl.loss import LOGIT_CHUNK_ELEMENTS
+from palaestra.shared.rl.logprobs import LOGIT_CHUNK_ELEMENTS
 
 GB = 1e9
 RUNTIME_RESERVE_GB = 3.0

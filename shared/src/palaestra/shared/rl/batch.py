@@ -1,4 +1,4 @@
-"""Trajectories -> padded training tensors, and per-token log-probs/entropies from the learner.
+"""Trajectories -> padded training tensors, their micro-batches, and per-token advantages and think entropies.
 
 Rows are whole agent conversations (`Trajectory.to_sequence`), right-padded.
 Tensors over *target* positions have length L-1: position j scores token j+1,
@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from palaestra.shared.rl.loss import token_logprobs_and_entropy
 from palaestra.shared.rollout.trajectory import Trajectory
 
 
@@ -126,39 +125,6 @@ def micro_batches(batch: TrainBatch, idx: torch.Tensor, max_tokens: int = 0, max
             start = end - 1
     parts.append(order[start:])
     return parts
-
-
-@torch.no_grad()
-def score_batch(
-    model,
-    batch: TrainBatch,
-    temperature: float,
-    max_tokens: int = 0,
-    max_rows: int = 0,
-    with_entropy: bool = True,
-    shared_prompt: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) of the model's tokens (``loss_mask``; 0 elsewhere) under `model`, without
-    gradients, one forward per micro-batch (`micro_batches` with `max_tokens` / `max_rows`); (N, L-1)
-    tensors in the batch's row order. ``shared_prompt``: see `loss.token_logprobs_and_entropy`."""
-    device = next(model.parameters()).device
-    logps = torch.zeros(batch.loss_mask.shape)
-    ents = torch.zeros(batch.loss_mask.shape) if with_entropy else None
-    for idx in micro_batches(batch, torch.arange(len(batch)), max_tokens, max_rows):
-        mb = batch.rows(idx)
-        lp, ent = token_logprobs_and_entropy(
-            model,
-            mb.input_ids.to(device),
-            mb.attention_mask.to(device),
-            temperature,
-            with_entropy,
-            positions=mb.loss_mask.to(device) > 0,
-            shared_prompt=shared_prompt,
-        )
-        logps[idx, : lp.shape[1]] = lp.float().cpu()
-        if ents is not None and ent is not None:
-            ents[idx, : ent.shape[1]] = ent.float().cpu()
-    return logps, ents
 
 
 def think_entropy(entropy: torch.Tensor, batch: TrainBatch, span: str = "think") -> np.ndarray:

@@ -34,9 +34,23 @@ class LRSchedule(StrEnum):
     cosine = "cosine"
 
 
+class TaskSampling(StrEnum):
+    """How each step's tasks are drawn (rl/task_sampling.py)."""
+
+    replacement = "replacement"
+    epochs = "epochs"
+
+
+class ScheduleUnit(StrEnum):
+    """What the learning-rate schedule counts (rl/optim.py)."""
+
+    rl_step = "rl_step"
+    optimizer_step = "optimizer_step"
+
+
 @dataclass
 class OptimConfig:
-    """The learner's AdamW and its learning-rate schedule (rl/optim.py), a function of the RL step."""
+    """The learner's AdamW and its learning-rate schedule (rl/optim.py), a function of the RL or optimizer step."""
 
     lr: float = 1e-6
     """Peak learning rate."""
@@ -46,12 +60,16 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     """Gradient clipping (0: off)."""
     warmup_steps: int = 0
-    """RL steps of linear warmup from 0: step s < warmup_steps updates at lr * s / warmup_steps, so the first
-    update has lr 0 (as HF's and Megatron's warmup schedulers). MARS: 10."""
+    """Steps (of ``schedule_unit``) of linear warmup from 0: step s < warmup_steps updates at
+    lr * s / warmup_steps, so the first update has lr 0 (as HF's and Megatron's warmup schedulers). MARS: 10."""
     schedule: LRSchedule = LRSchedule.constant
     """After warmup: `constant` at lr, or `cosine` from lr toward min_lr over the run's steps (MARS)."""
     min_lr: float = 0.0
     """The cosine schedule's floor (MARS: 0, ROLL's default)."""
+    schedule_unit: ScheduleUnit = ScheduleUnit.rl_step
+    """What warmup_steps and the cosine's length count: `rl_step` (the rate set once per RL step) or
+    `optimizer_step` (set before every optimizer step; the cosine spans the run's optimizer steps and ends
+    exactly at the last one, as ROLL's scheduler, MARS's trainer)."""
 
     def __post_init__(self) -> None:
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -212,3 +230,23 @@ class TrainConfig(JobConfig):
     """Evaluate every N steps (0: only before and after training)."""
     eval_before: bool = True
     """Evaluate before the first step (after the warm start): the starting point."""
+    task_sampling: TaskSampling = TaskSampling.replacement
+    """replacement (each task an env by weight and a random reset seed) | epochs (every task of every env once
+    per epoch, reshuffled per epoch, as verl's dataloader; rl/task_sampling.py)."""
+    epochs: int = field(default=0, metadata=value_check("palaestra.shared.rl.config:check_epochs"))
+    """With ``task_sampling: epochs``, > 0: the run is ceil(epochs x tasks / tasks_per_step) steps instead of
+    ``steps`` (the EGPO paper: 5). 0: ``steps`` steps."""
+
+    def __post_init__(self) -> None:
+        # resolved here, before the config is logged: what MLflow's config.yaml holds is what runs
+        if self.loss.reduction == "dr_grpo" and not self.loss.max_len:
+            self.loss.max_len = self.rollout.max_tokens_per_turn
+
+
+def check_epochs(value: int, owner: TrainConfig) -> str | None:
+    """Epochs count passes of epoch sampling; with the other draw they would be silently ignored."""
+    if value < 0:
+        return f"must be >= 0, got {value}"
+    if value and owner.task_sampling != TaskSampling.epochs:
+        return f"{value} epochs need task_sampling: epochs (got {owner.task_sampling})"
+    return None

@@ -1,7 +1,8 @@
 """The sharded learner: ``learner.world_size`` Ray actors forming one torch.distributed group (FSDP2 or DDP).
 
 The trainer's driver keeps the loop (rollout -> scoring -> advantages ->
-updates -> weight sync); `DistributedLearner` is the learner half of it, on N
+updates -> weight sync); `DistributedLearner` is the learner half of it (the
+face of rl/learner.py's `Learner`, as `LocalLearner` in process), on N
 `LearnerRank` actors placed by one Ray placement group, as verl, OpenRLHF and
 ROLL place theirs (DESIGN.md §6). ``learner.world_size`` 1 never comes here:
 the model then lives in the trainer's own process.
@@ -15,7 +16,7 @@ the model then lives in the trainer's own process.
   `MixedPrecisionPolicy` (fp32 gradient reduction, fp32 master weights).
   ``ddp`` keeps a full replica per rank (`DistributedDataParallel`; bf16 under
   autocast).
-- Data: each step's tensors go into the object store once (`ray.put`); a
+- Data: each step's tensors (`update.StepData`) go into the object store once (`ray.put`); a
   minibatch's rows are cut into one contiguous, equal share per rank (sizes
   differ by at most one row). A rank splits its share into micro-batches
   (`batch.micro_batches`, ``learner.micro_batch_tokens``); ranks with fewer
@@ -51,29 +52,27 @@ from typing import Any
 
 import torch
 
-from palaestra.shared.config import ClusterConfig
-from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.rl.batch import TrainBatch
-from palaestra.shared.rl.config import LearnerConfig, OptimConfig, TrainConfig
+from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.distributed_rank import STRATEGIES, LearnerRank
-from palaestra.shared.rl.loss import LossConfig
-from palaestra.shared.rl.update import over_minibatches
+from palaestra.shared.rl.learner import ppo_update
+from palaestra.shared.rl.update import StepData
 
 
 class DistributedLearner:
-    """The driver's handle on the N learner ranks; every call runs on all ranks and returns rank 0's answer."""
+    """The driver's handle on the N learner ranks (the `learner.Learner` face); every call runs on all ranks
+    and returns rank 0's answer. ``cfg`` (the run's `TrainConfig`) travels with each call: what the ranks
+    compute is what it says at that call. ``mirror``: a model in the driver's process that every `update`
+    refreshes with the ranks' new weights (the trainer's copy, which the rollouts and checkpoints read)."""
 
     def __init__(
         self,
-        llm: LLMConfig,
-        learner: LearnerConfig,
-        optim: OptimConfig,
+        cfg: TrainConfig,
         *,
         initial_state: dict | None = None,
         reference: bool = False,
         reference_dir: str | None = None,
-        gradient_checkpointing: bool = False,
-        cluster: ClusterConfig | None = None,
+        mirror: torch.nn.Module | None = None,
         placement_timeout_s: float = 120.0,
     ):
         from ray.util.placement_group import placement_group
@@ -81,11 +80,13 @@ class DistributedLearner:
 
         from palaestra.shared import cluster as ray_cluster
 
+        learner = cfg.learner
         if learner.world_size < 2:
             raise ValueError(f"a distributed learner needs learner.world_size >= 2, got {learner.world_size}")
         if learner.strategy not in STRATEGIES:
             raise ValueError(f"learner.strategy must be one of {', '.join(STRATEGIES)}, got {learner.strategy!r}")
-        self.ray = ray_cluster.init(cluster)
+        self.cfg, self.mirror = cfg, mirror
+        self.ray = ray_cluster.init(cfg.cluster)
         self.world_size = learner.world_size
         bundle = {"CPU": learner.num_cpus, **({"GPU": learner.num_gpus} if learner.num_gpus else {})}
         self.group = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
@@ -110,11 +111,7 @@ class DistributedLearner:
         ]
         master = self.ray.get(self.ranks[0].address.remote())
         state_ref = self.ray.put(initial_state) if initial_state is not None else None
-        self._all(
-            lambda r: r.setup.remote(
-                master, llm, learner, optim, state_ref, reference, reference_dir, gradient_checkpointing
-            )
-        )
+        self._all(lambda r: r.setup.remote(master, cfg, state_ref, reference, reference_dir))
         self._refs: dict[str, tuple[Any, Any]] = {}
 
     def _all(self, call) -> list:
@@ -128,14 +125,13 @@ class DistributedLearner:
         return self._refs[name][1]
 
     def score(
-        self, batch: TrainBatch, temperature: float, max_tokens: int = 0, with_entropy: bool = True, ref: bool = False
+        self, batch: TrainBatch, *, with_entropy: bool = True, ref: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropies) of every row under the policy (``ref``: the reference), (N, L-1)."""
         batch_ref = self._put("batch", batch)
         parts = shares(torch.arange(len(batch)), self.world_size)
-        results = self._all_indexed(
-            lambda r, i: r.score.remote(batch_ref, parts[i], temperature, max_tokens, with_entropy, ref)
-        )
+        cfg = self.cfg
+        results = self._all_indexed(lambda r, i: r.score.remote(batch_ref, parts[i], cfg, with_entropy, ref))
         logps = torch.zeros(batch.loss_mask.shape)
         ents = torch.zeros(batch.loss_mask.shape) if with_entropy else None
         for part, (lp, ent) in zip(parts, results):
@@ -144,61 +140,19 @@ class DistributedLearner:
                 ents[part] = ent
         return logps, ents
 
-    def update(
-        self,
-        batch: TrainBatch,
-        idx: torch.Tensor,
-        advantages: torch.Tensor,
-        cfg: LossConfig,
-        temperature: float,
-        micro_batch_tokens: int = 0,
-        old_logps: torch.Tensor | None = None,
-        ref_logps: torch.Tensor | None = None,
-        entropies: torch.Tensor | None = None,
-    ) -> dict[str, float]:
-        """One optimizer step over the minibatch rows `idx` (arguments as `rl.update.accumulate_gradients`)."""
-        data = {
-            "batch": batch,
-            "advantages": advantages,
-            "old_logps": old_logps,
-            "ref_logps": ref_logps,
-            "entropies": entropies,
-        }
+    def optimizer_step(self, data: StepData, idx: torch.Tensor, lr: float | None = None) -> dict[str, float]:
+        """One optimizer step over the minibatch rows `idx`, each rank on its contiguous share (at `lr` when given)."""
         data_ref = self._put("step", data)
         parts = shares(idx, self.world_size)
-        results = self._all_indexed(
-            lambda r, i: r.update.remote(data_ref, parts[i], cfg, temperature, micro_batch_tokens)
-        )
-        return results[0]
+        cfg = self.cfg
+        return self._all_indexed(lambda r, i: r.optimizer_step.remote(data_ref, parts[i], cfg, lr))[0]
 
-    def ppo_update(
-        self,
-        batch: TrainBatch,
-        advantages: torch.Tensor,
-        cfg: TrainConfig,
-        step: int,
-        old_logps: torch.Tensor | None = None,
-        ref_logps: torch.Tensor | None = None,
-        entropies: torch.Tensor | None = None,
-    ) -> dict[str, float]:
-        """`rl.update.ppo_update` on the ranks: the same shuffled minibatches (a function of seed and step),
-        one `update` (optimizer step) each; the metrics averaged over the steps."""
-        return over_minibatches(
-            cfg,
-            step,
-            len(batch),
-            lambda idx: self.update(
-                batch,
-                idx,
-                advantages,
-                cfg.loss,
-                cfg.rollout.temperature,
-                cfg.learner.micro_batch_tokens,
-                old_logps=old_logps,
-                ref_logps=ref_logps,
-                entropies=entropies,
-            ),
-        )
+    def update(self, data: StepData) -> dict[str, float]:
+        """The RL step's PPO epochs x minibatches on the ranks (`learner.ppo_update`), then the mirror refreshed."""
+        metrics = ppo_update(self, data)
+        if self.mirror is not None:  # the ranks' new weights, gathered once, into the driver's copy
+            self.mirror.load_state_dict(self.state_dict())
+        return metrics
 
     def _all_indexed(self, call) -> list:
         return self.ray.get([call(r, i) for i, r in enumerate(self.ranks)])
@@ -237,9 +191,10 @@ class DistributedLearner:
 
 
 def _same(held: Any, value: Any) -> bool:
-    """The same objects (a dict: the same objects under the same keys)."""
-    if isinstance(held, dict) and isinstance(value, dict):
-        return held.keys() == value.keys() and all(held[k] is v for k, v in value.items())
+    """The same object (a `StepData`: the same tensors, the same step)."""
+    if isinstance(held, StepData) and isinstance(value, StepData):
+        fields = [(getattr(held, f), getattr(value, f)) for f in StepData.__dataclass_fields__]
+        return all(a is b if isinstance(a, torch.Tensor | TrainBatch) else a == b for a, b in fields)
     return held is value
 
 

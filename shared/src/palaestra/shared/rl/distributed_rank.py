@@ -2,9 +2,11 @@
 
 `LogProbs` is the root module that FSDP2 / DDP wrap; `LearnerRank` holds the
 rank's shard (or replica) of the policy, its AdamW state and the frozen
-reference, joins the process group, scores rows, runs one optimizer step over
-its share of a minibatch with the globally normalized loss, clips with the
-global norm, gathers the full state dict, and writes / reads checkpoints.
+reference, joins the process group, scores rows and runs one optimizer step
+over its share of a minibatch through the learner's one inner loop
+(rl/update.py) with `RankCollectives` (all-reduces: the global normalizer and
+micro-batch count, the agreed stop on a non-finite loss, the metrics), gathers
+the full state dict, and writes / reads checkpoints.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from typing import Any
 
 import torch
 
-from palaestra.shared.llm.base import LLMConfig
-from palaestra.shared.rl.batch import TrainBatch, micro_batches
-from palaestra.shared.rl.config import LearnerConfig, OptimConfig, learner_dtypes
-from palaestra.shared.rl.loss import LossConfig, loss_normalizer, policy_loss, token_logprobs_and_entropy
+from palaestra.shared.rl.batch import TrainBatch
+from palaestra.shared.rl.config import TrainConfig, learner_dtypes
+from palaestra.shared.rl.learner import scoring_temperature
+from palaestra.shared.rl.logprobs import token_logprobs_and_entropy
 from palaestra.shared.rl.optim import make_optimizer, set_learning_rate
-from palaestra.shared.rl.update import TOKEN_MEANS
+from palaestra.shared.rl.update import Collectives, Forward, StepData, minibatch_step, score_rows
 
 STRATEGIES = ("fsdp", "ddp")
 
@@ -69,19 +71,17 @@ class LearnerRank:
     def setup(
         self,
         master: tuple[str, int],
-        llm: LLMConfig,
-        learner: LearnerConfig,
-        optim: OptimConfig,
+        cfg: TrainConfig,
         initial_state: dict | None,
         reference: bool,
         reference_dir: str | None,
-        gradient_checkpointing: bool,
     ) -> int:
         import torch.distributed as dist
         from transformers import AutoModelForCausalLM
 
         from palaestra.shared.llm.models import resolve_model_path
 
+        llm, learner = cfg.llm, cfg.learner
         self.cuda = learner.num_gpus > 0
         self.device = torch.device("cuda", 0) if self.cuda else torch.device("cpu")
         dist.init_process_group(
@@ -91,7 +91,7 @@ class LearnerRank:
             world_size=self.world_size,
             timeout=datetime.timedelta(minutes=30),
         )
-        self.strategy, self.optim_cfg = learner.strategy, optim
+        self.strategy = learner.strategy
         self.bf16 = learner_dtypes(learner, llm, self.device.type) == "bfloat16"
         path = resolve_model_path(llm.model, seed=llm.seed)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -103,7 +103,7 @@ class LearnerRank:
             if initial_state is not None and reference_dir is None:
                 ref.load_state_dict(initial_state)
             ref.requires_grad_(False).eval()
-        if gradient_checkpointing:
+        if learner.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model.to(self.device)  # the HF model (its names are the checkpoint's)
         # FSDP2 gathers a layer's shard for each call of it, so all ranks must make the same decoder calls;
@@ -116,7 +116,7 @@ class LearnerRank:
 
             self.engine = DistributedDataParallel(self.root, device_ids=[0] if self.cuda else None)
         self.ref = self._shard(LogProbs(ref.to(self.device), shared)) if ref is not None else None
-        self.optimizer = make_optimizer(self.root.parameters(), optim)
+        self.optimizer = make_optimizer(self.root.parameters(), cfg.optim)
         return sum(p.numel() for p in self.model.parameters())
 
     def _shard(self, root: LogProbs) -> LogProbs:
@@ -140,121 +140,40 @@ class LearnerRank:
         enabled = self.bf16 and self.strategy == "ddp"  # FSDP2 casts through its MixedPrecisionPolicy
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=enabled)
 
-    def _all_reduce(self, values: list[float], op) -> list[float]:
-        import torch.distributed as dist
+    def _forward(self, model: torch.nn.Module, temperature: float) -> Forward:
+        def forward(rows: TrainBatch, with_entropy: bool):
+            ids, mask = rows.input_ids.to(self.device), rows.attention_mask.to(self.device)
+            positions = rows.loss_mask.to(self.device) > 0  # the output head runs on the model's tokens only
+            with self._autocast():
+                return model(ids, mask, temperature, with_entropy, positions)
 
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=op)
-        return t.tolist()
+        return forward
 
-    def _zero_loss(self, engine) -> torch.Tensor:
-        """A pass that moves nothing but issues the same collectives as a real micro-batch."""
-        ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
-        return engine(ids, torch.ones_like(ids), 1.0, False)[0].sum() * 0.0
-
-    @torch.no_grad()
     def score(
-        self, batch: TrainBatch, idx: torch.Tensor, temperature: float, max_tokens: int, with_entropy: bool, ref: bool
+        self, batch: TrainBatch, idx: torch.Tensor, cfg: TrainConfig, with_entropy: bool, ref: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropies) of the rows `idx` under the policy (or the reference), (len(idx), L-1)."""
-        from torch.distributed import ReduceOp
-
         model = self.ref if ref else self.engine
         if model is None:
             raise ValueError("no reference model on the learner ranks (loss.kl_coef is 0)")
         model.eval()
-        parts = micro_batches(batch, idx, max_tokens) if len(idx) else []
-        (count,) = self._all_reduce([len(parts)], ReduceOp.MAX)
-        width = batch.loss_mask.shape[1]
-        logps = torch.zeros((len(batch), width))
-        ents = torch.zeros((len(batch), width)) if with_entropy else None
-        for k in range(int(count)):
-            with self._autocast():
-                if k >= len(parts):
-                    self._zero_loss(model)
-                    continue
-                rows = batch.rows(parts[k])
-                ids, mask = rows.input_ids.to(self.device), rows.attention_mask.to(self.device)
-                lp, ent = model(ids, mask, temperature, with_entropy, rows.loss_mask.to(self.device) > 0)
-            logps[parts[k], : lp.shape[1]] = lp.float().cpu()
-            if ents is not None and ent is not None:
-                ents[parts[k], : ent.shape[1]] = ent.float().cpu()
+        forward = self._forward(model, scoring_temperature(cfg))
+        tokens = cfg.learner.micro_batch_tokens
+        logps, ents = score_rows(forward, batch, idx, tokens, 0, with_entropy, RankCollectives(self, model))
         return logps[idx], (None if ents is None else ents[idx])
 
-    def update(
-        self,
-        data: dict,
-        idx: torch.Tensor,
-        cfg: LossConfig,
-        temperature: float,
-        micro_batch_tokens: int,
-    ) -> dict[str, float]:
+    def optimizer_step(self, data: StepData, idx: torch.Tensor, cfg: TrainConfig, lr: float | None) -> dict[str, float]:
         """One optimizer step over this rank's rows `idx` of the minibatch (see the module docstring)."""
-        from torch.distributed import ReduceOp
-
-        batch: TrainBatch = data["batch"]
+        if lr is not None:
+            self.set_learning_rate(lr)
         self.engine.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        parts = micro_batches(batch, idx, micro_batch_tokens) if len(idx) else []
-        local = loss_normalizer(batch.loss_mask[idx], cfg) if len(idx) else 0.0
-        total, _ = self._all_reduce([local, 0.0], ReduceOp.SUM)
-        (count,) = self._all_reduce([len(parts)], ReduceOp.MAX)
-        normalizer = total / self.world_size  # gradients are averaged over ranks: scale each rank's loss by N
-        sums = dict.fromkeys(("loss", "tokens", *TOKEN_MEANS), 0.0)
-        for k in range(int(count)):
-            with self._autocast():
-                if k < len(parts):
-                    rows = batch.rows(parts[k])
-                    cut = {name: _cut(data.get(name), parts[k], rows, self.device) for name in _STEP_TENSORS}
-                    with_entropy = cut["entropies"] is None
-                    logps, ent = self.engine(
-                        rows.input_ids.to(self.device),
-                        rows.attention_mask.to(self.device),
-                        temperature,
-                        with_entropy,
-                        rows.loss_mask.to(self.device) > 0,  # the output head runs on the model's tokens only
-                    )
-                    loss, m = policy_loss(
-                        logps,
-                        logps.detach() if cut["old_logps"] is None else cut["old_logps"],  # on-policy: ratio 1
-                        cut["advantages"],  # type: ignore[arg-type]
-                        rows.loss_mask.to(self.device),
-                        cfg,
-                        ref_logps=cut["ref_logps"],
-                        entropies=ent if with_entropy else cut["entropies"],
-                        normalizer=normalizer,
-                    )
-                    tokens = float(rows.loss_mask.sum())
-                else:
-                    loss, m, tokens = self._zero_loss(self.engine), {}, 0.0
-            (finite,) = self._all_reduce([float(torch.isfinite(loss).item())], ReduceOp.MIN)
-            if not finite:
-                return {"loss": float("nan"), "tokens": sums["tokens"]}
-            loss.backward()
-            sums["loss"] += float(loss.item())
-            sums["tokens"] += tokens
-            for name in TOKEN_MEANS:
-                sums[name] += m.get(name, 0.0) * tokens
-        if self.optim_cfg.max_grad_norm:
-            grad_norm = self._clip(self.optim_cfg.max_grad_norm)
-        self.optimizer.step()
-        keys = list(sums)
-        reduced = dict(zip(keys, self._all_reduce([sums[k] for k in keys], ReduceOp.SUM)))
-        out = {"loss": reduced["loss"] / self.world_size, "tokens": reduced["tokens"]}
-        out.update({k: reduced[k] / max(reduced["tokens"], 1.0) for k in TOKEN_MEANS})
-        if self.optim_cfg.max_grad_norm:
-            out["grad_norm"] = grad_norm
-        return out
-
-    def _clip(self, max_norm: float) -> float:
-        from torch.distributed.tensor import DTensor
-
-        params = [p for p in self.root.parameters() if p.grad is not None]
-        total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], 2.0)
-        if isinstance(total, DTensor):
-            total = total.full_tensor()  # sum of the shards' squares across ranks
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return float(total)
+        forward = self._forward(self.engine, scoring_temperature(cfg))
+        params = list(self.root.parameters())
+        tokens, max_norm = cfg.learner.micro_batch_tokens, cfg.optim.max_grad_norm
+        collectives = RankCollectives(self, self.engine)
+        return minibatch_step(
+            forward, data, idx, self.optimizer, params, cfg.loss, tokens, max_norm, self.device, collectives
+        )
 
     def set_learning_rate(self, lr: float) -> None:
         set_learning_rate(self.optimizer, lr)
@@ -321,8 +240,37 @@ class LearnerRank:
             dist.destroy_process_group()
 
 
-_STEP_TENSORS = ("old_logps", "advantages", "ref_logps", "entropies")
+class RankCollectives(Collectives):
+    """The inner loop's hooks on a rank: all-reduces over the process group, and a zero pass through `engine`
+    (the module the loop runs: the policy or the reference) for a micro-batch this rank does not have."""
 
+    def __init__(self, rank: LearnerRank, engine: torch.nn.Module):
+        self.rank, self.engine, self.world_size = rank, engine, rank.world_size
 
-def _cut(x: torch.Tensor | None, part: torch.Tensor, rows: TrainBatch, device) -> torch.Tensor | None:
-    return None if x is None else x[part, : rows.loss_mask.shape[1]].to(device)
+    def _all_reduce(self, values: list[float], op) -> list[float]:
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.rank.device)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
+
+    def max(self, value: int) -> int:
+        from torch.distributed import ReduceOp
+
+        return int(self._all_reduce([value], ReduceOp.MAX)[0])
+
+    def sum(self, values: list[float]) -> list[float]:
+        from torch.distributed import ReduceOp
+
+        return self._all_reduce(values, ReduceOp.SUM)
+
+    def all_finite(self, finite: bool) -> bool:
+        from torch.distributed import ReduceOp
+
+        return bool(self._all_reduce([float(finite)], ReduceOp.MIN)[0])
+
+    def idle_pass(self) -> torch.Tensor:
+        """A pass through the engine that moves nothing (its loss is 0 x the log-probs)."""
+        ids = torch.zeros((1, 2), dtype=torch.long, device=self.rank.device)
+        with self.rank._autocast():
+            return self.engine(ids, torch.ones_like(ids), 1.0, False)[0].sum() * 0.0

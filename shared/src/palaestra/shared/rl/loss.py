@@ -5,6 +5,7 @@ Per response token, with ratio ρ = exp(logπ - logπ_old) and advantage A::
     ℓ = -min(ρ·A, clip(ρ, 1-ε, 1+ε_high)·A)
     dual clip (c > 1, Ye et al. 2020), for A < 0 only:  ℓ = min(ℓ, -c·A)
     k3 KL to a frozen reference (Schulman):  ℓ += β·(exp(ref - logπ) - (ref - logπ) - 1)
+    (clamped to [-kl_clamp, kl_clamp] when set, as MARS's ROLL ``compute_approx_kl`` with 10)
 
 Reductions over the masked tokens (as TRL's ``GRPOTrainer``):
 
@@ -26,16 +27,12 @@ losses and gradients add up to the unsplit ones exactly.
 
 from __future__ import annotations
 
-import functools
-import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from palaestra.shared.config import value_check
-from palaestra.shared.rl.shared_prompt import shared_prompt_hidden, unsupported
 
 REDUCTIONS = ("grpo", "dapo", "dr_grpo", "seq-mean-token-sum")
 
@@ -65,6 +62,13 @@ class LossConfig:
     """grpo | dapo | dr_grpo | seq-mean-token-sum (MARS)."""
     max_len: int = 0
     """dr_grpo's constant length (0: the rollout's max tokens per turn)."""
+    kl_clamp: float | None = field(default=None, metadata=value_check("palaestra.shared.config:check_positive"))
+    """Clamp the k3 KL term per token to [-kl_clamp, kl_clamp] (None: off; MARS/ROLL ``compute_approx_kl``: 10)."""
+    logprob_temperature: float | None = field(
+        default=None, metadata=value_check("palaestra.shared.config:check_positive")
+    )
+    """The temperature the learner divides the logits by for old, new and reference log-probs (None: the
+    rollout's sampling temperature; MARS: 1.0, its log-probs are of the untempered policy)."""
 
 
 def check_dual_clip(value: float, owner: LossConfig) -> str | None:
@@ -107,6 +111,8 @@ def policy_loss(
             raise ValueError("kl_coef != 0 needs reference logprobs")
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1
+        if cfg.kl_clamp is not None:
+            kl = kl.clamp(-cfg.kl_clamp, cfg.kl_clamp)
         per_token = per_token + cfg.kl_coef * kl
 
     loss = reduce_tokens(per_token, mask, cfg, normalizer)
@@ -158,101 +164,3 @@ def _check_reduction(cfg: LossConfig) -> None:
         raise ValueError(f"unknown loss reduction {cfg.reduction!r}; known: {', '.join(REDUCTIONS)}")
     if cfg.reduction == "dr_grpo" and cfg.max_len <= 0:
         raise ValueError("dr_grpo needs loss.max_len > 0 (the constant normalizer)")
-
-
-LOGIT_CHUNK_ELEMENTS = 2**23
-"""Logits computed at once: positions x vocabulary (32 MiB in float32; 55 positions of a 151k vocabulary)."""
-
-
-def token_logprobs_and_entropy(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float = 1.0,
-    with_entropy: bool = True,
-    chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
-    positions: torch.Tensor | None = None,
-    shared_prompt: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob of each next token under `model` (logits / temperature), and the entropy there; shape (B, L-1).
-
-    `positions` (B, L-1) bool: score only these target positions (e.g. the model's own tokens; the output
-    head is then not run on prompt or environment tokens, as TRL's ``logits_to_keep``); the others are 0.
-
-    `shared_prompt` (with `positions`): rows with the same prompt (the tokens before their first scored
-    position, e.g. a GRPO group's samples) run it through the decoder once (`shared_prompt.shared_prompt_hidden`);
-    a model that cannot (`shared_prompt.unsupported`) runs the plain forward, with a warning.
-
-    The decoder's hidden states go through the output head a chunk of positions at a time (about
-    `chunk_elements` logits each), in float32, so no (B, L, vocab) logits tensor exists. With gradients
-    and more than one chunk, each chunk is checkpointed: its logits are recomputed in the backward
-    instead of kept. Entropies are computed without gradient. Models with ``final_logit_softcapping``
-    get the cap applied as their own forward does.
-    """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: adapters stay active
-    head = base.get_output_embeddings()
-    batch, width = input_ids.shape[0], input_ids.shape[1] - 1
-    targets = input_ids[:, 1:].reshape(-1)
-    keep = None if positions is None else positions.reshape(-1).nonzero().squeeze(-1)
-    if keep is not None:
-        targets = targets.index_select(0, keep)
-    hidden = _shared_prompt_hidden(base, input_ids, attention_mask, positions) if shared_prompt else None
-    if hidden is None:
-        hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
-        hidden = hidden.reshape(batch * width, hidden.shape[-1])
-        if keep is not None:
-            hidden = hidden.index_select(0, keep)
-    score = functools.partial(
-        _chunk_scores,
-        head=head,
-        temperature=temperature,
-        softcap=getattr(base.config, "final_logit_softcapping", None),
-        with_entropy=with_entropy,
-    )
-    step = max(1, chunk_elements // head.out_features)
-    checkpointed = torch.is_grad_enabled() and hidden.requires_grad and len(targets) > step
-    logps, ents = [], []
-    for start in range(0, len(targets), step):
-        h, t = hidden[start : start + step], targets[start : start + step]
-        lp, ent = checkpoint(score, h, t, use_reentrant=False) if checkpointed else score(h, t)
-        logps.append(lp)
-        ents.append(ent)
-    if not logps:
-        logps, ents = [hidden.new_zeros(0, dtype=torch.float32)], [hidden.new_zeros(0, dtype=torch.float32)]
-    return _unflatten(torch.cat(logps), batch, width, positions), (
-        _unflatten(torch.cat(ents), batch, width, positions) if with_entropy else None
-    )
-
-
-def _shared_prompt_hidden(base, input_ids, attention_mask, positions) -> torch.Tensor | None:
-    """`shared_prompt.shared_prompt_hidden`, or None (the plain forward) when the model cannot share prompts."""
-    if positions is None:
-        raise ValueError("shared_prompt needs the scored positions (the prompt is what precedes the first)")
-    reason = unsupported(base)
-    if reason is not None:
-        warnings.warn(f"learner.shared_prompt: {type(base).__name__} runs the plain forward: {reason}", stacklevel=3)
-        return None
-    return shared_prompt_hidden(base, input_ids, attention_mask, positions)
-
-
-def _unflatten(values: torch.Tensor, batch: int, width: int, positions: torch.Tensor | None) -> torch.Tensor:
-    if positions is None:
-        return values.reshape(batch, width)
-    out = values.new_zeros(batch, width)
-    return out.masked_scatter(positions, values)  # differentiable: gradients flow back to `values`
-
-
-def _chunk_scores(hidden, targets, *, head, temperature, softcap, with_entropy):
-    logits = head(hidden)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 (float64 stays)
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logps = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logps, entropy

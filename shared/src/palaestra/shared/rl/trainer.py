@@ -47,19 +47,23 @@ Lifecycle: ``Trainer(cfg, tracker, eval_hook)`` only builds (model, optimizer;
 rl/policy.py: float32 master weights, compute dtype, checkpointing, LoRA).
 `prepare` then resumes from the newest checkpoint (``resume: true``) or runs
 the SFT warm start (`warm_start`, rl/sft.py), keeps the frozen reference model
-(`init_reference`, when ``loss.kl_coef`` > 0), starts the sharded learner
-(``learner.world_size`` > 1: rl/distributed.py, which then scores and updates)
-and the rollout workers; `train` (which prepares if the job has not) may be
+(`init_reference`, when ``loss.kl_coef`` > 0), starts the learner that then
+scores and updates (rl/learner.py: `LocalLearner` on this process's model, or
+with ``learner.world_size`` > 1 the sharded `DistributedLearner`,
+rl/distributed.py; both run rl/update.py's one inner loop) and the rollout
+workers; `train` (which prepares if the job has not) may be
 called again to go on; `close` (or ``with Trainer(...) as trainer:``) stops them.
 
-The loop (`Trainer.train_step`), top to bottom: draw tasks (rl/episodes.py) -> rollout (batched
+The loop (`Trainer.train_step`), top to bottom: draw tasks (``task_sampling``: with replacement or in
+epochs, rl/task_sampling.py) -> rollout (batched
 across envs, locally or on Ray workers) -> old log-probs and entropies (skipped
 when the update is exactly on-policy: one PPO epoch, one minibatch, no
 advantage step reading entropies; the old log-probs are then the current ones
 detached, as TRL does) -> reference log-probs (when ``loss.kl_coef`` > 0) ->
-advantage pipeline -> ``ppo_epochs`` x minibatches of PPO-clip updates, each
-minibatch accumulated over micro-batches of ``learner.micro_batch_tokens``
-(rl/update.py) -> weight sync to workers -> MLflow metrics -> checkpoint. A
+advantage pipeline -> the step's tensors (`update.StepData`) to the learner:
+``ppo_epochs`` x minibatches of PPO-clip updates, each minibatch accumulated
+over micro-batches of ``learner.micro_batch_tokens`` (rl/update.py), at the
+scheduled learning rate (rl/optim.py) -> weight sync to workers -> MLflow metrics -> checkpoint. A
 non-finite loss stops the run with a clear message; the last good checkpoint
 stays. The resumed run continues exactly where it stopped.
 
@@ -82,7 +86,6 @@ Small models on CPU: the RL learning rate wants to be far below the SFT one
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import time
@@ -96,14 +99,15 @@ from tqdm import tqdm
 from palaestra.shared.config import ConfigError
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages, reads_entropy
-from palaestra.shared.rl.batch import build_batch, score_batch, think_entropy, token_advantages
+from palaestra.shared.rl.batch import build_batch, think_entropy, token_advantages
 from palaestra.shared.rl.config import TrainConfig
-from palaestra.shared.rl.distributed import DistributedLearner
-from palaestra.shared.rl.episodes import draw_tasks, eval_specs, reward_summary
-from palaestra.shared.rl.optim import learning_rate, make_optimizer, set_learning_rate
-from palaestra.shared.rl.policy import autocast, check_learner, load_policy, policy_state, think_token_ids
+from palaestra.shared.rl.episodes import eval_specs, reward_summary
+from palaestra.shared.rl.learner import Learner, LocalLearner
+from palaestra.shared.rl.optim import make_optimizer, optimizer_steps, step_learning_rate
+from palaestra.shared.rl.policy import check_learner, load_policy, policy_state, think_token_ids
 from palaestra.shared.rl.sft import run_sft
-from palaestra.shared.rl.update import NonFiniteLoss, ppo_update
+from palaestra.shared.rl.task_sampling import TaskSampler
+from palaestra.shared.rl.update import NonFiniteLoss, StepData
 from palaestra.shared.rollout.engine import EpisodeSpec, check_failures
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
 from palaestra.shared.tracking import Tracker
@@ -134,10 +138,9 @@ class Trainer:
         self.step = 0
         self.optimizer = make_optimizer((p for p in self.model.parameters() if p.requires_grad), cfg.optim)
         self.think_ids = think_token_ids(self.tokenizer)
-        if cfg.loss.reduction == "dr_grpo" and not cfg.loss.max_len:
-            cfg.loss.max_len = cfg.rollout.max_tokens_per_turn
+        self.tasks = TaskSampler(cfg)  # task_sampling: with replacement, or epochs (rl/task_sampling.py)
         self.ref_model: torch.nn.Module | None = None
-        self.learner: DistributedLearner | None = None  # learner.world_size > 1: the ranks (rl/distributed.py)
+        self.learner: Learner | None = None  # started by `prepare`: LocalLearner, or the ranks (rl/distributed.py)
         self.rollouts: LocalRollouts | RayRollouts | None = None
         self.eval_hook = eval_hook or (_default_eval if cfg.eval_tasks else None)
         self.eval_history: list[tuple[int, dict[str, float]]] = []
@@ -181,21 +184,24 @@ class Trainer:
             checkpoint.save_reference(self.ckpt_dir, self.ref_model)
 
     def start_learner(self) -> None:
-        """With ``learner.world_size`` > 1, start the ranks from this model's weights (after the warm start or
-        resume) and, on resume, restore their sharded weights and optimizer state. This process keeps its
-        model as the copy the rollouts and checkpoints read, refreshed after every step."""
-        if self.cfg.learner.world_size <= 1 or self.learner is not None:
+        """The learner (rl/learner.py): `LocalLearner` on this process's model, or with ``learner.world_size``
+        > 1 the ranks, started from this model's weights (after the warm start or resume) and, on resume,
+        restored from their sharded weights and optimizer state. This process keeps its model as the copy
+        the rollouts and checkpoints read, refreshed after every update."""
+        if self.learner is not None:
             return
         cfg = self.cfg
+        if cfg.learner.world_size <= 1:
+            self.learner = LocalLearner(cfg, self.model, self.optimizer, self.compute_dtype, self.ref_model)
+            return
+        from palaestra.shared.rl.distributed import DistributedLearner
+
         self.learner = DistributedLearner(
-            cfg.llm,
-            cfg.learner,
-            cfg.optim,
+            cfg,
             initial_state=self.model.state_dict(),
             reference=self.ref_model is not None,
             reference_dir=str(self.ckpt_dir / "reference") if self.ref_model is not None else None,
-            gradient_checkpointing=cfg.learner.gradient_checkpointing,
-            cluster=cfg.cluster,
+            mirror=self.model,
         )
         latest = checkpoint.latest(self.ckpt_dir)
         if self.resumed and latest is not None:
@@ -239,15 +245,16 @@ class Trainer:
         cfg, history, evals = self.cfg, [], []
         if self.eval_hook and cfg.eval_before:
             evals.append(self.run_eval())
-        with tqdm(total=cfg.steps, initial=self.step, desc="rl steps") as bar:
-            while self.step < cfg.steps:
+        steps = self.total_steps
+        with tqdm(total=steps, initial=self.step, desc="rl steps") as bar:
+            while self.step < steps:
                 metrics = self.train_step()
                 history.append(metrics)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['train/reward_mean']:.3f}")
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save()
-                if self.eval_hook and cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                if self.eval_hook and cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < steps:
                     evals.append(self.run_eval())
         if not cfg.checkpoint_every or self.step % cfg.checkpoint_every:
             self.save()
@@ -284,47 +291,30 @@ class Trainer:
         t_rollout = time.perf_counter() - t0
         # 2. old log-probs and entropies (3. reference log-probs)
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.think_ids)
-        mb = cfg.minibatch_size or len(batch)
-        old_logps = entropy = ref_logps = None  # None: on-policy, taken from the update's own forward
-        with self._autocast():
-            if self.needs_scoring(len(batch)):
-                tokens = cfg.learner.micro_batch_tokens
-                if self.learner is not None:
-                    old_logps, entropy = self.learner.score(batch, cfg.rollout.temperature, tokens)
-                else:
-                    old_logps, entropy = score_batch(
-                        self.model, batch, cfg.rollout.temperature, tokens, mb, shared_prompt=cfg.learner.shared_prompt
-                    )
-            if cfg.loss.kl_coef:
-                ref_logps = self._reference_logps(batch, mb)
+        learner = self.learner
+        assert learner is not None  # prepare() started it
+        # old, ref, entropies None: on-policy, the update's own
+        data = StepData(batch, advantages=torch.empty(0), step=self.step, steps=self.total_steps)
+        if self.needs_scoring(len(batch)):
+            data.old_logps, data.entropies = learner.score(batch)
+        if cfg.loss.kl_coef:
+            data.ref_logps = self._reference_logps(batch)
         # 4. advantages
+        entropy = data.entropies
         entropies = (None, None) if entropy is None else (think_entropy(entropy, batch, s) for s in SPANS)
         adv_in = AdvantageInput.from_trajectories(trajs, *entropies)
         values = compute_advantages(cfg.advantages, adv_in)
-        advantages = token_advantages(values, batch.turn_index)
-        # 5. PPO epochs over minibatches, at this step's learning rate
-        lr = learning_rate(cfg.optim, self.step, cfg.steps)
-        if self.learner is not None:
-            self.learner.set_learning_rate(lr)
-        else:
-            set_learning_rate(self.optimizer, lr)
-        self.model.train()
+        data.advantages = token_advantages(values, batch.turn_index)
+        # 5. PPO epochs over minibatches, each optimizer step at its scheduled learning rate (rl/optim.py)
+        lr = step_learning_rate(cfg, self.step, data.steps, 0, optimizer_steps(cfg, len(batch)))
         try:
-            with self._autocast():
-                if self.learner is not None:
-                    updates = self.learner.ppo_update(batch, advantages, cfg, self.step, old_logps, ref_logps, entropy)
-                else:
-                    updates = ppo_update(
-                        self.model, self.optimizer, batch, advantages, cfg, self.step, old_logps, ref_logps, entropy
-                    )
+            updates = learner.update(data)
         except NonFiniteLoss as e:
             last = checkpoint.latest(self.ckpt_dir)
             raise TrainingError(
                 f"{e}; stopping. Last good checkpoint: {last or 'none (no checkpoint saved yet)'}"
             ) from None
         self.model.eval()
-        if self.learner is not None:  # the ranks' new weights, gathered once, into this process's copy
-            self.model.load_state_dict(self.learner.state_dict())
         self.step += 1
         # 6. weight sync
         self.rollouts.sync(self.policy_state() if cfg.workers.num_workers else None)
@@ -369,32 +359,28 @@ class Trainer:
         on_policy = self.cfg.ppo_epochs == 1 and (self.cfg.minibatch_size or rows) >= rows
         return not on_policy or reads_entropy(self.cfg.advantages)
 
-    def _autocast(self):
-        return autocast(self.device, self.compute_dtype)
-
-    @torch.no_grad()
-    def _reference_logps(self, batch, mb: int) -> torch.Tensor:
-        # LoRA: the base model (adapters off) is the reference
-        if self.learner is not None:
-            tokens = self.cfg.learner.micro_batch_tokens
-            return self.learner.score(batch, self.cfg.rollout.temperature, tokens, with_entropy=False, ref=True)[0]
-        model = self.ref_model if self.ref_model is not None else self.model
-        with contextlib.nullcontext() if self.ref_model is not None else self.model.disable_adapter():  # type: ignore[operator]
-            tokens = self.cfg.learner.micro_batch_tokens
-            shared = self.cfg.learner.shared_prompt
-            return score_batch(model, batch, self.cfg.rollout.temperature, tokens, mb, False, shared)[0]
+    def _reference_logps(self, batch) -> torch.Tensor:
+        """The frozen reference's log-probs (LoRA: the base model, adapters off)."""
+        assert self.learner is not None
+        return self.learner.score(batch, with_entropy=False, ref=True)[0]
 
     # -- tasks, weights, checkpoints -------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        """The run's RL steps: ``steps``, or with ``task_sampling: epochs`` and ``epochs`` > 0 those epochs' steps."""
+        return self.tasks.steps()
+
     def draw_tasks(self, step: int) -> list[EpisodeSpec]:
-        """This step's tasks (`episodes.draw_tasks`; a package's trainer may draw otherwise, e.g. egpo's epochs)."""
-        return draw_tasks(self.cfg, step)
+        """This step's tasks (``task_sampling``: rl/task_sampling.py)."""
+        return self.tasks.draw(step)
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         """The policy's weights under the plain model's names (LoRA merged in) for the rollout workers."""
         return policy_state(self.model, self.cfg.lora.enabled)
 
     def save(self) -> Path:
-        extra = self.learner.save if self.learner is not None else None  # the ranks' sharded state
+        # what the learner holds beyond this model and optimizer (the ranks' shards); none before it starts
+        extra = self.learner.save if self.learner is not None else None
         path = checkpoint.save(self.ckpt_dir, self.step, self.model, self.tokenizer, self.optimizer, extra)
         checkpoint.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
         return path

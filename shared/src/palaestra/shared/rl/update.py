@@ -1,207 +1,255 @@
-"""The learner's updates: PPO epochs over minibatches, each minibatch's gradient accumulated over micro-batches.
+"""The learner's inner loop, one copy for both learners: scoring and the gradient of a minibatch over micro-batches.
 
+`StepData` holds one RL step's tensors (the batch, advantages, old and
+reference log-probs, entropies) and cuts a micro-batch's share of them.
+
+`score_rows` runs log-prob (and entropy) forwards over micro-batches of at most
+``micro_batch_tokens`` padded tokens (`batch.micro_batches`) without gradients.
+`minibatch_step` is one optimizer step over the rows of a minibatch: forward +
+backward per micro-batch, the gradients adding up in ``.grad``, then clipping
+to ``optim.max_grad_norm`` and the optimizer step. Every micro-batch's loss is
+divided by the normalizer of the *whole* minibatch (`loss.loss_normalizer`), so
+the accumulated gradient equals the gradient of the unsplit minibatch.
 `ppo_update` is the update phase of a trainer step: ``ppo_epochs`` passes over
-the batch in shuffled minibatches, one optimizer step per minibatch.
+the batch in shuffled minibatches (`over_minibatches`), one `minibatch_step`
+each, at the learning rate of that optimizer step (rl/optim.py).
 
-`accumulate_gradients` runs forward + backward over the micro-batches of a
-minibatch (`batch.micro_batches`, at most ``micro_batch_tokens`` padded tokens
-each) and leaves the summed gradient in the parameters' ``.grad``; the caller
-clips and steps the optimizer. Every micro-batch's loss is divided by the
-normalizer of the *whole* minibatch (`loss.loss_normalizer`), so the
-accumulated gradient equals the gradient of the unsplit minibatch.
-
-A distributed learner calls the same function on each rank's share of the
-rows, with ``normalizer`` = the all-reduced (summed) normalizer of all ranks'
-rows, multiplied by the world size when the gradients are averaged across ranks
-(DDP, FSDP): the averaged gradient then equals the single-process one.
+The in-process learner (rl/learner.py) calls these with the single-process
+`Collectives`; each rank of the sharded learner (rl/distributed_rank.py) calls
+them on its share of the rows with its own, whose hooks all-reduce: the token
+normalizer is summed over the ranks and multiplied by the world size (DDP and
+FSDP average the gradients: the averaged gradient is then the single-process
+one), the micro-batch count is the maximum over the ranks (a rank with fewer
+runs `Collectives.idle_pass`, so every rank issues the same collectives), a
+non-finite loss on any rank stops all before the backward, and the metrics'
+sums are summed.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from palaestra.shared.rl.batch import TrainBatch, micro_batches
-from palaestra.shared.rl.config import TrainConfig
-from palaestra.shared.rl.loss import LossConfig, loss_normalizer, policy_loss, token_logprobs_and_entropy
+from palaestra.shared.rl.loss import LossConfig, loss_normalizer, policy_loss
 
 TOKEN_MEANS = ("clip_fraction", "kl", "ratio_mean", "entropy")
 
+Forward = Callable[[TrainBatch, bool], tuple[torch.Tensor, torch.Tensor | None]]
+"""``forward(rows, with_entropy) -> (logps, entropies)``: a micro-batch's (rows, T) log-probs on the model's
+device (the learner binds its model, device, temperature and autocast)."""
+
+
+@dataclass
+class StepData:
+    """One RL step's tensors: (N, L-1) over the batch's target positions, on the CPU."""
+
+    batch: TrainBatch
+    advantages: torch.Tensor
+    """Per token (`batch.token_advantages`)."""
+    old_logps: torch.Tensor | None = None
+    """The rollout policy's log-probs (None: on-policy, the update's own detached: ratio 1, the same gradient)."""
+    ref_logps: torch.Tensor | None = None
+    """The frozen reference's log-probs (when ``loss.kl_coef``)."""
+    entropies: torch.Tensor | None = None
+    """For the metrics (None: taken from the update's own forward)."""
+    step: int = 0
+    """The RL step these tensors belong to (0-based): it seeds the minibatch shuffle and places the rates."""
+    steps: int = 1
+    """The run's RL steps (the learning-rate schedule's length)."""
+
+    def part(self, idx: torch.Tensor, device: torch.device | str) -> StepData:
+        """The rows `idx`, trimmed to their longest row, the tensors on `device` (the batch stays on the CPU)."""
+        rows = self.batch.rows(idx)
+        width = rows.loss_mask.shape[1]
+
+        def cut(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x[idx, :width].to(device)
+
+        advantages = cut(self.advantages)
+        assert advantages is not None
+        parts = (cut(self.old_logps), cut(self.ref_logps), cut(self.entropies))
+        return StepData(rows, advantages, *parts, step=self.step, steps=self.steps)
+
+
+class Collectives:
+    """Where the ranks of a sharded learner agree (a rank's subclass all-reduces); one process agrees with itself."""
+
+    world_size = 1
+
+    def max(self, value: int) -> int:
+        return value
+
+    def sum(self, values: list[float]) -> list[float]:
+        return values
+
+    def all_finite(self, finite: bool) -> bool:
+        return finite
+
+    def idle_pass(self) -> torch.Tensor:
+        """A pass that moves nothing but issues a real micro-batch's collectives (a rank with fewer parts)."""
+        raise AssertionError("a single process has no idle micro-batches")
+
+
+LOCAL = Collectives()
+
+
+@torch.no_grad()
+def score_rows(
+    forward: Forward,
+    batch: TrainBatch,
+    idx: torch.Tensor,
+    max_tokens: int = 0,
+    max_rows: int = 0,
+    with_entropy: bool = True,
+    collectives: Collectives = LOCAL,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of the rows `idx` (model tokens only; 0 elsewhere), one forward per micro-batch
+    (`micro_batches` with `max_tokens` / `max_rows`); (N, L-1) float32 CPU tensors, filled at `idx`."""
+    parts = micro_batches(batch, idx, max_tokens, max_rows) if len(idx) else []
+    logps = torch.zeros(batch.loss_mask.shape)
+    ents = torch.zeros(batch.loss_mask.shape) if with_entropy else None
+    for k in range(collectives.max(len(parts))):
+        if k >= len(parts):
+            collectives.idle_pass()
+            continue
+        lp, ent = forward(batch.rows(parts[k]), with_entropy)
+        logps[parts[k], : lp.shape[1]] = lp.float().cpu()
+        if ents is not None and ent is not None:
+            ents[parts[k], : ent.shape[1]] = ent.float().cpu()
+    return logps, ents
+
 
 def micro_batch_loss(
-    model,
-    rows: TrainBatch,
-    old_logps: torch.Tensor | None,
-    advantages: torch.Tensor,
-    ref_logps: torch.Tensor | None,
-    entropies: torch.Tensor | None,
-    cfg: LossConfig,
-    temperature: float,
-    normalizer: float,
-    with_entropy: bool = False,
-    shared_prompt: bool = False,
+    forward: Forward, part: StepData, cfg: LossConfig, normalizer: float, device
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one micro-batch (its share of the minibatch's loss) with its graph, and its metrics.
-
-    The (rows, T) tensors are on the model's device, trimmed to ``rows``' width. ``old_logps`` None:
-    on-policy, the old log-probs are the current ones detached (ratio 1, the same gradient).
-    ``with_entropy``: the entropies (for the metrics) come from this forward, without gradient.
-    ``shared_prompt``: rows with the same prompt run it once (`loss.token_logprobs_and_entropy`).
-    """
-    device = next(model.parameters()).device
-    logps, ent = token_logprobs_and_entropy(
-        model,
-        rows.input_ids.to(device),
-        rows.attention_mask.to(device),
-        temperature,
-        with_entropy=with_entropy,
-        positions=rows.loss_mask.to(device) > 0,  # the output head runs on the model's tokens only
-        shared_prompt=shared_prompt,
-    )
+    """One micro-batch's share of the minibatch's loss (with its graph) and its metrics."""
+    with_entropy = part.entropies is None
+    logps, ent = forward(part.batch, with_entropy)
     return policy_loss(
         logps,
-        logps.detach() if old_logps is None else old_logps,
-        advantages,
-        rows.loss_mask.to(device),
+        logps.detach() if part.old_logps is None else part.old_logps,
+        part.advantages,
+        part.batch.loss_mask.to(device),
         cfg,
-        ref_logps=ref_logps,
-        entropies=ent if with_entropy else entropies,
+        ref_logps=part.ref_logps,
+        entropies=ent if with_entropy else part.entropies,
         normalizer=normalizer,
     )
 
 
-def accumulate_gradients(
-    model,
-    batch: TrainBatch,
+def accumulate(
+    forward: Forward,
+    data: StepData,
     idx: torch.Tensor,
-    advantages: torch.Tensor,
     cfg: LossConfig,
-    temperature: float,
-    micro_batch_tokens: int = 0,
-    old_logps: torch.Tensor | None = None,
-    ref_logps: torch.Tensor | None = None,
-    entropies: torch.Tensor | None = None,
-    normalizer: float | None = None,
-    shared_prompt: bool = False,
+    micro_batch_tokens: int,
+    device,
+    collectives: Collectives = LOCAL,
 ) -> dict[str, float]:
-    """Backward over the rows `idx` of `batch` in micro-batches; the gradients add up in ``.grad``.
+    """Backward over the rows `idx` in micro-batches; the gradients add up in ``.grad``.
 
-    Full-batch (N, L-1) tensors: `advantages`, `old_logps` (None: on-policy), `ref_logps` (when
-    ``cfg.kl_coef``), `entropies` (metrics only; None: computed in the forward). `normalizer`: see the
-    module docstring (None: these rows are the whole minibatch). Returns the minibatch's loss (the sum of
-    the parts) and token means of clip fraction, kl, ratio and entropy, plus ``tokens`` (the rows' count).
-    A non-finite loss is returned as such, before its backward: the caller stops.
+    Returns this process's sums: ``loss`` (of the parts), ``tokens`` and the token-weighted sums of
+    `TOKEN_MEANS`. A non-finite loss (on any rank) returns ``loss`` NaN-or-inf before its backward.
     """
-    if normalizer is None:
-        normalizer = loss_normalizer(batch.loss_mask[idx], cfg)
-    device = next(model.parameters()).device
-    sums = dict.fromkeys(TOKEN_MEANS, 0.0)
-    loss_total, tokens_total = 0.0, 0.0
-    for part in micro_batches(batch, idx, micro_batch_tokens):
-        rows = batch.rows(part)
-        old, adv, ref, ent = (_cut(x, part, rows, device) for x in (old_logps, advantages, ref_logps, entropies))
-        assert adv is not None  # advantages always come with the batch
-        loss, m = micro_batch_loss(
-            model,
-            rows,
-            old,
-            adv,
-            ref,
-            ent,
-            cfg,
-            temperature,
-            normalizer,
-            with_entropy=entropies is None,
-            shared_prompt=shared_prompt,
-        )
-        if not torch.isfinite(loss):
-            return {"loss": float(loss.item()), "tokens": tokens_total}
+    local = loss_normalizer(data.batch.loss_mask[idx], cfg) if len(idx) else 0.0
+    (total,) = collectives.sum([local])
+    normalizer = total / collectives.world_size  # gradients are averaged over ranks: each rank's loss x N
+    parts = micro_batches(data.batch, idx, micro_batch_tokens) if len(idx) else []
+    sums = dict.fromkeys(("loss", "tokens", *TOKEN_MEANS), 0.0)
+    for k in range(collectives.max(len(parts))):
+        if k < len(parts):
+            part = data.part(parts[k], device)
+            loss, m = micro_batch_loss(forward, part, cfg, normalizer, device)
+            tokens = float(part.batch.loss_mask.sum())
+        else:
+            loss, m, tokens = collectives.idle_pass(), {}, 0.0
+        finite = bool(torch.isfinite(loss))
+        if not collectives.all_finite(finite):
+            return {"loss": float(loss.item()) if not finite else math.nan, "tokens": sums["tokens"]}
         loss.backward()
-        tokens = float(rows.loss_mask.sum())
-        loss_total += float(m.pop("loss"))
-        tokens_total += tokens
-        for k in TOKEN_MEANS:
-            sums[k] += m.get(k, 0.0) * tokens
-    means = {k: v / max(tokens_total, 1.0) for k, v in sums.items()}
-    return {"loss": loss_total, **means, "tokens": tokens_total}
+        sums["loss"] += float(loss.item())
+        sums["tokens"] += tokens
+        for name in TOKEN_MEANS:
+            sums[name] += m.get(name, 0.0) * tokens
+    return sums
 
 
-def _cut(x: torch.Tensor | None, part: torch.Tensor, rows: TrainBatch, device) -> torch.Tensor | None:
-    return None if x is None else x[part, : rows.loss_mask.shape[1]].to(device)
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip to the global gradient norm (FSDP2: the sharded DTensor norm completed across ranks with
+    ``full_tensor``, as verl's ``fsdp2_clip_grad_norm_``; in one process torch's ``clip_grad_norm_``)."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], 2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()  # sum of the shards' squares across ranks
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return float(total)
+
+
+def minibatch_step(
+    forward: Forward,
+    data: StepData,
+    idx: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    cfg: LossConfig,
+    micro_batch_tokens: int,
+    max_grad_norm: float,
+    device,
+    collectives: Collectives = LOCAL,
+) -> dict[str, float]:
+    """One optimizer step over the rows `idx` (this rank's share of the minibatch): gradients accumulated over
+    micro-batches, clipped to `max_grad_norm` (0: off). Returns the minibatch's loss, ``tokens``, the token
+    means of `TOKEN_MEANS` and ``grad_norm`` (when clipping); a non-finite loss returns before any step."""
+    optimizer.zero_grad(set_to_none=True)
+    sums = accumulate(forward, data, idx, cfg, micro_batch_tokens, device, collectives)
+    if not math.isfinite(sums["loss"]):
+        return sums
+    grad_norm = clip_grad_norm(params, max_grad_norm) if max_grad_norm else None
+    optimizer.step()
+    keys = list(sums)
+    out = token_means(dict(zip(keys, collectives.sum([sums[k] for k in keys]))), collectives.world_size)
+    if grad_norm is not None:
+        out["grad_norm"] = grad_norm
+    return out
+
+
+def token_means(sums: dict[str, float], world_size: int = 1) -> dict[str, float]:
+    """`accumulate`'s sums (all ranks' added up) as the minibatch's loss, ``tokens`` and token means."""
+    out = {"loss": sums["loss"] / world_size, "tokens": sums["tokens"]}
+    out.update({k: sums[k] / max(sums["tokens"], 1.0) for k in TOKEN_MEANS})
+    return out
 
 
 class NonFiniteLoss(ArithmeticError):
     """A minibatch's loss is NaN or infinite; raised before its optimizer step."""
 
 
-def ppo_update(
-    model,
-    optimizer: torch.optim.Optimizer,
-    batch: TrainBatch,
-    advantages: torch.Tensor,
-    cfg: TrainConfig,
-    step: int,
-    old_logps: torch.Tensor | None = None,
-    ref_logps: torch.Tensor | None = None,
-    entropies: torch.Tensor | None = None,
-) -> dict[str, float]:
-    """``cfg.ppo_epochs`` passes over `batch` in shuffled minibatches of ``cfg.minibatch_size`` rows (0: all),
-    one optimizer step each (gradients accumulated over micro-batches, clipped to ``optim.max_grad_norm``).
-    The shuffle is a function of (seed, step). Returns the metrics averaged over the optimizer steps."""
-
-    def gradients(idx: torch.Tensor) -> dict[str, float]:
-        optimizer.zero_grad(set_to_none=True)
-        return accumulate_gradients(
-            model,
-            batch,
-            idx,
-            advantages,
-            cfg.loss,
-            cfg.rollout.temperature,
-            cfg.learner.micro_batch_tokens,
-            old_logps=old_logps,
-            ref_logps=ref_logps,
-            entropies=entropies,
-            shared_prompt=cfg.learner.shared_prompt,
-        )
-
-    def optimizer_step(m: dict[str, float]) -> None:
-        if cfg.optim.max_grad_norm:
-            params = [p for p in model.parameters() if p.requires_grad]
-            m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm))
-        optimizer.step()
-
-    return over_minibatches(cfg, step, len(batch), gradients, optimizer_step)
-
-
 def over_minibatches(
-    cfg: TrainConfig,
-    step: int,
-    rows: int,
-    update: Callable[[torch.Tensor], dict[str, float]],
-    apply: Callable[[dict[str, float]], None] | None = None,
+    ppo_epochs: int, minibatch_size: int, seed: int, step: int, rows: int, update: Callable[[torch.Tensor, int], dict]
 ) -> dict[str, float]:
-    """The PPO schedule shared by the in-process and the sharded learner: ``cfg.ppo_epochs`` passes over
-    ``rows`` rows in shuffled minibatches (the shuffle a function of seed and step). ``update(idx)`` returns a
-    minibatch's metrics; a non-finite loss raises `NonFiniteLoss` before ``apply(metrics)`` (the optimizer
-    step). Returns the metrics averaged over the minibatches."""
-    mb = cfg.minibatch_size or rows
-    gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
+    """The PPO schedule: `ppo_epochs` passes over `rows` rows in shuffled minibatches of `minibatch_size` (0:
+    all; the shuffle a function of seed and step). ``update(idx, k)`` makes the step's k-th optimizer step and
+    returns its metrics; a non-finite loss raises `NonFiniteLoss`. Returns the metrics averaged over the
+    optimizer steps (``tokens`` left out)."""
+    mb = minibatch_size or rows
+    gen = torch.Generator().manual_seed(seed * 7919 + step)
     sums: dict[str, float] = {}
     count = 0
-    for epoch in range(cfg.ppo_epochs):
+    for epoch in range(ppo_epochs):
         order = torch.randperm(rows, generator=gen) if mb < rows else torch.arange(rows)
         for start in range(0, rows, mb):
-            m = update(order[start : start + mb])
+            m = update(order[start : start + mb], count)
             if not math.isfinite(m["loss"]):
                 raise NonFiniteLoss(
                     f"non-finite loss ({m['loss']}) at step {step + 1}, epoch {epoch}, minibatch {start // mb}"
                 )
             m.pop("tokens")
-            if apply is not None:
-                apply(m)
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
             count += 1
