@@ -132,9 +132,12 @@ def test_frames_below_the_reward_hold_no_module_globals():
 
 
 def test_format_string_fields_without_the_static_check():
-    # attribute access through a format string reads reprs only; it cannot call, and frames are audited
-    assert "wrong return type" not in str(outcome(FORMAT_FIELD, **RUNTIME))
-    assert outcome(FORMAT_FRAME, **OS_ONLY) == 0.0  # with no audit hook: the caller's globals hold nothing
+    """A format string reads attributes and items but calls nothing: without the static check it yields a repr
+    (here its length), frame attributes inside it are refused by the audit hook (FORMAT_FRAME, above), and with
+    the hook off too the frames it reaches hold no module globals."""
+    value = outcome(FORMAT_FIELD, **RUNTIME)
+    assert isinstance(value, float) and value == float(len(str(dict.__mro__)))
+    assert outcome(FORMAT_FRAME, **OS_ONLY) == 0.0
 
 
 def forger(payload: str, how: str) -> str:
@@ -211,20 +214,21 @@ def killer(target: str, how: str = "import") -> str:
 @pytest.mark.parametrize("target", ["other", "caller", "everyone"])
 def test_a_reward_cannot_kill_another_sandbox_or_its_caller(target):
     other = SandboxedReward("def reward(state):\n    return 2.0\n")
-    if target == "everyone" and not (other.isolation["pidns"] or other.isolation["own_uid"]):
-        other.close()
-        pytest.skip("neither a PID namespace nor a uid of its own here: kill(-1) would reach this test")
+    os_layer = other.isolation["pidns"] or other.isolation["own_uid"]
     pid = {"other": other.proc.pid, "caller": os.getpid(), "everyone": -1}[target]
     code = killer(str(pid))
     assert "Import is not allowed" in outcome(code, **CHECKED)
     assert "ImportError: __import__ not found" in outcome(code, **RUNTIME)  # restricted builtins
     reason = outcome(killer(str(pid), "subclasses"), **RUNTIME)
     assert "raised PermissionError: sandbox: 'os.kill' is not allowed" in reason, reason  # the audit hook
-    reason = outcome(code, **OS_ONLY)  # only the OS: the PID namespace (or a uid of its own) holds
-    if target != "everyone":
-        assert "raised ProcessLookupError" in reason or "raised PermissionError" in reason, reason
+    if os_layer:  # only the OS: the PID namespace (or a uid of its own) holds
+        reason = outcome(code, **OS_ONLY)
+        if target != "everyone":
+            assert "raised ProcessLookupError" in reason or "raised PermissionError" in reason, reason
     assert other(STATE) == 2.0  # the other sandbox lives on (and so does this test process)
     other.close()
+    if not os_layer:
+        pytest.skip("neither a PID namespace nor a uid of its own here: the OS-only kill would reach this test")
 
 
 def test_signals_are_reported_truthfully():
