@@ -51,7 +51,7 @@ FRAME_WORDS = frozenset(
     want like hi hello ok okay sure done
     """.split()  # noqa: SIM905
 )
-_TOKEN_RE = re.compile(r"(?<![A-Za-z])'[^']*'(?![A-Za-z])|\"[^\"]*\"|'d|'m|'re|'ve|'ll|[A-Za-z]+|\d[\d.,]*|[?.;,!:()]")
+_TOKEN_RE = re.compile(r"(?<![A-Za-z])'[^']*'(?![A-Za-z])|\"[^\"]*\"|'d|'m|'re|'ve|'ll|[A-Za-z]+|\d+(?:[.,]\d+)*|[?.;,!:()]")
 _LEADS = ("could you", "can you", "would you", "you to", "please", "help me", "need to", "want to", "i'd like to")
 
 
@@ -226,18 +226,22 @@ def quality_figures(rows: list[dict]) -> dict:
                 _, args = parse_call(call)
                 for value in args.values():
                     for v in _scalars(value):
-                        if _distinctive(v) and v in turn_outputs and mentions(v, own) == 0:
+                        if isinstance(v, bool) or v is None:
+                            continue
+                        said = mentions(v, own)
+                        produced = v in outputs + turn_outputs
+                        if _distinctive(v) and v in turn_outputs and not said:
                             flow = True  # the model must carry an earlier result into this call
-                        if not _distinctive(v) or mentions(v, own) == 0:
-                            if _distinctive(v) and mentions(v, earlier) and v not in outputs + turn_outputs:
+                        if not said:
+                            if _distinctive(v) and mentions(v, earlier) and v not in turn_outputs:
                                 borrowed += 1  # said only in an earlier turn
                             continue
                         key = json.dumps(v)
                         uses[key] = uses.get(key, 0) + 1
-                        if uses[key] > mentions(v, own) and v not in outputs + turn_outputs:
+                        if uses[key] > said and v not in turn_outputs:
                             borrowed += 1  # said once, used again for another step (and no output gives it)
-                        first_use = uses[key] == 1 and mentions(v, earlier) == 0
-                        if first_use and v in outputs + turn_outputs and not mentions(v, known + seen_before):
+                        first_use = uses[key] == 1 and not mentions(v, earlier)
+                        if first_use and _distinctive(v) and produced and not mentions(v, known + seen_before):
                             leaked += 1
                 if i < len(steps):
                     turn_outputs += [v for _, x in leaves(steps[i]["output"], "result") for v in _scalars(x)]
