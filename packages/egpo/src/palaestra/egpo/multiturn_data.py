@@ -99,7 +99,7 @@ def datagen_multi_turn(
 
     class _Env(BFCLMultiTurnEnv):
         env_type = "datagen_multi_turn"
-        num_tasks = len(pairs)  # for epochs (palaestra.egpo.epochs)
+        num_tasks = len(pairs)  # for task_sampling: epochs (palaestra.shared.rl.task_sampling)
 
         def reset(self, seed: int | None = None) -> dict[str, Any]:
             self.entry, self.ground_truth = pairs[(seed or 0) % len(pairs)]

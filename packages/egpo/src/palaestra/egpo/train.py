@@ -20,21 +20,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import palaestra.egpo.multiturn_data  # noqa: F401  (registers the `datagen_multi_turn` env)
 from palaestra.egpo.eval import Decoder, PromptFormat
 from palaestra.egpo.tasks import FCTask, load_bfcl, load_jsonl
-from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
-from palaestra.shared.rl.config import EnvSpec, TrainConfig
+from palaestra.shared.rl.config import EnvSpec, TaskSampling, TrainConfig
 from palaestra.shared.rl.jobs import train_headline
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rollout.env import ENVS
 from palaestra.shared.rollout.tasks import TASKS
 from palaestra.shared.toolcall import ToolCall, format_calls
 from palaestra.shared.tracking import Tracker
+
+if TYPE_CHECKING:
+    from palaestra.shared.rl.trainer import Trainer
 
 
 @TASKS.register("fc_tasks")
@@ -161,7 +163,7 @@ def bfcl_multi_turn(category: str = "multi_turn_base", limit: int | None = None)
 
     class _Env(BFCLMultiTurnEnv):
         env_type = f"bfcl_{category}"
-        num_tasks = len(pairs)  # for epochs (palaestra.egpo.epochs)
+        num_tasks = len(pairs)  # for task_sampling: epochs (palaestra.shared.rl.task_sampling)
 
         def reset(self, seed: int | None = None) -> dict[str, Any]:
             self.entry, self.ground_truth = pairs[(seed or 0) % len(pairs)]
@@ -204,30 +206,25 @@ class EGPOTrainConfig(TrainConfig):
     advantages: list[AdvantageStep] = field(default_factory=_egpo_advantages)
     loss: LossConfig = field(default_factory=lambda: LossConfig(kl_coef=0.001))
     eval: EvalAfterConfig = field(default_factory=EvalAfterConfig)
-    epochs: int = 0
-    """Passes over the tasks without replacement (`palaestra.egpo.epochs`); > 0 sets ``steps`` to
-    ceil(epochs x tasks / tasks_per_step). 0: ``steps`` steps of tasks drawn with replacement."""
 
 
-@job("egpo.train", EGPOTrainConfig)
-def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
-    """EGPO (or GRPO, by the advantage list) on function-calling tasks through the shared trainer."""
-    from palaestra.egpo.epochs import EpochTrainer, epoch_steps
-    from palaestra.shared.rl.trainer import Trainer
+class BfclAtEnd:
+    """egpo's eval hook: BFCL on the trained policy at the end of training (``eval.categories``), logged in the
+    run; before and during training the default evaluation when ``eval_tasks`` > 0. ``result`` keeps the BFCL
+    summary with its headline."""
 
-    if cfg.epochs < 0:
-        raise ConfigError(f"invalid value for 'epochs': {cfg.epochs} (>= 0)")
-    with (EpochTrainer if cfg.epochs else Trainer)(cfg, tracker) as trainer:
-        if cfg.epochs:
-            cfg.steps = epoch_steps(cfg.epochs, trainer.num_tasks, cfg.tasks_per_step)
-            tracker.log_params({"derived.steps": cfg.steps, "derived.num_tasks": trainer.num_tasks})
-            print(f"egpo.train: {cfg.epochs} epochs over {trainer.num_tasks} tasks = {cfg.steps} steps", flush=True)
-        trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
-        out = trainer.train()
-    if cfg.eval.categories:
+    def __init__(self, cfg: EGPOTrainConfig, tracker: Tracker):
+        self.cfg, self.tracker = cfg, tracker
+        self.result: dict[str, Any] = {}
+
+    def __call__(self, trainer: Trainer, step: int) -> dict[str, float]:
         from palaestra.egpo.eval import BfclEvalConfig, evaluate_with_client
         from palaestra.shared.rl import checkpoint
 
+        metrics = trainer.evaluate() if self.cfg.eval_tasks else {}
+        if step < trainer.total_steps:
+            return metrics
+        cfg = self.cfg
         trained = checkpoint.latest(trainer.ckpt_dir)  # the policy evaluated: named by its saved checkpoint
         eval_cfg = BfclEvalConfig(
             llm=dataclasses.replace(cfg.llm, model=str(trained)) if trained else cfg.llm,
@@ -241,6 +238,24 @@ def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
             seed=cfg.seed,
             output_dir=f"{cfg.output_dir}/eval",
         )
-        out.update(evaluate_with_client(eval_cfg, trainer.client, tracker))
+        self.result = evaluate_with_client(eval_cfg, trainer.client, self.tracker)
+        return {**metrics, **{k: v for k, v in self.result.items() if isinstance(v, int | float)}}
+
+
+@job("egpo.train", EGPOTrainConfig)
+def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
+    """EGPO (or GRPO, by the advantage list) on function-calling tasks through the shared trainer."""
+    from palaestra.shared.rl.trainer import Trainer
+
+    bfcl = BfclAtEnd(cfg, tracker) if cfg.eval.categories else None
+    with Trainer(cfg, tracker, eval_hook=bfcl) as trainer:
+        if cfg.task_sampling == TaskSampling.epochs and cfg.epochs:
+            steps, tasks = trainer.total_steps, trainer.tasks.num_tasks
+            tracker.log_params({"derived.steps": steps, "derived.num_tasks": tasks})
+            print(f"egpo.train: {cfg.epochs} epochs over {tasks} tasks = {steps} steps", flush=True)
+        trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
+        out = trainer.train()
+    if bfcl is not None:
+        out.update(bfcl.result)
     out.setdefault("headline", train_headline(out))  # the BFCL accuracy when evaluated, else the training reward
     return out
