@@ -187,3 +187,15 @@ def test_source_reasoning_is_kept_for_the_warm_start():
     xlam = [{"path": str(DATA / "xlam_function_calling_60k.json")}]
     assert len(public_fc_tasks(xlam, contamination="off", min_args=1)) == 3  # the task with no call goes
     assert len(public_fc_tasks(xlam, contamination="off", min_args=2)) == 2  # is_prime passes one argument
+
+
+def test_samples_are_built_once_per_process_and_arguments(tmp_path, capsys):
+    """The trainer builds a task env (and so calls the source) per episode: the data is read once."""
+    path = tmp_path / "x.json"
+    shutil.copy(DATA / "xlam_function_calling_60k.json", path)
+    first = public_fc_tasks([{"path": str(path)}], contamination="off")
+    assert public_fc_tasks([{"path": str(path)}], contamination="off") is first
+    assert capsys.readouterr().out.count("public_fc_tasks: x.json") == 1
+    records = json.loads(path.read_text())[:2]
+    path.write_text(json.dumps(records))  # rewritten (size changes): read again
+    assert len(public_fc_tasks([{"path": str(path)}], contamination="off")) == 2

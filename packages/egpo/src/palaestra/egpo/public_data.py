@@ -307,7 +307,39 @@ def public_fc_tasks(
 
     ``source_thoughts``: an answer of ``with_answers`` thinks what the source's own reasoning says (datagen's,
     FunReason-MT's, APIGen-MT's think tool) where the task has it, instead of the one-line reference thought.
-    ``min_args``, ``max_tools``, ``think_args``: as in ``fc_tasks``."""
+    ``min_args``, ``max_tools``, ``think_args``: as in ``fc_tasks``.
+
+    The samples are built once per process and set of arguments: the trainer builds a task env per episode."""
+    stamps = [_stamp(str(spec.get("path", ""))) for spec in sources]  # a local file rewritten is read again
+    key = json.dumps([sources, stamps, contamination, report_path, with_answers, max_tools, think_args,
+                      source_thoughts, min_args, seed], sort_keys=True, default=str)  # fmt: skip
+    if key not in _SAMPLES:
+        _SAMPLES[key] = _public_fc_tasks(
+            sources, contamination, report_path, with_answers, max_tools, think_args, source_thoughts, min_args, seed
+        )
+    return _SAMPLES[key]
+
+
+_SAMPLES: dict[str, list[dict]] = {}
+
+
+def _stamp(path: str) -> list[int]:
+    local = Path(path).expanduser()
+    files = sorted(local.rglob("*")) if local.is_dir() else [local] if local.is_file() else []
+    return [v for f in files for v in (f.stat().st_mtime_ns, f.stat().st_size)]
+
+
+def _public_fc_tasks(
+    sources: list[dict[str, Any]],
+    contamination: str,
+    report_path: str | None,
+    with_answers: bool,
+    max_tools: int,
+    think_args: bool,
+    source_thoughts: bool,
+    min_args: int,
+    seed: int,
+) -> list[dict]:
     from palaestra.egpo.tasks import canonical_calls
     from palaestra.egpo.train import subset_tools
 
