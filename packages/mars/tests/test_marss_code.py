@@ -456,6 +456,7 @@ def test_paper_config_evaluates_as_mars():
     assert ev.response_prefix == r.response_prefix == "<think>\n"
     assert ev.max_tokens == r.max_tokens_per_turn == 4096 and ev.max_context_tokens == 32768
     assert ev.prompt == cfg.prompt and ev.shaping == cfg.shaping
+    assert ev.mcts_on_ray  # MCTS-1000 replies in parallel on Ray (parallel_mcts.py)
 
 
 def test_mcts_levels_play_each_strength(tmp_path):
@@ -504,3 +505,43 @@ def test_table_gives_base_trained_and_relative_change():
     assert rows["connect_four", "both"]["trained_lo"] == 0.25
     table = format_table(list(rows.values()))
     assert "+100.0%" in table and "+25.0%" in table and "n/a" in table
+
+
+def _mcts_games(opponent, seeds, game="tic_tac_toe"):
+    """LLM-path games (a scripted random-legal client through the rollout engine) against `opponent`."""
+    from palaestra.mars.engine_eval import engine_episodes
+    from palaestra.mars.scripted_llm import ScriptedLegalClient
+    from palaestra.shared.rollout.engine import RolloutConfig
+
+    rollout = RolloutConfig(max_tokens_per_turn=64, max_turns=50, max_context_tokens=1 << 20, stop=["</answer>"])
+    out = []
+    for seat in (0, 1):
+        results, _ = engine_episodes(
+            ScriptedLegalClient(seed=1), rollout, game, seeds, seat, opponent, prompt="compact"
+        )
+        out += [(r.seed, r.returns, r.winner, r.turns) for r in results]
+    return out
+
+
+@pytest.mark.slow
+def test_mcts_replies_on_ray_are_the_local_searches(ray_local):
+    """`RayMCTSPlayer` searched ahead on Ray plays exactly the games its in-process reference plays (same seeds per
+    game and position), and searched ahead: more searches than replies."""
+    from palaestra.mars.games import make_game
+    from palaestra.mars.parallel_mcts import RayMCTSPlayer, mcts_reply
+
+    game = make_game("tic_tac_toe")
+    seeds = list(range(4))
+    local = RayMCTSPlayer(game, 2.0, 20, 2, seed=7, local=True)
+    on_ray = RayMCTSPlayer(game, 2.0, 20, 2, seed=7)
+    assert _mcts_games(on_ray, seeds) == _mcts_games(local, seeds)
+    assert on_ray.searches > local.searches > 0
+    # the reference is OpenSpiel's MCTSBot itself, at a position, with its seeded random state
+    import numpy as np
+    from open_spiel.python.algorithms import mcts
+
+    state = game.new_initial_state()
+    state.apply_action(4)
+    rng = np.random.RandomState(123)
+    bot = mcts.MCTSBot(game.openspiel, 2.0, 20, mcts.RandomRolloutEvaluator(2, rng), solve=False, random_state=rng)
+    assert mcts_reply("tic_tac_toe", [4], 2.0, 20, 2, False, 123) == bot.step(state)

@@ -166,6 +166,7 @@ class GameEnv(TextEnv):
         self.agents = [agent_name(p) for p in range(self.game.num_players)]
         self.env_type = self.game.name
         self.state = None
+        self.reset_seed: int | None = None
         self._rng = random.Random(0)
         self._response: tuple[int | None, bool, int] = (None, False, 0)
 
@@ -174,6 +175,7 @@ class GameEnv(TextEnv):
         # a stream of its own: scripted players are seeded with the same episode seed, and a player's
         # random.Random(seed) would otherwise repeat the draws that dealt the cards (its bets correlated with them)
         self._rng = random.Random(None if seed is None else f"mars-deal/{seed}")
+        self.reset_seed = seed
         self.state = self.game.new_initial_state()
         self._resolve_chance()
         for _ in range(self._rng.randint(0, self.opening_moves) if self.opening_moves else 0):

@@ -100,6 +100,10 @@ class GameEvalConfig(JobConfig):
     """Random rollouts per MCTS leaf evaluation (MARS: 10)."""
     mcts_solve: bool = False
     """MCTS backs up proven wins/losses (MARS: False; True is measurably stronger)."""
+    mcts_on_ray: bool = False
+    """Run the MCTS replies on Ray workers, one search per legal move of the model ahead of its move, beside the
+    other games' and the generation (`palaestra.mars.parallel_mcts`; the same search, seeded per game and
+    position). False: one reply at a time in this process."""
     equilibrium_iterations: int = 0
     """CFR/CFR+ iterations (0: the defaults, 2000 CFR for Kuhn, 1000 CFR+ for Leduc)."""
     cache_dir: str = "outputs/mars/cache"
@@ -135,6 +139,11 @@ def make_player(
         return RandomPlayer(cfg.seed)
     if kind == "mcts":
         sims = simulations or cfg.mcts_simulations
+        if cfg.mcts_on_ray:
+            from palaestra.mars.parallel_mcts import RayMCTSPlayer
+
+            args = (game, cfg.mcts_uct_c, sims, cfg.mcts_rollouts, cfg.seed, cfg.mcts_solve)
+            return RayMCTSPlayer(*args, cluster=cfg.cluster)
         return MCTSPlayer(game, cfg.mcts_uct_c, sims, cfg.mcts_rollouts, cfg.seed, cfg.mcts_solve)
     if kind == "equilibrium":
         eq = equilibrium_policy(game.name, iterations=cfg.equilibrium_iterations or None, cache_dir=cfg.cache_dir)

@@ -84,6 +84,8 @@ class MarsEval:
     mcts_simulations: int = 100
     mcts_levels: list[int] = field(default_factory=list)
     """MCTS opponents at each simulation count, ``mcts<N>`` in the metrics (MARS: 100 and 1000)."""
+    mcts_on_ray: bool = False
+    """MCTS replies on Ray workers, searched ahead for each legal move of the model (`parallel_mcts`)."""
     top_p: float = 1.0
     top_k: int = 0
     response_prefix: str = ""
@@ -165,6 +167,8 @@ def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
         episodes=e.episodes,
         mcts_simulations=e.mcts_simulations,
         mcts_levels=list(e.mcts_levels),
+        mcts_on_ray=e.mcts_on_ray,
+        cluster=cfg.cluster,
         top_p=e.top_p,
         top_k=e.top_k,
         response_prefix=e.response_prefix,

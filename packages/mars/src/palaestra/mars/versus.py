@@ -45,6 +45,9 @@ class VersusEnv(TextEnv):
         return self.agents[0]
 
     def observe(self, agent: str) -> list[dict]:
+        prefetch = getattr(self.opponent, "prefetch", None)
+        if prefetch is not None:  # an opponent that searches ahead (parallel_mcts.RayMCTSPlayer) starts now
+            prefetch(self.env)
         return self.env.observe(agent)
 
     def step(self, action: str) -> Step:
