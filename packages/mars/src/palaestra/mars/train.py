@@ -132,6 +132,18 @@ class MarsTrainConfig(TrainConfig):
     eval: MarsEval = field(default_factory=MarsEval)
     """The trainer's eval hook (every ``eval_every`` steps, before when ``eval_before``, and at the end)."""
 
+    def __post_init__(self) -> None:
+        # resolved here, before the config is logged: what MLflow's config.yaml holds is what runs
+        super().__post_init__()
+        if not self.envs:
+            self.envs = game_env_specs(self)
+        if self.sft_warmup.steps > 0 and not (self.sft_warmup.source or self.sft_warmup.data_path):
+            self.sft_warmup.source = "mars_legal_moves"
+            defaults = {"games": [g.game for g in self.games], "prompt": self.prompt}
+            if self.prompt_file:
+                defaults["prompt_file"] = self.prompt_file
+            self.sft_warmup.source_kwargs = {**defaults, **self.sft_warmup.source_kwargs}
+
 
 def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
     if cfg.mode not in MODES:
@@ -186,14 +198,6 @@ def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
 @job("mars.train", MarsTrainConfig)
 def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
     """MARS self-play RL (turn-level advantages, agent normalization) through the shared trainer; eval before/after."""
-    if not cfg.envs:
-        cfg.envs = game_env_specs(cfg)
-    if cfg.sft_warmup.steps > 0 and not (cfg.sft_warmup.source or cfg.sft_warmup.data_path):
-        cfg.sft_warmup.source = "mars_legal_moves"
-        defaults = {"games": [g.game for g in cfg.games], "prompt": cfg.prompt}
-        if cfg.prompt_file:
-            defaults["prompt_file"] = cfg.prompt_file
-        cfg.sft_warmup.source_kwargs = {**defaults, **cfg.sft_warmup.source_kwargs}
     eval_cfg = _eval_config(cfg)
 
     def game_eval(trainer: Trainer, step: int) -> dict[str, float]:
