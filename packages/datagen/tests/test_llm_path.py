@@ -74,11 +74,15 @@ class ScriptedTeacher(BaseHTTPRequestHandler):
 
     def query_writer(self, text: str) -> dict:
         k = int(re.search(r"\(op-(\d+)\)", text).group(1))
-        values = text.split("(mention every one of them exactly as written):")[1].splitlines()[0].strip()
+        values = text.split("(state every one; strings exactly as written, numbers in any usual form):")[1]
+        values = values.splitlines()[0].strip()
+        criteria = text.split("(use these words as written):")[1].splitlines()[0].strip()
         noise = re.search(r'remark somewhere: "(.*)"', text).group(1)
         query = (
             f"Hello! Please take care of this for me: {values}. {noise}" if values != "none" else f"Go ahead. {noise}"
         )
+        if criteria != "none":
+            query = query.replace(f" {noise}", f" Pick {criteria}. {noise}")
         said = values.lower()
         missing = [i for i in self.ops[k]["inputs"] if re.sub(r"_\d+$", "", i).replace("_", " ").lower() not in said]
         self.queries[query] = k

@@ -134,6 +134,10 @@ def run_generation(cfg: DataGenerationConfig, graph: ApiGraph, tracker: Tracker,
                         run_chunk, group, keep_going=True, desc="chunks", cluster=cfg.cluster, progress=False
                     )
                     for i, r in enumerate(results):
+                        if isinstance(r, TaskFailure) and r.error.startswith("LLMUnavailable:"):
+                            from palaestra.datagen.llm_roles import LLMUnavailable
+
+                            raise LLMUnavailable(r.error.split(": ", 1)[1])  # the server is the problem: stop
                         if isinstance(r, TaskFailure):  # a lost chunk is counted; its items stay unfinished
                             stats.task_failures.append(r.error)
                             results[i] = []

@@ -11,7 +11,11 @@ guided chain's (``unverified:<why>``). Checks per role:
 
 - tool maker: a JSON object with a snake_case ``name`` and a 10-600 character ``description``;
 - query writer: 10-2000 characters, every value the user knows stated
-  (`grounding.stated`: the same test the verifier applies), no tool name;
+  (`grounding.stated`: the same test the verifier applies), every criterion
+  that singles out a record ("the highest priority"), no tool name. Its
+  prompt names the goal, the steps the user asks for (verification needs
+  each), what the assistant looks up itself, and only values a user can know
+  (the sampler never asks the user for a tool-made value);
 - critic: the text after ``</think>``, at most 600 characters (the chain
   redacts any call or value it leaks).
 """
@@ -25,7 +29,7 @@ from pathlib import Path
 from string import Template
 
 from palaestra.datagen.grounding import stated
-from palaestra.datagen.phrasing import NOISE, param_phrase, value_text
+from palaestra.datagen.phrasing import NOISE, imperative, param_phrase, value_text, words
 from palaestra.datagen.roles import AdvancedTool, DeterministicToolMaker, Query
 from palaestra.shared.llm.base import LLMClient, LLMError, SamplingParams
 
@@ -63,24 +67,64 @@ def first_json_object(text: str) -> dict | None:
     return None
 
 
-class CountingClient:
-    """Wraps an `LLMClient`; counts chat calls and drops per role; an LLM error becomes an empty completion."""
+class LLMUnavailable(LLMError):
+    """Several LLM requests in a row failed: the run stops with one line that names the cause."""
 
-    def __init__(self, client: LLMClient, params: SamplingParams):
+
+def error_cause(message: str) -> str:
+    """A failed request's cause in a few words, and what to do about it."""
+    low = message.lower()
+    if "enable-auto-tool-choice" in low or "tool-call-parser" in low or "tool choice" in low:
+        return (
+            "the server refuses requests with tools (vLLM: start it with --enable-auto-tool-choice "
+            "--tool-call-parser hermes; see experiments/datagen/llm_served.yaml)"
+        )
+    if "cannot reach" in low or "connection" in low:
+        return "the server does not answer (is it running at roles.llm.base_url?)"
+    if "did not answer within" in low:
+        return "the server times out (raise roles.llm.timeout_s, or lower workers)"
+    status = re.search(r"answered (\d{3})", message)
+    return f"the server answers {status[1]}" if status else "the LLM backend fails"
+
+
+class CountingClient:
+    """Wraps an `LLMClient`; counts chat calls, errors (by cause) and drops per role.
+
+    A failed request becomes an empty completion (the role then drops the sample), but `max_consecutive_errors`
+    failures in a row of one kind of request (with tools, without) raise `LLMUnavailable`: a dead server, or
+    vLLM refusing every request with tools while it answers the others, would otherwise only show as drops.
+    """
+
+    def __init__(self, client: LLMClient, params: SamplingParams, max_consecutive_errors: int = 5):
         self.client = client
         self.params = params
+        self.max_consecutive_errors = max_consecutive_errors
         self.calls = 0
         self.errors = 0
+        self.consecutive: dict[str, int] = {}
+        """Failures in a row per kind of request ("tools" / "plain"): a server may refuse only one kind."""
+        self.error_causes: dict[str, int] = {}
         self.drops: dict[str, int] = {}
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         self.calls += 1
         try:
             out = self.client.chat([messages], self.params, tools=tools)
-            return (out[0].text if out else "") or ""
-        except (LLMError, ValueError, RuntimeError):
+        except (LLMError, ValueError, RuntimeError) as err:
             self.errors += 1
+            kind = "tools" if tools else "plain"
+            self.consecutive[kind] = self.consecutive.get(kind, 0) + 1
+            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            cause = error_cause(message)
+            self.error_causes[cause] = self.error_causes.get(cause, 0) + 1
+            if self.max_consecutive_errors and self.consecutive[kind] >= self.max_consecutive_errors:
+                raise LLMUnavailable(
+                    f"datagen stopped: {self.consecutive[kind]} LLM requests in a row failed; {cause}; "
+                    f"last error: {message}"
+                ) from None
             return ""
+        self.consecutive["tools" if tools else "plain"] = 0
+        return (out[0].text if out else "") or ""
 
     def drop(self, role, reason: str) -> None:
         role.last_drop = reason
@@ -126,6 +170,14 @@ class LLMQueryWriter:
 
     def write(self, tool: AdvancedTool, trace, spec, rng: random.Random, omit: list[str] = ()) -> Query | None:
         values = {k: v for k, v in tool.inputs.items() if k not in omit}
+        hidden = set(trace.hidden)
+        steps = "\n".join(f"- {imperative(spec.doc(s.name))}" for i, s in enumerate(trace.steps) if i not in hidden)
+        looked_up = [words(s.feed_keys.get(p, p)) for s in trace.steps for p in s.feeds]
+        criteria = [
+            f"the {words(s.feed_keys.get(p, p))} of the one with the {sel[1]} {words(sel[0])}"
+            for s in trace.steps
+            for p, sel in s.selectors.items()
+        ]
         text = self.llm.chat(
             [
                 {
@@ -133,6 +185,9 @@ class LLMQueryWriter:
                     "content": prompt(
                         "query_writer",
                         description=tool.description,
+                        steps=steps or "- (none)",
+                        hidden=", ".join(looked_up) or "none",
+                        criteria="; ".join(criteria) or "none",
                         noise=rng.choice(NOISE),
                         values="; ".join(
                             f"{param_phrase(v['param'])} {value_text(v['value'])}" for v in values.values()
@@ -148,6 +203,8 @@ class LLMQueryWriter:
         # the request must carry every value the user knows (the verifier's own test), or the task is unsolvable
         if not all(stated(v["value"], text, v["param"]) for v in values.values()):
             return self.llm.drop(self, "missing_value")
+        if not all(c.split(" of the one with the ")[1] in " ".join(text.lower().split()) for c in criteria):
+            return self.llm.drop(self, "missing_criterion")
         if any(re.search(rf"\b{re.escape(name)}\b", text) for name in spec.tool_names if "_" in name or len(name) > 6):
             return self.llm.drop(self, "names_tool")
         return Query(text, list(omit))

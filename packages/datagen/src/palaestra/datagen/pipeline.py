@@ -61,6 +61,9 @@ class RolesConfig:
     """The model behind the LLM roles."""
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, max_tokens=256))
     """Sampling for the LLM roles."""
+    max_consecutive_errors: int = 5
+    """Stop the run (one line naming the cause) after this many failed LLM requests in a row, per worker
+    (0: never; failed requests still count in ``stats.json`` -> ``llm_errors``)."""
 
 
 @dataclass
@@ -96,7 +99,9 @@ def make_roles(cfg: RolesConfig) -> tuple[R.Roles, object | None]:
 
         from palaestra.datagen.llm_roles import CountingClient
 
-        counter = CountingClient(_client(json.dumps(asdict(cfg.llm), sort_keys=True)), cfg.sampling)
+        counter = CountingClient(
+            _client(json.dumps(asdict(cfg.llm), sort_keys=True)), cfg.sampling, cfg.max_consecutive_errors
+        )
     from palaestra.datagen import llm_roles as L
 
     pick = {
@@ -140,6 +145,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         last_kind = "normal"  # the withheld function must not be needed before its turn
     withheld = targets[-1] if last_kind == "miss_func" else None
     calls_at_start = counter.calls if counter else 0
+    causes_at_start = dict(counter.error_causes) if counter else {}
     all_tools = R.openai_tools(spec)
     history: list[dict] = []
     turns: list[dict] = []
@@ -157,6 +163,11 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
             "drop": drop,
             "problems": list(problems),
             "llm_calls": (counter.calls - calls_at_start) if counter else 0,
+            "llm_errors": {
+                c: n - causes_at_start.get(c, 0)
+                for c, n in (counter.error_causes if counter else {}).items()
+                if n > causes_at_start.get(c, 0)
+            },
             "stats": {"sampler": {"calls": sampler_stats.calls, "flows": sampler_stats.flows}, "chain": chain_stats},
         }
 

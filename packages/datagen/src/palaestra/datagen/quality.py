@@ -51,7 +51,9 @@ FRAME_WORDS = frozenset(
     want like hi hello ok okay sure done
     """.split()  # noqa: SIM905
 )
-_TOKEN_RE = re.compile(r"(?<![A-Za-z])'[^']*'(?![A-Za-z])|\"[^\"]*\"|'d|'m|'re|'ve|'ll|[A-Za-z]+|\d+(?:[.,]\d+)*|[?.;,!:()]")
+_TOKEN_RE = re.compile(
+    r"(?<![A-Za-z])'[^']*'(?![A-Za-z])|\"[^\"]*\"|'d|'m|'re|'ve|'ll|[A-Za-z]+|\d+(?:[.,]\d+)*|[?.;,!:()]"
+)
 _LEADS = ("could you", "can you", "would you", "you to", "please", "help me", "need to", "want to", "i'd like to")
 
 

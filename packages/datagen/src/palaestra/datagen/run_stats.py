@@ -4,7 +4,8 @@ calls per trace, hidden-step fraction, coverage of environments and
 functions, pass rate per try (of the tries made at index k, the share that
 passed), drops by reason (``drops``; a grounding drop is named after its
 first problem, ``grounding_problems`` counts every problem found), LLM calls
-per kept sample, throughput. `audit_rows` re-checks a finished file: the
+per kept sample, failed LLM requests (``llm_errors``, by cause in
+``llm_error_causes``), throughput. `audit_rows` re-checks a finished file: the
 contamination check against BFCL's test entries, the groundedness verifier
 on every kept row (``ungrounded_kept``), error responses among ground-truth
 steps (``error_response_steps``), and what the data teaches (``quality``: `quality.quality_figures`).
@@ -29,6 +30,8 @@ class RunStats:
     tries: list[int] = field(default_factory=list)
     passes: list[int] = field(default_factory=list)
     llm_calls: int = 0
+    llm_errors: dict[str, int] = field(default_factory=dict)
+    """Failed LLM requests by cause (`llm_roles.error_cause`)."""
     calls: int = 0
     traces: int = 0
     hidden: int = 0
@@ -44,6 +47,8 @@ class RunStats:
                     k.append(0)
                 k[i] += n
         self.llm_calls += result.get("llm_calls", 0)
+        for cause, n in result.get("llm_errors", {}).items():
+            self.llm_errors[cause] = self.llm_errors.get(cause, 0) + n
         for problem in result.get("problems", []):
             self.grounding_problems[problem] = self.grounding_problems.get(problem, 0) + 1
         if result["sample"] is None:
@@ -78,6 +83,8 @@ class RunStats:
             "function_coverage": len(self.seen) / n_tools if n_tools else 0.0,
             "llm_calls": self.llm_calls,
             "llm_calls_per_kept_sample": self.llm_calls / self.kept if self.kept else float(self.llm_calls),
+            "llm_errors": sum(self.llm_errors.values()),
+            "llm_error_causes": dict(sorted(self.llm_errors.items())),
             "seconds": self.seconds,
             "samples_per_minute": 60 * self.kept / self.seconds if self.seconds else 0.0,
             "task_failures": len(self.task_failures),

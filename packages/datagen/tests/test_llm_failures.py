@@ -1,0 +1,90 @@
+"""The LLM path fails loudly: a dead server, and vLLM started without its tool flags, stop the run with one line.
+
+`VllmWithoutToolFlags` answers as vLLM's OpenAI server does when it runs without
+``--enable-auto-tool-choice --tool-call-parser``: every request that carries
+``tools`` gets HTTP 400 with vLLM's error body (``"auto" tool choice requires
+--enable-auto-tool-choice and --tool-call-parser to be set``), every other one
+the scripted teacher's answer. Before, such a run kept 0 samples with
+``unverified:`` drops and no error, and a dead server showed only as
+``tool_maker:no_json`` drops. The real server is exercised in ``test_vllm_server.py``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+
+import pytest
+
+from palaestra.datagen.llm_roles import LLMUnavailable, error_cause
+from palaestra.shared.cli import one_line_error
+
+from .test_llm_path import ScriptedTeacher, _generate, _serve  # noqa: F401
+
+VLLM_400 = {
+    "object": "error",
+    "message": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+    "type": "BadRequestError",
+    "param": None,
+    "code": 400,
+}
+
+
+class VllmWithoutToolFlags(ScriptedTeacher):
+    def do_POST(self) -> None:
+        length = int(self.headers["Content-Length"])
+        body = json.loads(self.rfile.read(length))
+        if not body.get("tools"):
+            self.rfile = io.BytesIO(json.dumps(body).encode())  # the scripted teacher reads the body again
+            self.headers.replace_header("Content-Length", str(len(json.dumps(body).encode())))
+            return super().do_POST()
+        data = json.dumps(VLLM_400).encode()
+        self.send_response(400)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"  # nothing listens there once the socket is closed
+
+
+def test_vllm_without_tool_flags_stops_the_run_naming_the_flags(tmp_path):
+    server = _serve(VllmWithoutToolFlags)
+    try:
+        with pytest.raises(LLMUnavailable) as info:
+            _generate(tmp_path, f"http://127.0.0.1:{server.server_port}/v1", 4, ["MathAPI"])
+    finally:
+        server.shutdown()
+    line = one_line_error(info.value)
+    assert line is not None and "\n" not in line
+    assert "--enable-auto-tool-choice" in line and "--tool-call-parser" in line
+    assert "5 LLM requests in a row failed" in line
+    assert VllmWithoutToolFlags.requests.get("tool_maker", 0) > 0  # requests without tools were answered
+
+
+def test_a_dead_server_stops_the_run(tmp_path):
+    with pytest.raises(LLMUnavailable) as info:
+        _generate(tmp_path, _dead_url(), 6, ["MathAPI"])  # one tool-maker request per item
+    assert "does not answer" in one_line_error(info.value)
+
+
+def test_llm_errors_are_counted_in_stats(tmp_path, monkeypatch):
+    from palaestra.datagen import pipeline
+
+    monkeypatch.setattr(pipeline.RolesConfig, "max_consecutive_errors", 0)  # never stop: count
+    _, result, stats = _generate(tmp_path, _dead_url(), 3, ["MathAPI"])
+    assert result["kept"] == 0
+    assert stats["llm_errors"] == stats["llm_calls"] == 3  # one tool-maker request per item, each failed
+    assert list(stats["llm_error_causes"]) == [error_cause("cannot reach the OpenAI-compatible server")]
+
+
+def test_error_causes():
+    assert "--enable-auto-tool-choice" in error_cause(f"http://x/v1 answered 400: {VLLM_400['message']}")
+    assert "does not answer" in error_cause("cannot reach the OpenAI-compatible server at http://x/v1 (refused)")
+    assert error_cause("http://x/v1 answered 503: overloaded") == "the server answers 503"
