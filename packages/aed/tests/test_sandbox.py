@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from palaestra.aed.sandbox import RewardCodeError, SandboxedReward, static_check
+from palaestra.aed.allowlist import RewardCodeError, static_check
+from palaestra.aed.sandbox import SandboxedReward
 
 STATE = {"rel": {"dist": 4.0}, "event": {"victim_collision": 0.0}}
 GOOD = "def reward(state):\n    d = state['rel']['dist']\n    return -math.sqrt(d) + max(0.0, 1.0)\n"

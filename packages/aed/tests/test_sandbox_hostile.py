@@ -14,13 +14,8 @@ import time
 
 import pytest
 
-from palaestra.aed.sandbox import (
-    MAX_NAME,
-    RewardCodeError,
-    SandboxedReward,
-    reply_problem,
-    static_check,
-)
+from palaestra.aed.allowlist import RewardCodeError, static_check
+from palaestra.aed.sandbox import MAX_NAME, SandboxedReward, reply_problem
 
 STATE = {"rel": {"dist": 4.0}, "t": 0.0}
 CHECKED: dict = {}

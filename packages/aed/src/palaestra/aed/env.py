@@ -56,14 +56,11 @@ import numpy as np
 from palaestra.aed.attribution import History, classify, lane_str, make_record, relative, step_road
 from palaestra.aed.judge import RuleJudge
 from palaestra.aed.preference import accident_features
-from palaestra.aed.scenarios import ACTIONS, get_scenario, make_base_env, restore_idm_defaults
+from palaestra.aed.rewards import reward_value
+from palaestra.aed.scenarios import ACTIONS, get_scenario, make_base_env, move_beside, restore_idm_defaults
 
 NEIGHBOURS = 4
 OWN_F, VICTIM_F, OTHER_F = 6, 8, 5
-
-
-class RewardError(RuntimeError):
-    """A reward function failed; the message says why."""
 
 
 class AdversaryEnv(gym.Env):
@@ -248,13 +245,13 @@ class AdversaryEnv(gym.Env):
 
     def _reward(self, state: dict) -> float:
         try:
-            value, parts = _reward_value(self.reward_fn(state))
+            value, parts = reward_value(self.reward_fn(state))
         except Exception as err:  # a broken reward must not stop training: fall back to the expert's
             if self.reward_fn is self.expert:
                 raise
             self.reward_error = f"{type(err).__name__}: {err}"
             self.reward_fn = self.expert
-            value, parts = _reward_value(self.expert(state))
+            value, parts = reward_value(self.expert(state))
         for name, v in parts.items():  # named components (Eureka's reflection): the reward is their sum
             self.components[name] = self.components.get(name, 0.0) + v
         return value
@@ -280,7 +277,7 @@ class AdversaryEnv(gym.Env):
             npcs = [v for v in npcs if v.lane_index[:2] in own] + [v for v in npcs if v.lane_index[:2] not in own]
             for v in npcs[: self.n_adv]:
                 if v.lane_index[:2] in own:
-                    _move_beside(v, victim, self.spec_.adversary_offset_m, road)
+                    move_beside(v, victim, self.spec_.adversary_offset_m, road)
         if len(npcs) < self.n_adv:
             raise RuntimeError(f"{self.scenario}: only {len(npcs)} NPCs for {self.n_adv} adversaries")
         # adversaries may brake to a standstill (highway-env's default speeds 20-30 m/s would forbid brake checks)
@@ -368,33 +365,6 @@ class AdversaryEnv(gym.Env):
             },
             "event": ev,
         }
-
-
-def _move_beside(vehicle, victim, offset_m: float, road) -> None:
-    """Put `vehicle` on its own lane at the victim's longitudinal position plus `offset_m`, at the victim's speed."""
-    lane = road.network.get_lane(vehicle.lane_index)
-    s = lane.local_coordinates(victim.position)[0] + offset_m
-    vehicle.position = np.asarray(lane.position(s, 0.0), float)
-    vehicle.heading = lane.heading_at(s)
-    vehicle.speed = float(victim.speed)
-
-
-def _reward_value(value: Any) -> tuple[float, dict[str, float]]:
-    """The reward (a finite float) and its named components of what a reward function returned; anything else
-    (a string, nan, inf, a non-numeric component) raises `RewardError`, inside the caller's fallback."""
-    parts = value if isinstance(value, dict) else {"": value}
-    floats: dict[str, float] = {}
-    for name, v in parts.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise RewardError(f"reward component {str(name)[:64]!r} is a {type(v).__name__}, not a number")
-        try:
-            floats[str(name)] = float(v)
-        except OverflowError:
-            raise RewardError(f"reward component {str(name)[:64]!r} does not fit a float") from None
-    total = sum(floats.values())
-    if not all(math.isfinite(v) for v in [*floats.values(), total]):
-        raise RewardError(f"non-finite reward {total!r}")
-    return total, floats if isinstance(value, dict) else {}
 
 
 def _vehicle_state(v, road) -> dict:

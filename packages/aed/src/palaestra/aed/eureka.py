@@ -5,7 +5,7 @@ documented state API (`rewards.STATE_API`) and, from round 2 on, the previous
 round's reward with its training statistics (or why it was refused). It
 answers with a ``reward(state)`` function in a python code block (each of
 the round's samples drawn with its own seed, `draw_samples`). Each
-candidate is checked (`sandbox.static_check`), probed in the sandbox on real
+candidate is checked (`allowlist.static_check`), probed in the sandbox on real
 states, then used to train an adversary briefly; its fitness is the rate of
 victim accidents of the target type per evaluation episode (ties: any
 accident), reported with its 95% Wilson interval. The best candidate over all
@@ -27,9 +27,10 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from palaestra.aed.allowlist import ALLOWED_TEXT
 from palaestra.aed.evaluation import evaluate
 from palaestra.aed.rewards import STATE_API, TAXONOMY
-from palaestra.aed.sandbox import ALLOWED_TEXT, check_reward
+from palaestra.aed.sandbox import check_reward
 from palaestra.aed.train import AdversarySpec, TrainSettings, build_model, make_env, train_adversary
 
 SYSTEM = (

@@ -4,7 +4,7 @@ The paper's first step: given the scenario and the documented collision
 record (`RECORD_API`), the LLM proposes a diverse set of accident types, each
 a name, a one-sentence description and ``recognize(record) -> bool`` code
 that tells whether a recorded collision is of that type. The prompt says
-which operations the code may use (`sandbox.ALLOWED_TEXT`). The code is
+which operations the code may use (`allowlist.ALLOWED_TEXT`). The code is
 checked and run like reward code (`sandbox.SandboxedRecognizer`) on the
 scenario's probe records (`probe_records`: typical contacts of that road).
 A proposal that does not parse, repeats a name, whose recognizer is refused
@@ -26,9 +26,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from palaestra.aed.allowlist import ALLOWED_TEXT, RewardCodeError
 from palaestra.aed.attribution import CollisionRecord, classify
 from palaestra.aed.rewards import SCENARIO_TYPES, TAXONOMY
-from palaestra.aed.sandbox import ALLOWED_TEXT, RewardCodeError, SandboxedRecognizer
+from palaestra.aed.sandbox import SandboxedRecognizer
 
 SCENARIO_TEXT = {
     "highway": "a multi-lane motorway with dense traffic, all vehicles driving in the same direction",

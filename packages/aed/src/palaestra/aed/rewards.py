@@ -21,7 +21,9 @@ where ``sample`` is the state.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
+from typing import Any
 
 from palaestra.aed.attribution import CUT_IN_WINDOW_S
 from palaestra.shared.rewards import REWARDS
@@ -164,6 +166,28 @@ def generic_reward(target: str) -> Callable[[dict], float]:
 
     reward.__name__ = f"generic_{target}"
     return reward
+
+
+class RewardError(RuntimeError):
+    """A reward function returned something that is not a reward; the message says why."""
+
+
+def reward_value(value: Any) -> tuple[float, dict[str, float]]:
+    """The reward (a finite float) and its named components of what a reward function returned; anything else
+    (a string, nan, inf, a non-numeric component) raises `RewardError`, inside the caller's fallback."""
+    parts = value if isinstance(value, dict) else {"": value}
+    floats: dict[str, float] = {}
+    for name, v in parts.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise RewardError(f"reward component {str(name)[:64]!r} is a {type(v).__name__}, not a number")
+        try:
+            floats[str(name)] = float(v)
+        except OverflowError:
+            raise RewardError(f"reward component {str(name)[:64]!r} does not fit a float") from None
+    total = sum(floats.values())
+    if not all(math.isfinite(v) for v in [*floats.values(), total]):
+        raise RewardError(f"non-finite reward {total!r}")
+    return total, floats if isinstance(value, dict) else {}
 
 
 def expert_reward(accident_type: str) -> Callable[[dict], float]:

@@ -89,6 +89,17 @@ def restore_idm_defaults() -> None:
         setattr(IDMVehicle, key, value)
 
 
+def move_beside(vehicle, victim, offset_m: float, road) -> None:
+    """Put `vehicle` on its own lane at the victim's longitudinal position plus `offset_m`, at the victim's speed."""
+    lane = road.network.get_lane(vehicle.lane_index)
+    s = lane.local_coordinates(victim.position)[0] + offset_m
+    import numpy as np
+
+    vehicle.position = np.asarray(lane.position(s, 0.0), dtype=float)
+    vehicle.heading = lane.heading_at(s)
+    vehicle.speed = float(victim.speed)
+
+
 def make_base_env(scenario: str | Scenario, overrides: dict[str, Any] | None = None, render: bool = False):
     """The unwrapped highway-env environment of `scenario` with discrete meta-actions."""
     # headless rendering: SDL's "offscreen" driver (highway-env turns its viewer off under "dummy")
