@@ -545,3 +545,18 @@ def test_mcts_replies_on_ray_are_the_local_searches(ray_local):
     rng = np.random.RandomState(123)
     bot = mcts.MCTSBot(game.openspiel, 2.0, 20, mcts.RandomRolloutEvaluator(2, rng), solve=False, random_state=rng)
     assert mcts_reply("tic_tac_toe", [4], 2.0, 20, 2, False, 123) == bot.step(state)
+
+
+def test_first_finished_settings_fail_when_the_config_resolves():
+    from palaestra.mars.train import game_env_specs
+    from palaestra.shared.config import ConfigError
+    from palaestra.shared.jobs import load_config
+
+    base = {"job": "mars.train", "games": [{"game": "kuhn_poker"}, {"game": "tic_tac_toe"}]}
+    for batch, group_size, message in (
+        ({"rule": "first_finished", "env_slots": [32]}, 1, "batch.env_slots"),
+        ({"rule": "first_finished", "env_slots": [2, 2]}, 4, "group_size must be 1"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            cfg = load_config({**base, "batch": batch, "rollout": {"group_size": group_size}})
+            game_env_specs(cfg)

@@ -91,6 +91,17 @@ def slot_envs(games: Sequence[EnvSpec], env_slots: Sequence[int]) -> list[EnvSpe
     return [spec for spec, n in zip(games, env_slots) for _ in range(n)]
 
 
+def check_batch(batch: MarsBatch, games: Sequence[EnvSpec], group_size: int) -> None:
+    """MARS's rule needs one slot count per game and one play per task (ROLL's group_size 1)."""
+    if batch.rule != BatchRule.first_finished:
+        return
+    slot_envs(games, batch.env_slots)
+    if group_size != 1:
+        raise ConfigError("batch.rule first_finished: rollout.group_size must be 1 (MARS's group_size)")
+    if batch.episodes_per_slot < 0:
+        raise ConfigError(f"batch.episodes_per_slot must be >= 0, got {batch.episodes_per_slot}")
+
+
 class FirstFinishedRollouts:
     """The trainer's rollouts (local or on Ray) playing every slot's episodes, keeping the first rows to finish."""
 
@@ -121,8 +132,7 @@ class FirstFinishedTrainer(Trainer):
 
     def __init__(self, cfg, *args, **kwargs):
         super().__init__(cfg, *args, **kwargs)
-        if cfg.rollout.group_size != 1:
-            raise ConfigError("batch.rule first_finished: rollout.group_size must be 1 (MARS's group_size)")
+        check_batch(cfg.batch, cfg.envs, cfg.rollout.group_size)
         self.slots = slot_envs(cfg.envs, cfg.batch.env_slots)
         self.rows = 2 * cfg.tasks_per_step
         self.per_slot = cfg.batch.episodes_per_slot or math.ceil(self.rows / len(self.slots))

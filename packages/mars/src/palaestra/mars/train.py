@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from palaestra.mars.batching import BatchRule, FirstFinishedTrainer, MarsBatch
+from palaestra.mars.batching import BatchRule, FirstFinishedTrainer, MarsBatch, check_batch
 from palaestra.mars.env import PromptStyle, Shaping
 from palaestra.mars.evaluate import GameEvalConfig, eval_headline, evaluate
 from palaestra.mars.games import GAMES
@@ -162,6 +162,7 @@ def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
             specs.append(EnvSpec("mars_game", {**kwargs, "opening_moves": cfg.opening_moves}, g.weight))
         else:
             specs.append(EnvSpec("mars_versus", {**kwargs, "opponent": cfg.opponent, "seat": cfg.seat}, g.weight))
+    check_batch(cfg.batch, specs, cfg.rollout.group_size)  # MARS's batch rule: one slot count per game
     return specs
 
 
