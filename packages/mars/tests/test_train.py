@@ -169,7 +169,6 @@ def test_first_finished_batch_trains_on_the_first_rows(tracking, tmp_path, monke
             "shaping": {"require_think": False},
             "steps": 1,
             "tasks_per_step": 4,
-            "eval_before": False,
             "eval": {"games": ["kuhn_poker"], "opponents": ["random"], "episodes": 1, "max_tokens": 8},
             "tracking": {"uri": tracking.uri, "artifact_root": tracking.artifact_root, "experiment": "test"},
         }
@@ -178,6 +177,11 @@ def test_first_finished_batch_trains_on_the_first_rows(tracking, tmp_path, monke
     metrics = mlflow.tracking.MlflowClient(tracking.uri).get_run(out["run_id"]).data.metrics
     assert metrics["rollout/trajectories"] == 8
     assert calls == [(8, 16, 8)]
+    # MARS's table of the step-0 model against the trained one, as an artifact
+    client = mlflow.tracking.MlflowClient(tracking.uri)
+    table = (Path(client.download_artifacts(out["run_id"], "eval_table.md"))).read_text()
+    assert table.startswith("| game | seat | opponent | base | trained | relative change |")
+    assert "| kuhn_poker | both | random |" in table
 
 
 def test_kuhn_ablation_arms_differ_in_the_estimator_only():

@@ -30,6 +30,7 @@ from typing import Any
 
 from palaestra.mars.batching import BatchRule, FirstFinishedTrainer, MarsBatch, check_batch
 from palaestra.mars.env import PromptStyle, Shaping
+from palaestra.mars.eval_table import compare, format_table
 from palaestra.mars.evaluate import GameEvalConfig, eval_headline, evaluate
 from palaestra.mars.games import GAMES
 from palaestra.shared.config import ConfigError
@@ -201,9 +202,13 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
     """MARS self-play RL (turn-level advantages, agent normalization) through the shared trainer; eval before/after."""
     eval_cfg = _eval_config(cfg)
 
+    evaluations: list[list[dict]] = []  # each evaluation's records, for MARS's base-vs-trained table
+
     def game_eval(trainer: Trainer, step: int) -> dict[str, float]:
         clients = {repr(eval_cfg.llm): trainer.client}  # evaluate the very model being trained
-        return evaluate(eval_cfg, tracker, step=step, clients=clients)[0]
+        metrics, records = evaluate(eval_cfg, tracker, step=step, clients=clients)
+        evaluations.append(records)
+        return metrics
 
     trainer_cls = FirstFinishedTrainer if cfg.batch.rule == BatchRule.first_finished else Trainer
     with trainer_cls(cfg, tracker, eval_hook=game_eval) as trainer:
@@ -218,6 +223,10 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
         figure = before_after_figure(first, last, 0, trainer.step)
         if figure is not None:
             tracker.log_figure(figure, "before_after")
+        rows = compare(evaluations[0], evaluations[-1]) if len(evaluations) > 1 else []
+        if rows:  # MARS's table: the starting model (step 0) against the trained one
+            tracker.log_text(format_table(rows) + "\n", "eval_table.md")
+            print(format_table(rows), flush=True)
     summary.update({k: v for k, v in out.items() if isinstance(v, int | float) and not k.startswith("eval_")})
     summary["headline"] = eval_headline(last, first) or train_headline(out)
     for name, metrics in (("start", first), ("end", last)):
