@@ -135,3 +135,27 @@ def test_local_learner_sets_the_rate_before_its_optimizer_step(tiny_llm):
     learner.optimizer_step(StepData(batch, torch.ones(batch.loss_mask.shape)), torch.arange(len(batch)), lr=0.0)
     assert optimizer.param_groups[0]["lr"] == 0.0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # lr 0 moves nothing
+
+
+def test_both_learners_have_the_learner_face():
+    import inspect
+
+    from palaestra.shared.rl.distributed import DistributedLearner
+    from palaestra.shared.rl.learner import Learner
+
+    face = [n for n in vars(Learner) if not n.startswith("_") and callable(getattr(Learner, n))]
+    assert set(face) == {
+        "score",
+        "optimizer_step",
+        "update",
+        "set_learning_rate",
+        "state_dict",
+        "save",
+        "load",
+        "close",
+    }
+    for cls in (LocalLearner, DistributedLearner):
+        for name in face:
+            want = inspect.signature(getattr(Learner, name))
+            got = inspect.signature(getattr(cls, name))
+            assert list(got.parameters) == list(want.parameters), (cls.__name__, name)
