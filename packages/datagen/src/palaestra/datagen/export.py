@@ -13,7 +13,13 @@ Reads ``<output_dir>/datagen/<name>/samples.jsonl`` (or ``input``) and writes ne
   ``observation`` turns, alternating; ``tools`` a JSON string. A ``function_call`` turn cannot hold text, so
   the reasoning before a call is kept only in ``openai.jsonl``; the function added mid-conversation becomes a
   ``human`` turn.
-- ``README.md``: the dataset card (schema, counts, environments, statistics, provenance, contamination).
+- ``sft_turns.jsonl``: one row per assistant message, ``{"id", "env", "turn", "prompt", "completion",
+  "tools"}`` (`sft_turn_records`): the message as the completion, its own history as the prompt, earlier
+  turns' reasoning dropped as Qwen3's template drops it; for TRL's ``SFTTrainer`` with
+  ``completion_only_loss`` (a whole conversation under Qwen3's template loses the reasoning of every turn but
+  the last, and its template has no generation markers for ``assistant_only_loss``).
+- ``README.md``: the dataset card (schema, counts, environments, statistics, what the data teaches,
+  how it was made, provenance, contamination).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
 from palaestra.shared.tracking import Tracker
 
-FORMATS = ("openai", "sharegpt")
+FORMATS = ("openai", "sharegpt", "sft_turns")
 
 
 class AddedFunctionRole(StrEnum):
@@ -47,7 +53,7 @@ class ExportConfig(JobConfig):
     input: str | None = None
     """Or an explicit samples file."""
     formats: list[str] = field(default_factory=lambda: list(FORMATS))
-    """openai | sharegpt."""
+    """openai | sharegpt | sft_turns."""
     added_function_role: AddedFunctionRole = AddedFunctionRole.system
     """Role of the message that adds a withheld function: system | user."""
 
@@ -78,6 +84,45 @@ def openai_record(row: dict, added_function_role: str = "system") -> dict:
         messages.append(out)
     tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
     return {"id": row["id"], "env": row["provenance"]["env"], "messages": messages, "tools": tools}
+
+
+def _without_thinking(message: dict) -> dict:
+    content = message.get("content") or ""
+    if message["role"] == "assistant" and "</think>" in content:
+        content = content.split("</think>", 1)[1].lstrip("\n")
+    return {**message, "content": content}
+
+
+def sft_turn_records(row: dict, added_function_role: str = "system") -> list[dict]:
+    """One ``{"id", "env", "turn", "prompt", "completion", "tools"}`` per assistant message of a sample.
+
+    ``completion`` is that assistant message (its ``<think>`` kept), ``prompt`` every message before it, as a
+    Qwen3-style template shows them at inference: the reasoning of assistant messages before the last user
+    message is dropped, that of the current user turn's earlier steps kept. So every reasoning block is trained
+    once, in the context the model sees when it writes it (FunReason-MT trains each turn with its own history);
+    TRL's ``SFTTrainer`` takes the prompt-completion form with ``completion_only_loss`` and needs no generation
+    markers in the template.
+    """
+    rec = openai_record(row, added_function_role)
+    messages = rec["messages"]
+    out = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        last_user = max((j for j in range(i) if messages[j]["role"] == "user"), default=-1)
+        prompt = [_without_thinking(x) if j < last_user else x for j, x in enumerate(messages[:i])]
+        turn = sum(1 for x in messages[:i] if x["role"] == "user")
+        out.append(
+            {
+                "id": f"{row['id']}-m{i}",
+                "env": rec["env"],
+                "turn": turn,
+                "prompt": prompt,
+                "completion": [m],
+                "tools": rec["tools"],
+            }
+        )
+    return out
 
 
 def sharegpt_record(row: dict) -> dict:
@@ -128,8 +173,15 @@ def dataset_card(rows: list[dict], stats: dict, source: Path, files: list[str]) 
         "",
         "Synthesized by `palaestra.datagen` (HardGen + FunReason-MT structure) on executable environments"
         " (BFCL's eight multi-turn API classes, from `bfcl-eval`, Apache-2.0). Every sample was executed and"
-        " verified by replay; every argument of every ground-truth call is grounded (stated by the user,"
-        " produced by an earlier call's output as the only candidate, or a documented default).",
+        " verified by replay (the conversation's calls reproduce the ground truth's results and final state),"
+        " and passed the project's grounding check: each argument of a ground-truth call is said in the request"
+        " it answers (once per use), read from an earlier call's output where it is the only candidate or one"
+        " singled out by a criterion the user states, or a documented default. That check is a heuristic over"
+        " text, not a proof that the request determines the calls.",
+        "",
+        "## How it was made",
+        "",
+        *_how_made(roles),
         "",
         "## Files",
         "",
@@ -161,6 +213,7 @@ def dataset_card(rows: list[dict], stats: dict, source: Path, files: list[str]) 
         f"- ungrounded kept samples: {stats.get('ungrounded_kept', 'n/a')};"
         f" error responses among ground-truth steps: {stats.get('error_response_steps', 'n/a')}",
         "",
+        *_teaches(stats.get("quality") or {}),
         "## Provenance",
         "",
         f"- source: `{source}`; each row's `id` names the run, seed, round and item",
@@ -176,6 +229,52 @@ def dataset_card(rows: list[dict], stats: dict, source: Path, files: list[str]) 
         "",
     ]
     return "\n".join(lines)
+
+
+def _how_made(roles: Counter) -> list[str]:
+    used = {k: v for key in roles for k, v in json.loads(key).items()}
+    lines = []
+    if used.get("query_writer") == "deterministic":
+        lines.append(
+            "- requests: written from templates (openers, connectives, the tools' own descriptions turned into"
+            " instructions, the values), not by a language model: their wording is limited to those templates"
+        )
+    else:
+        lines.append("- requests: written by a language model from the trace's goal, steps and values")
+    if used.get("reasoner") == "deterministic":
+        lines.append(
+            "- assistant turns: an oracle that follows the sampled ground truth (its reasoning is templated and"
+            " knows the answer); it sometimes skips a lookup on a first try so that a critic hint is exercised"
+        )
+    else:
+        lines.append("- assistant turns: a language model's, kept only when replay verified them")
+    lines.append(
+        "- traces: a directed sampler over an API graph toward a target tool; the trace ends at its goal (the"
+        " target, or a tool that consumes its result); read-only calls that feed nothing are pruned"
+    )
+    return lines
+
+
+def _teaches(q: dict) -> list[str]:
+    if not q:
+        return []
+    keys = (
+        "query_frames",
+        "ungrammatical_queries",
+        "flow_share",
+        "leaked_values",
+        "borrowed_values",
+        "think_skeletons",
+        "closing_reply_frames",
+        "closing_replies_reporting_results",
+        "closing_replies_naming_tools",
+    )
+    out = ["## What the data teaches (`stats.json` -> `quality`; definitions in `palaestra.datagen.quality`)", ""]
+    for key in keys:
+        if key in q:
+            v = q[key]
+            out.append(f"- {key}: {v:.3f}" if isinstance(v, float) else f"- {key}: {v}")
+    return [*out, ""]
 
 
 @job("datagen.export", ExportConfig)
@@ -202,8 +301,11 @@ def export(cfg: ExportConfig, tracker: Tracker) -> dict:
         name = f"{fmt}.jsonl"
         with open(out / name, "w") as f:
             for row in rows:
-                rec = openai_record(row, cfg.added_function_role) if fmt == "openai" else sharegpt_record(row)
-                f.write(json.dumps(rec) + "\n")
+                if fmt == "sft_turns":
+                    recs = sft_turn_records(row, cfg.added_function_role)
+                else:
+                    recs = [openai_record(row, cfg.added_function_role) if fmt == "openai" else sharegpt_record(row)]
+                f.writelines(json.dumps(rec) + "\n" for rec in recs)
         files.append(name)
     (out / "README.md").write_text(dataset_card(rows, stats, source, files))
     for name in [*files, "README.md"]:
