@@ -159,3 +159,23 @@ def test_both_learners_have_the_learner_face():
             want = inspect.signature(getattr(Learner, name))
             got = inspect.signature(getattr(cls, name))
             assert list(got.parameters) == list(want.parameters), (cls.__name__, name)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("loss.kl_clamp=-1", "loss.kl_clamp': must be > 0"),
+        ("loss.logprob_temperature=0", "loss.logprob_temperature': must be > 0"),
+        ("optim.schedule_unit=optimizer_steps", "did you mean 'optimizer_step'"),
+        ("task_sampling=epoch", "did you mean 'epochs'"),
+        ("epochs=3", "3 epochs need task_sampling: epochs"),
+        ("epochs=-1", "must be >= 0"),
+    ],
+)
+def test_the_loop_settings_are_checked_when_the_config_resolves(override, message):
+    import palaestra.shared.rl.jobs  # noqa: F401  (registers rl.train)
+    from palaestra.shared.config import ConfigError
+    from palaestra.shared.jobs import load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config({"job": "rl.train"}, [override])
