@@ -1,5 +1,5 @@
 """The ``palaestra`` command: ``run`` (``--matrix``: seeds x arms, palaestra.shared.matrix), ``jobs``, ``show``,
-``serve``, ``plan``.
+``serve``, ``plan``, ``rehearse`` (palaestra.shared.rehearse).
 
 Heavy imports happen inside each command, so ``--help`` and ``jobs`` are quick.
 Options may come anywhere (``palaestra run X.yaml --dry-run seed=1``).
@@ -114,6 +114,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if fits else 1
 
 
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    from palaestra.shared.rehearse import main
+
+    return main(args.config, args.workdir, args.overrides)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="palaestra", description="Palaestra: train and evaluate LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU in GB (default 80)")
     plan.add_argument("--gpus", type=int, default=8, help="GPUs available (default 8)")
     plan.set_defaults(fn=cmd_plan)
+    rehearse = sub.add_parser("rehearse", help="a paper config end to end on CPU at small sizes (what it scaled)")
+    rehearse.add_argument("config", help="path to the YAML config")
+    rehearse.add_argument("overrides", nargs="*", help="key=value overrides of the rehearsal's config")
+    rehearse.add_argument("--workdir", help="where it writes (default outputs/rehearsals/<config name>)")
+    rehearse.set_defaults(fn=cmd_rehearse)
     return parser
 
 

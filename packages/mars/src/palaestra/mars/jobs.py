@@ -5,3 +5,6 @@ from palaestra.mars import (
     mas,  # noqa: F401  (registers mars.mas)
     train,  # noqa: F401  (registers mars.train)
 )
+from palaestra.shared.rehearse import REHEARSALS
+
+REHEARSALS.register("mars.train", "palaestra.mars.rehearsal:TRAIN")  # `palaestra rehearse`
