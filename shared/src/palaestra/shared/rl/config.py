@@ -241,6 +241,12 @@ class TrainConfig(JobConfig):
         # resolved here, before the config is logged: what MLflow's config.yaml holds is what runs
         if self.loss.reduction == "dr_grpo" and not self.loss.max_len:
             self.loss.max_len = self.rollout.max_tokens_per_turn
+        scoring = self.rollout.temperature if self.loss.logprob_temperature is None else self.loss.logprob_temperature
+        if self.loss.behaviour_correction != "off" and scoring != 1.0:
+            raise ConfigError(
+                f"loss.behaviour_correction compares the learner's log-probs with the sampler's, which are "
+                f"untempered: set loss.logprob_temperature=1.0 (the learner scores at {scoring})"
+            )
 
 
 def check_epochs(value: int, owner: TrainConfig) -> str | None:

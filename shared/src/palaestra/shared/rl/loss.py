@@ -22,6 +22,15 @@ for dr_grpo). A minibatch split into micro-batches (gradient accumulation) or
 across ranks passes the minibatch's normalizer to every part, so the parts'
 losses and gradients add up to the unsplit ones exactly.
 
+Behaviour correction (``loss.behaviour_correction``; rl/async_rollouts.py keeps rollouts of older
+policy versions in flight): with the behaviour policy's log-probs μ (the sampler's, per token) and the
+learner's own before the update (π_old, the proximal policy of decoupled PPO), w = π_old / μ, detached:
+
+- ``tis`` (truncated importance sampling, verl/AReaL ``token_truncate``): ℓ ← min(w, C) · ℓ;
+- ``mis`` (masked importance sampling, ``token_mask``): ℓ ← 0 where w > C or w < 1/C (the token masked;
+  it still counts in the reduction's normalizer, as verl's rejection mask leaves the loss's denominator);
+- ``off``: no correction (the loss is the plain PPO loss against π_old).
+
 `policy_loss` returns the loss and detached metrics (entropy, clip fraction, kl).
 """
 
@@ -35,6 +44,14 @@ import torch
 from palaestra.shared.config import value_check
 
 REDUCTIONS = ("grpo", "dapo", "dr_grpo", "seq-mean-token-sum")
+
+
+class BehaviourCorrection(StrEnum):
+    """Importance-sampling correction of the behaviour-vs-learner gap per token (module docstring)."""
+
+    off = "off"
+    tis = "tis"
+    mis = "mis"
 
 
 class Reduction(StrEnum):
@@ -69,11 +86,37 @@ class LossConfig:
     )
     """The temperature the learner divides the logits by for old, new and reference log-probs (None: the
     rollout's sampling temperature; MARS: 1.0, its log-probs are of the untempered policy)."""
+    behaviour_correction: BehaviourCorrection = BehaviourCorrection.off
+    """off | tis (weight min(π_old/μ, C)) | mis (tokens with π_old/μ outside [1/C, C] masked): the
+    correction for tokens sampled by an older (or another engine's) policy μ (module docstring)."""
+    behaviour_threshold: float = field(
+        default=2.0, metadata=value_check("palaestra.shared.rl.loss:check_behaviour_threshold")
+    )
+    """C of the behaviour correction (> 1; verl's default 2.0)."""
 
 
 def check_dual_clip(value: float, owner: LossConfig) -> str | None:
     """The dual-clip constant bounds the loss of negative-advantage tokens only when c > 1."""
     return None if value > 1 else f"the dual-clip constant must be > 1 (None: off; MARS 1.4), got {value}"
+
+
+def check_behaviour_threshold(value: float, owner: LossConfig) -> str | None:
+    """A truncation or masking bound of an importance weight is above 1 (1 would discard all off-policy signal)."""
+    return None if value > 1 else f"must be > 1 (verl's default 2.0), got {value}"
+
+
+def behaviour_weights(
+    old_logps: torch.Tensor, behaviour_logps: torch.Tensor, cfg: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token: the correction's factor on the loss (detached) and where it acted (truncated or masked)."""
+    ratio = torch.exp(old_logps.detach() - behaviour_logps)
+    c = cfg.behaviour_threshold
+    if cfg.behaviour_correction == BehaviourCorrection.tis:
+        return ratio.clamp(max=c), ratio > c
+    if cfg.behaviour_correction == BehaviourCorrection.mis:
+        outside = (ratio > c) | (ratio < 1.0 / c)
+        return (~outside).to(ratio.dtype), outside
+    return torch.ones_like(ratio), torch.zeros_like(ratio, dtype=torch.bool)
 
 
 def policy_loss(
@@ -85,8 +128,10 @@ def policy_loss(
     ref_logps: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
     normalizer: float | None = None,
+    behaviour_logps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss over (B, T) tensors; `advantages` is (B, T) or (B,).
+    """The loss over (B, T) tensors; `advantages` is (B, T) or (B,). `behaviour_logps`: the sampler's
+    log-probs, for ``behaviour_correction`` (ignored when it is off).
 
     `normalizer`: the minibatch's `loss_normalizer` when these rows are one part of it
     (None: these rows are the whole minibatch). The metrics are token means over these rows.
@@ -104,6 +149,8 @@ def policy_loss(
         if cfg.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1, got {cfg.dual_clip}")
         per_token = torch.where(advantages < 0, torch.min(per_token, -cfg.dual_clip * advantages), per_token)
+    if cfg.behaviour_correction != BehaviourCorrection.off and behaviour_logps is not None:
+        per_token = per_token * behaviour_weights(old_logps, behaviour_logps, cfg)[0]
 
     kl = None
     if cfg.kl_coef != 0.0:

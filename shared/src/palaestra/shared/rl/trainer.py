@@ -67,6 +67,11 @@ scheduled learning rate (rl/optim.py) -> weight sync to workers -> MLflow metric
 non-finite loss stops the run with a clear message; the last good checkpoint
 stays. The resumed run continues exactly where it stopped.
 
+With ``rollout.max_staleness`` k > 0 the rollouts of the next k steps run while
+the learner updates (rl/async_rollouts.py: `RolloutStream`, the protocol), every
+token tagged with the policy version that sampled it; the loss may correct the
+gap per token (``loss.behaviour_correction``), and ``async/`` metrics report it.
+
 Evaluation: the eval hook ``fn(trainer, step) -> metrics`` runs before
 training (``eval_before``), every ``eval_every`` steps and at the end; it logs
 its metrics (and any artifacts) at that step through ``trainer.tracker``, and
@@ -99,6 +104,7 @@ from tqdm import tqdm
 from palaestra.shared.config import ConfigError
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages, reads_entropy
+from palaestra.shared.rl.async_rollouts import RolloutStream, async_metrics, background_engine, behaviour_tensors
 from palaestra.shared.rl.batch import build_batch, think_entropy, token_advantages
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.episodes import eval_specs, reward_summary
@@ -142,6 +148,7 @@ class Trainer:
         self.ref_model: torch.nn.Module | None = None
         self.learner: Learner | None = None  # started by `prepare`: LocalLearner, or the ranks (rl/distributed.py)
         self.rollouts: LocalRollouts | RayRollouts | None = None
+        self.stream: RolloutStream | None = None  # each step's rollout, up to rollout.max_staleness ahead
         self.eval_hook = eval_hook or (_default_eval if cfg.eval_tasks else None)
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self.resumed: bool | None = None  # None: not prepared yet
@@ -216,14 +223,28 @@ class Trainer:
             w = cfg.workers
             llm = w.llm or cfg.llm
             self.rollouts = RayRollouts(
-                llm, cfg.rollout, w.num_workers, cfg.cluster, w.num_cpus, w.num_gpus, weight_sync=w.weight_sync
+                llm,
+                cfg.rollout,
+                w.num_workers,
+                cfg.cluster,
+                w.num_cpus,
+                w.num_gpus,
+                weight_sync=w.weight_sync,
+                concurrent=cfg.rollout.max_staleness > 0,
             )
-            self.rollouts.sync(self.policy_state())
+            self.rollouts.sync(self.policy_state(), self.step)
         else:
             self.rollouts = LocalRollouts(self.client, cfg.rollout)
+            self.rollouts.sync(None, self.step)
+        seed = lambda step: cfg.seed * 100_003 + step  # noqa: E731
+        engine = lambda: background_engine(cfg, self.policy_state(), self.step)  # noqa: E731
+        self.stream = RolloutStream(self.rollouts, cfg.rollout.max_staleness, self.draw_tasks, seed, engine)
 
     def close(self) -> None:
         """Stop the rollout workers (a later `train` starts them again)."""
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
         if self.rollouts is not None:
             self.rollouts.close()
             self.rollouts = None
@@ -282,8 +303,8 @@ class Trainer:
         cfg, t0 = self.cfg, time.perf_counter()
         # 1. rollout
         self.model.eval()
-        assert self.rollouts is not None  # prepare() started them
-        result = self.rollouts.run(self.draw_tasks(self.step), seed=cfg.seed * 100_003 + self.step)
+        assert self.rollouts is not None and self.stream is not None  # prepare() started them
+        result = self.stream.take(self.step)
         check_failures(result, cfg.rollout.max_failed_share)  # warns; raises past the share
         trajs = [t for t in result.trajectories if not t.failed and t.num_response_tokens > 0]
         if not trajs:
@@ -299,6 +320,14 @@ class Trainer:
             data.old_logps, data.entropies = learner.score(batch)
         if cfg.loss.kl_coef:
             data.ref_logps = self._reference_logps(batch)
+        if self.asynchronous:  # the sampler's log-probs and versions: the correction and its metrics
+            behaviour, versions = behaviour_tensors(trajs, tuple(batch.loss_mask.shape))
+            if cfg.loss.behaviour_correction != "off":
+                if torch.isnan(behaviour[batch.loss_mask > 0]).any():
+                    raise TrainingError("loss.behaviour_correction needs the rollout backend's log-probs")
+                data.behaviour_logps = behaviour.nan_to_num(0.0)
+            k, loss_cfg = cfg.rollout.max_staleness, cfg.loss
+            stale = async_metrics(self.step, versions, batch.loss_mask, k, loss_cfg, data.old_logps, behaviour)
         # 4. advantages
         entropy = data.entropies
         entropies = (None, None) if entropy is None else (think_entropy(entropy, batch, s) for s in SPANS)
@@ -316,8 +345,8 @@ class Trainer:
             ) from None
         self.model.eval()
         self.step += 1
-        # 6. weight sync
-        self.rollouts.sync(self.policy_state() if cfg.workers.num_workers else None)
+        # 6. weight sync (version: the learner's step count)
+        self.stream.sync(self.policy_state, self.step)
         # 7. metrics
         step_s = time.perf_counter() - t0
         flat_adv = np.concatenate(values)
@@ -336,6 +365,7 @@ class Trainer:
             "rollout/truncated": result.stats["truncated"],
             "rollout/trajectories": len(trajs),
             "rollout/response_tokens_mean": float(np.mean([t.num_response_tokens for t in trajs])),
+            **(stale if self.asynchronous else {}),
         }
         self.tracker.log_metrics(metrics, step=self.step)
         if cfg.log_samples:
@@ -357,7 +387,12 @@ class Trainer:
         reads entropies: the old log-probs are then the update's current ones detached (ratio 1, the same
         gradient), as TRL does, and that forward is skipped."""
         on_policy = self.cfg.ppo_epochs == 1 and (self.cfg.minibatch_size or rows) >= rows
-        return not on_policy or reads_entropy(self.cfg.advantages)
+        return not on_policy or reads_entropy(self.cfg.advantages) or self.asynchronous
+
+    @property
+    def asynchronous(self) -> bool:
+        """Rollouts ahead of the learner or a behaviour correction: the step reads the sampler's log-probs."""
+        return self.cfg.rollout.max_staleness > 0 or self.cfg.loss.behaviour_correction != "off"
 
     def _reference_logps(self, batch) -> torch.Tensor:
         """The frozen reference's log-probs (LoRA: the base model, adapters off)."""

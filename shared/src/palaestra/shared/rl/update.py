@@ -56,6 +56,8 @@ class StepData:
     """The frozen reference's log-probs (when ``loss.kl_coef``)."""
     entropies: torch.Tensor | None = None
     """For the metrics (None: taken from the update's own forward)."""
+    behaviour_logps: torch.Tensor | None = None
+    """The sampler's log-probs of the model's tokens (for ``loss.behaviour_correction``; None: no correction)."""
     step: int = 0
     """The RL step these tensors belong to (0-based): it seeds the minibatch shuffle and places the rates."""
     steps: int = 1
@@ -71,7 +73,7 @@ class StepData:
 
         advantages = cut(self.advantages)
         assert advantages is not None
-        parts = (cut(self.old_logps), cut(self.ref_logps), cut(self.entropies))
+        parts = (cut(self.old_logps), cut(self.ref_logps), cut(self.entropies), cut(self.behaviour_logps))
         return StepData(rows, advantages, *parts, step=self.step, steps=self.steps)
 
 
@@ -138,6 +140,7 @@ def micro_batch_loss(
         ref_logps=part.ref_logps,
         entropies=ent if with_entropy else part.entropies,
         normalizer=normalizer,
+        behaviour_logps=part.behaviour_logps,
     )
 
 

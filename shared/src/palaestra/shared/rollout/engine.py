@@ -31,6 +31,11 @@ counted as ``failed_episodes``); the rest go on, and `check_failures` (called by
 the trainer on every rollout) warns about failures and stops the step past
 ``max_failed_share``. Seeds make a rollout reproducible with the transformers
 backend.
+
+Versions: every response token is tagged with the policy version that sampled it
+(`Turn.response_versions`), the version the engine's `PolicyVersion` holds at that
+generate call; weights offered while episodes run are loaded before the next call
+(rollout/policy_version.py), so a multi-turn episode may span versions.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from typing import Any
 from palaestra.shared.config import value_check
 from palaestra.shared.llm.base import Completion, LLMClient, SamplingParams
 from palaestra.shared.rollout.env import TextEnv
+from palaestra.shared.rollout.policy_version import PolicyVersion
 from palaestra.shared.rollout.trajectory import Trajectory, Turn
 
 
@@ -76,6 +82,9 @@ class RolloutConfig:
     """Share of a rollout's episodes that may fail (the environment or the chat template raised) before the
     trainer's step stops with an error naming the failures (`check_failures`); under it, failed episodes are
     left out of training, counted (``rollout/failed_episodes``, ``rollout/failed``) and reported in a warning."""
+    max_staleness: int = field(default=0, metadata=value_check("palaestra.shared.config:check_non_negative"))
+    """Steps of rollouts that may run ahead of the learner (rl/async_rollouts.py): a token sampled by policy
+    version v trains an update of step <= v + max_staleness. 0: the synchronous loop (rollout, update, sync)."""
 
 
 @dataclass
@@ -171,6 +180,8 @@ class RolloutEngine:
     def __init__(self, client: LLMClient, cfg: RolloutConfig):
         self.client = client
         self.cfg = cfg
+        self.policy = PolicyVersion(client)
+        """The version of the client's weights; the learner's weight sync offers new ones through it."""
         self.chat = ChatTokens(client)
         # never ask the backend for more than the model holds: it would refuse the prompt and stop the run
         model_context = getattr(client, "context_length", None)
@@ -189,12 +200,13 @@ class RolloutEngine:
             if not waiting:
                 break
             t0 = time.perf_counter()
-            completions = self._generate([prompt for _, (_, prompt) in waiting], seed * 1_000_003 + calls)
+            with self.policy.generating() as version:
+                completions = self._generate([prompt for _, (_, prompt) in waiting], seed * 1_000_003 + calls)
             gen_s += time.perf_counter() - t0
             calls += 1
             for (ep, (agent, prompt)), completion in zip(waiting, completions):
                 gen_tokens += len(completion.token_ids)
-                self._guard(ep, functools.partial(self._act, ep, agent, prompt, completion))
+                self._guard(ep, functools.partial(self._act, ep, agent, prompt, completion, version))
         trajs = [t for ep in episodes for t in ep.trajs.values()]
         stats = {
             "episodes": len(episodes),
@@ -236,7 +248,7 @@ class RolloutEngine:
         ep.prompts[agent] = prompt
         return agent, prompt
 
-    def _act(self, ep: _Episode, agent: str, prompt: list[int], completion: Completion) -> None:
+    def _act(self, ep: _Episode, agent: str, prompt: list[int], completion: Completion, version: int = 0) -> None:
         ids, logprobs, finish = list(completion.token_ids), completion.logprobs, completion.finish_reason
         text = completion.text
         room = self.max_context - len(prompt)
@@ -245,6 +257,7 @@ class RolloutEngine:
             ids, logprobs, finish = ids[:room], (logprobs[:room] if logprobs else logprobs), "context"
             text = self.client.tokenizer.decode(ids, skip_special_tokens=True)
         turn = Turn(agent, prompt, ids, list(logprobs) if logprobs else None, text=text, finish_reason=finish)
+        turn.response_versions = [version] * len(ids)
         ep.traj(agent).turns.append(turn)
         ep.model_calls += 1
         if cut:

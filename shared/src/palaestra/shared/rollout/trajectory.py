@@ -41,6 +41,9 @@ class Turn:
     """Why the action did not parse (``info["format_error"]``), if it did not."""
     finish_reason: str = ""
     """stop | length | context."""
+    response_versions: list[int] | None = None
+    """The policy version (the learner's step count when its weights reached the client) that sampled each
+    response token (None: not recorded). An episode that spans a weight update has turns of several versions."""
 
 
 @dataclass
@@ -53,6 +56,8 @@ class Sequence:
     turn_index: list[int]
     """Which turn each token belongs to as a response (-1 for prompt/env tokens)."""
     sampler_logprobs: list[float | None]
+    versions: list[int] = field(default_factory=list)
+    """The policy version of each model token (-1 on prompt/env tokens and where none was recorded)."""
 
 
 @dataclass
@@ -88,11 +93,12 @@ class Trajectory:
     def to_sequence(self) -> Sequence:
         """The conversation as one token sequence with the model-token mask (multi-turn aware)."""
         if not self.turns:
-            return Sequence([], [], [], [])
+            return Sequence([], [], [], [], [])
         ids: list[int] = []
         mask: list[int] = []
         turn_index: list[int] = []
         logprobs: list[float | None] = []
+        versions: list[int] = []
         for k, turn in enumerate(self.turns):
             if turn.prompt_ids[: len(ids)] != ids:
                 raise ValueError(
@@ -104,6 +110,7 @@ class Trajectory:
             mask += [0] * len(delta)
             turn_index += [-1] * len(delta)
             logprobs += [None] * len(delta)
+            versions += [-1] * len(delta)
             ids += turn.response_ids
             mask += [1] * len(turn.response_ids)
             turn_index += [k] * len(turn.response_ids)
@@ -111,4 +118,5 @@ class Trajectory:
                 logprobs += turn.response_logprobs
             else:
                 logprobs += [None] * len(turn.response_ids)
-        return Sequence(ids, mask, turn_index, logprobs)
+            versions += turn.response_versions or [-1] * len(turn.response_ids)
+        return Sequence(ids, mask, turn_index, logprobs, versions)

@@ -14,6 +14,12 @@ Both kinds answer ``run(specs, seed) -> RolloutResult`` and ``sync(state_dict)``
   path for vllm). With ``weight_sync="nccl"`` (vLLM workers on GPUs) the weights
   go over NCCL instead (rollout/vllm_weight_sync.py). A worker that dies is
   replaced, given the current weights, and its shard is run again.
+
+``sync(state_dict, version)`` also tells the engines the policy version of those
+weights (rollout/policy_version.py), which tags every generated token. With
+``concurrent=True`` (rl/async_rollouts.py) a worker takes new weights while it
+runs (`RolloutWorker.offer_weights`): they load before its next generate call.
+``submit`` starts a rollout and ``collect`` waits for it (``run`` is both).
 """
 
 from __future__ import annotations
@@ -22,8 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from palaestra.shared.config import ClusterConfig
-from palaestra.shared.extras import MissingExtraError
-from palaestra.shared.llm.base import LLMClient, LLMConfig, LLMError, make_client
+from palaestra.shared.llm.base import LLMClient, LLMConfig, make_client
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine, RolloutResult
 from palaestra.shared.rollout.vllm_weight_sync import NcclWeightSync, WeightSync
 
@@ -37,8 +42,10 @@ class LocalRollouts:
     def run(self, specs: Sequence[EpisodeSpec], seed: int) -> RolloutResult:
         return self.engine.run(specs, seed)
 
-    def sync(self, state_dict: dict | None) -> None:
-        pass  # the engine's client holds the learner's model itself
+    def sync(self, state_dict: dict | None, version: int | None = None) -> None:
+        # the engine's client holds the learner's model itself: only the version moves
+        if version is not None:
+            self.engine.policy.load_now(None, version)
 
     def close(self) -> None:
         pass
@@ -51,21 +58,24 @@ class RolloutWorker:
         import torch
 
         torch.set_num_threads(torch_threads)
-        self.startup_error: Exception | None = None
-        try:
-            self.client = make_client(llm)
-        except (LLMError, MissingExtraError, FileNotFoundError) as err:
-            # the user's to fix (a missing backend or model): `pid` raises it in the driver, where the CLI prints
-            # it in one line; raised here, Ray would also print the worker's traceback
-            self.startup_error = err
-            return
+        self.client = make_client(llm)
         self.engine = RolloutEngine(self.client, cfg)
 
     def run(self, specs: list[EpisodeSpec], seed: int) -> RolloutResult:
         return self.engine.run(specs, seed)
 
-    def load_weights(self, state_dict: dict) -> bool:
-        self.client.load_weights(state_dict)
+    def load_weights(self, state_dict: dict | None, version: int | None = None) -> bool:
+        """Load the weights now (None: they came another way, e.g. NCCL) and take their version."""
+        if version is None:
+            assert state_dict is not None, "weights without a version must be given"
+            self.client.load_weights(state_dict)
+        else:
+            self.engine.policy.load_now(state_dict, version)
+        return True
+
+    def offer_weights(self, state_dict: dict | None, version: int) -> bool:
+        """Weights for the next generate call, also of a rollout running now (a concurrent actor)."""
+        self.engine.policy.offer(state_dict, version)
         return True
 
     def weight_transfer(self, method: str, *args: Any) -> Any:
@@ -74,9 +84,6 @@ class RolloutWorker:
 
     def pid(self) -> int:
         import os
-
-        if self.startup_error is not None:
-            raise self.startup_error
 
         return os.getpid()
 
@@ -94,12 +101,17 @@ class RayRollouts:
         num_gpus: float = 0,
         max_restarts_per_step: int = 3,
         weight_sync: WeightSync = WeightSync.object_store,
+        concurrent: bool = False,
     ):
         from palaestra.shared import cluster as ray_cluster
 
         self.ray = ray_cluster.init(cluster)
         self.llm, self.cfg = llm, cfg
-        self.actor_cls = self.ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(RolloutWorker)
+        # concurrent: a second thread takes weights while a rollout runs (they load between generate calls)
+        options = {"max_concurrency": 4} if concurrent else {}
+        self.actor_cls = self.ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, **options)(RolloutWorker)
+        self.concurrent = concurrent
+        self.version: int | None = None
         self.max_restarts = max_restarts_per_step
         self.weights_ref: Any = None
         self.restarts = 0
@@ -114,23 +126,41 @@ class RayRollouts:
     def _start(self):
         worker = self.actor_cls.remote(self.llm, self.cfg, 1)
         if self.weights_ref is not None:
-            self.ray.get(worker.load_weights.remote(self.weights_ref))
+            self.ray.get(worker.load_weights.remote(self.weights_ref, self.version))
         return worker
 
-    def sync(self, state_dict: dict | None) -> None:
-        """Push new weights to every worker (one copy in the object store, or one NCCL broadcast)."""
+    def sync(self, state_dict: dict | None, version: int | None = None) -> None:
+        """Push new weights (of policy `version`) to every worker (one copy in the object store, or one NCCL
+        broadcast). A concurrent pool offers them (`RolloutWorker.offer_weights`) without waiting."""
         if state_dict is None:
             return
+        self.version = version
         if self.nccl is not None:
             self.nccl.send(state_dict)
+            if version is not None:
+                self._call_all(lambda w: w.load_weights.remote(None, version))
             return
         self.weights_ref = self.ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
-        self._call_all(lambda w: w.load_weights.remote(self.weights_ref))
+        if self.concurrent and version is not None:
+            for w in self.workers:  # fire and forget: a dead worker is replaced with these weights in `collect`
+                w.offer_weights.remote(self.weights_ref, version)
+            return
+        self._call_all(lambda w: w.load_weights.remote(self.weights_ref, version))
 
     def run(self, specs: Sequence[EpisodeSpec], seed: int) -> RolloutResult:
+        return self.collect(self.submit(specs, seed))
+
+    def submit(self, specs: Sequence[EpisodeSpec], seed: int) -> tuple[list[list[EpisodeSpec]], int, dict, list]:
+        """Start a rollout: one shard per worker, each with its own seed; `collect` waits for it."""
         shards = _split(list(specs), len(self.workers))
-        results: list[RolloutResult | None] = [None] * len(shards)
         pending = {self.workers[i].run.remote(shard, seed * 1009 + i): i for i, shard in enumerate(shards) if shard}
+        return shards, seed, pending, list(self.workers)
+
+    def collect(self, handle: tuple[list[list[EpisodeSpec]], int, dict, list]) -> RolloutResult:
+        """The result of a `submit`: a shard whose worker died runs again, whole, on its replacement (its
+        episodes are neither lost nor counted twice)."""
+        shards, seed, pending, used = handle
+        results: list[RolloutResult | None] = [None] * len(shards)
         restarts = 0
         while pending:
             done, _ = self.ray.wait(list(pending), num_returns=1)
@@ -143,7 +173,9 @@ class RayRollouts:
                 self.restarts += 1
                 if restarts > self.max_restarts:
                     raise RuntimeError(f"rollout workers died {restarts} times in one step; giving up") from None
-                self._replace(i)  # a fresh replica with the current weights
+                if self.workers[i] is used[i]:  # not yet replaced (by another rollout in flight)
+                    self._replace(i)  # a fresh replica with the current weights
+                used[i] = self.workers[i]
                 pending[self.workers[i].run.remote(shards[i], seed * 1009 + i)] = i
         return _merge([r for r in results if r is not None], restarts)
 

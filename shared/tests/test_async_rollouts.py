@@ -1,0 +1,207 @@
+"""Bounded-staleness rollouts (rl/async_rollouts.py): the behaviour correction against a re-implementation,
+version tags across a weight update mid-episode, the synchronous loop at staleness 0, the overlap at 1."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from palaestra.shared.config import ConfigError, TrackingConfig
+from palaestra.shared.llm.base import LLMConfig, make_client
+from palaestra.shared.rewards import REWARDS
+from palaestra.shared.rl.async_rollouts import async_metrics
+from palaestra.shared.rl.config import EnvSpec, OptimConfig, TrainConfig
+from palaestra.shared.rl.loss import LossConfig, policy_loss
+from palaestra.shared.rl.trainer import Trainer
+from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
+from palaestra.shared.rollout.env import Step, TextEnv
+
+torch.set_num_threads(1)
+
+
+# -- the correction, against a per-token re-implementation -------------------------------------------------
+def reference_loss(logps, old, behaviour, adv, mask, mode, c, eps=0.2):
+    """Written from verl's / AReaL's descriptions: w = π_old/μ per token; TIS multiplies the token's PPO loss
+    by min(w, C), MIS drops (zero loss) tokens with w > C or w < 1/C; grpo reduction (mean over a sequence's
+    tokens, then over sequences)."""
+    rows = []
+    for i in range(len(logps)):
+        total, count = 0.0, 0
+        for j in range(len(logps[i])):
+            if not mask[i][j]:
+                continue
+            count += 1
+            rho = math.exp(logps[i][j] - old[i][j])
+            a = adv[i][j]
+            token = -min(rho * a, min(max(rho, 1 - eps), 1 + eps) * a)
+            w = math.exp(old[i][j] - behaviour[i][j])
+            if mode == "tis":
+                token *= min(w, c)
+            elif mode == "mis" and (w > c or w < 1 / c):
+                token = 0.0
+            total += token
+        rows.append(total / max(count, 1))
+    return sum(rows) / len(rows)
+
+
+@pytest.mark.parametrize("mode", ["off", "tis", "mis"])
+def test_correction_equals_a_per_token_reimplementation(mode):
+    gen = torch.Generator().manual_seed(3)
+    shape = (4, 7)
+    old = -torch.rand(shape, generator=gen, dtype=torch.float64) * 3
+    logps = old + 0.3 * torch.randn(shape, generator=gen, dtype=torch.float64)
+    behaviour = old + 1.2 * torch.randn(shape, generator=gen, dtype=torch.float64)  # ratios well beyond C = 2
+    adv = torch.randn(shape, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(shape, generator=gen) > 0.2).double()
+    cfg = LossConfig(behaviour_correction=mode, behaviour_threshold=2.0)
+    loss, _ = policy_loss(logps, old, adv, mask, cfg, behaviour_logps=behaviour)
+    expected = reference_loss(logps.tolist(), old.tolist(), behaviour.tolist(), adv.tolist(), mask.tolist(), mode, 2.0)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    if mode != "off":  # the correction changes this batch's loss
+        plain = reference_loss(logps.tolist(), old.tolist(), behaviour.tolist(), adv.tolist(), mask.tolist(), "off", 2)
+        assert abs(expected - plain) > 1e-3
+
+
+def test_correction_weights_are_detached():
+    """The weight is a constant factor: the gradient is min(w, C) times the plain token's gradient."""
+    logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    old, behaviour = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-2.5, -1.9]])
+    adv, mask = torch.tensor([[1.0, 1.0]]), torch.ones(1, 2)
+    loss, _ = policy_loss(logps, old, adv, mask, LossConfig(behaviour_correction="tis"), behaviour_logps=behaviour)
+    loss.backward()
+    w = [min(math.exp(1.5), 2.0), math.exp(-0.1)]
+    assert logps.grad.tolist()[0] == pytest.approx([-wi / 2 for wi in w])  # d(-ρA)/dlogπ = -ρA = -1 at ρ = 1
+
+
+def test_async_metrics_count_lags_and_corrections():
+    versions = torch.tensor([[3, 3, 2, -1], [1, 1, -1, -1]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    old = torch.zeros(2, 4)
+    behaviour = torch.tensor([[0.0, -1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])  # w = 1, e, 1/e, -, 1, 1
+    m = async_metrics(3, versions, mask, 2, LossConfig(behaviour_correction="mis"), old, behaviour)
+    assert (m["async/tokens_lag_0"], m["async/tokens_lag_1"], m["async/tokens_lag_2"]) == (2, 1, 2)
+    assert m["async/staleness_max"] == 2 and m["async/staleness_mean"] == pytest.approx(5 / 5)
+    assert m["async/truncated_share"] == pytest.approx(1 / 5) and m["async/masked_share"] == pytest.approx(2 / 5)
+    assert m["async/corrected_share"] == m["async/masked_share"]
+    assert m["async/logp_gap_abs"] == pytest.approx(2 / 5)
+
+
+def test_correction_needs_untempered_scoring():
+    with pytest.raises(ConfigError, match="logprob_temperature"):
+        TrainConfig(rollout=RolloutConfig(temperature=0.7), loss=LossConfig(behaviour_correction="tis"))
+    TrainConfig(
+        rollout=RolloutConfig(temperature=0.7), loss=LossConfig(behaviour_correction="tis", logprob_temperature=1.0)
+    )
+
+
+# -- versions across an update mid-episode -------------------------------------------------------------------
+class Talk(TextEnv):
+    """Three turns of one agent; after the first, a callback (the learner's weight sync) fires."""
+
+    on_first_step = None
+
+    def reset(self, seed=None):
+        self.turn = 0
+        return {}
+
+    def observe(self, agent):
+        return [{"role": "user", "content": f"turn {self.turn}"}]
+
+    def step(self, action):
+        self.turn += 1
+        if self.turn == 1 and Talk.on_first_step is not None:
+            Talk.on_first_step()
+        return Step({"agent": 1.0}, terminated=self.turn == 3)
+
+
+def test_versions_survive_a_partial_episode_across_an_update():
+    client = make_client(LLMConfig(model="tiny"))
+    engine = RolloutEngine(client, RolloutConfig(group_size=2, max_tokens_per_turn=4, max_turns=5))
+    old_model, new_model = copy.deepcopy(client.model), copy.deepcopy(client.model)
+    with torch.no_grad():
+        for p in new_model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    offered = []
+
+    def sync_once():
+        if not offered:  # version 1 arrives while the episodes are half played
+            engine.policy.offer(new_model.state_dict(), 1)
+            offered.append(1)
+
+    Talk.on_first_step = sync_once
+    try:
+        result = engine.run([EpisodeSpec(Talk, seed=0, group_id="g")], seed=5)
+    finally:
+        Talk.on_first_step = None
+    assert len(result.trajectories) == 2
+    for traj in result.trajectories:
+        assert len(traj.turns) == 3  # nothing discarded: the episode went on with the new weights
+        assert [set(t.response_versions) for t in traj.turns] == [{0}, {1}, {1}]
+        seq = traj.to_sequence()
+        assert [v for v, m in zip(seq.versions, seq.loss_mask) if m] == sum(
+            (t.response_versions for t in traj.turns), []
+        )
+        # the later turns were sampled by the new weights: their logprobs are the new model's, not the old one's
+        last = traj.turns[-1]
+        ids = torch.tensor([last.prompt_ids + last.response_ids])
+        start = len(last.prompt_ids)
+        for model, equal in ((new_model, True), (old_model, False)):
+            with torch.no_grad():
+                logits = model(ids).logits[0, start - 1 : -1].float()
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[0, start:, None]).squeeze(-1)
+            close = torch.allclose(lp, torch.tensor(last.response_logprobs), atol=1e-4)
+            assert close == equal
+
+
+# -- the trainer -------------------------------------------------------------------------------------------
+@REWARDS.register("async_test_length")
+def response_length(sample, completion, **info) -> float:
+    return len(completion) / 10
+
+
+def config(tmp_path, **kw) -> TrainConfig:
+    base = dict(
+        envs=[EnvSpec("task", {"reward": "async_test_length"})],
+        job="rl.train",
+        output_dir=str(tmp_path / "out"),
+        tracking=TrackingConfig(enabled=False),
+        rollout=RolloutConfig(group_size=3, max_tokens_per_turn=5),
+        optim=OptimConfig(lr=1e-3),
+        steps=3,
+        tasks_per_step=2,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_staleness_zero_samples_each_step_with_the_previous_updates_weights(tmp_path):
+    """The synchronous loop: step 1's tokens are version 1, sampled by the weights after step 0's update (the
+    same tokens when the engine replays step 1's tasks and seed on a copy of those weights)."""
+    with Trainer(config(tmp_path, loss=LossConfig(behaviour_correction="tis", logprob_temperature=1.0))) as tr:
+        tr.train_step()
+        after_first = copy.deepcopy(tr.model.state_dict())
+        taken = []
+        stream = tr.stream
+        original = stream.take
+        stream.take = lambda step: taken.append(original(step)) or taken[-1]
+        metrics = tr.train_step()
+        client = make_client(LLMConfig(model="tiny"))
+        client.load_weights(after_first)
+        replay = RolloutEngine(client, tr.cfg.rollout).run(tr.draw_tasks(1), seed=tr.cfg.seed * 100_003 + 1)
+    got = [t.turns[-1].response_ids for t in taken[0].trajectories]
+    assert got == [t.turns[-1].response_ids for t in replay.trajectories]
+    assert {v for t in taken[0].trajectories for v in t.turns[-1].response_versions} == {1}
+    assert metrics["async/staleness_max"] == 0 and metrics["async/logp_gap_abs"] < 1e-4
+
+
+def test_staleness_one_overlaps_in_a_background_thread(tmp_path):
+    cfg = config(tmp_path, rollout=RolloutConfig(group_size=3, max_tokens_per_turn=5, max_staleness=1))
+    with Trainer(cfg) as tr:
+        history = [tr.train_step() for _ in range(3)]
+    tokens = [h["rollout/response_tokens_mean"] * h["rollout/trajectories"] for h in history]
+    for h, n in zip(history, tokens):
+        assert h["async/staleness_max"] <= 1
+        assert h["async/tokens_lag_0"] + h["async/tokens_lag_1"] == n  # every token has a lag of at most 1
+    # step 1's rollout started before step 0's update: its first tokens are version 0, one step stale
+    assert history[1]["async/tokens_lag_1"] > 0 and history[1]["async/logp_gap_abs"] > 0
