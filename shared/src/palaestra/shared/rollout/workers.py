@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from palaestra.shared.config import ClusterConfig
-from palaestra.shared.llm.base import LLMClient, LLMConfig, make_client
+from palaestra.shared.extras import MissingExtraError
+from palaestra.shared.llm.base import LLMClient, LLMConfig, LLMError, make_client
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine, RolloutResult
 from palaestra.shared.rollout.vllm_weight_sync import NcclWeightSync, WeightSync
 
@@ -58,7 +59,14 @@ class RolloutWorker:
         import torch
 
         torch.set_num_threads(torch_threads)
-        self.client = make_client(llm)
+        self.startup_error: Exception | None = None
+        try:
+            self.client = make_client(llm)
+        except (LLMError, MissingExtraError, FileNotFoundError) as err:
+            # the user's to fix (a missing backend or model): `pid` raises it in the driver, where the CLI prints
+            # it in one line; raised here, Ray would also print the worker's traceback
+            self.startup_error = err
+            return
         self.engine = RolloutEngine(self.client, cfg)
 
     def run(self, specs: list[EpisodeSpec], seed: int) -> RolloutResult:
@@ -84,6 +92,9 @@ class RolloutWorker:
 
     def pid(self) -> int:
         import os
+
+        if self.startup_error is not None:
+            raise self.startup_error
 
         return os.getpid()
 
