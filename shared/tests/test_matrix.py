@@ -126,6 +126,10 @@ def test_sequential_matrix_nests_runs_and_resumes(tmp_path, tracking, capsys, mo
     parent = next(r for r in runs if r.info.run_name.startswith("matrix "))
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(r.info.run_name for r in children) == ["seed=0 arm=a", "seed=1 arm=a"]
+    record = json.loads((tmp_path / "out" / "seed-1_arm-a" / "matrix_result.json").read_text())
+    assert record["summary"]["score"] == 11.0 and record["metrics"]["result/score"] == 11.0  # the run's metrics too
+    text, _ = matrix_table([record], MatrixConfig(), "result/score")  # a metric of the run, not of the summary
+    assert text.splitlines()[1].split()[:3] == ["arm=a", "1", "11"]
     assert cli.main(args) == 0  # again: nothing runs, the same table
     second = capsys.readouterr().out
     assert second.count("finished before") == 2 and "arm=a  2  10.5" in second

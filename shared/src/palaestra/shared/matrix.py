@@ -61,8 +61,8 @@ class MatrixConfig:
     arms: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Axis -> value name -> a config fragment (a mapping merged into the config)."""
     metric: str | None = None
-    """The summary key whose mean across seeds the table shows (a pipeline's: ``stage/key``); default: the
-    job's registered metric."""
+    """The summary key whose mean across seeds the table shows (a pipeline's: ``stage/key``), or else the name
+    of a metric of the combination's MLflow run (its last value); default: the job's registered metric."""
     seed_axis: str = "seed"
     """The axis the interval is taken over; every other axis makes arms."""
     parallel: bool = True
@@ -141,7 +141,7 @@ def combinations(
 ) -> tuple[JobConfig, list[Combination]]:
     """The config without the matrix, and every combination of the axes, resolved (so a bad one fails before
     any runs), each with its own ``output_dir`` under the config's."""
-    from palaestra.shared.jobs import load_config
+    from palaestra.shared.jobs import PipelineConfig, load_config, stage_configs
 
     if config_dir is not None and data.get("job") == "pipeline":
         data = {**data, "config_dir": config_dir}  # stage paths are relative to the file
@@ -160,10 +160,23 @@ def combinations(
         directory = Path(base.output_dir) / combo.dirname
         try:
             combo.cfg = load_config(merged, [*overrides, *extra, f"output_dir={directory}"])
+            if isinstance(combo.cfg, PipelineConfig):
+                stage_configs(combo.cfg)  # a pipeline's stages resolve too, as `--dry-run` of one config does
         except ConfigError as err:
             raise ConfigError(f"matrix {combo.label}: {err}") from None
         out.append(combo)
     return base, out
+
+
+def file_combinations(source: str | Path, axes: Sequence[str] = (), overrides: Sequence[str] = ()) -> list[Combination]:
+    """Every combination of a config file's matrix (plus ``--matrix`` `axes`), resolved: the runs
+    ``palaestra run source`` starts."""
+    from palaestra.shared.config import read_yaml
+
+    data, matrix = split_matrix(read_yaml(source), axes)
+    if matrix is None:
+        raise ConfigError(f"{source}: no 'matrix' section")
+    return combinations(data, matrix, overrides, config_dir=str(Path(source).parent))[1]
 
 
 def config_hash(cfg: JobConfig) -> str:
@@ -191,7 +204,11 @@ def _run_one(item: dict[str, Any]) -> dict[str, Any]:
     combo: Combination = item["combo"]
     summary = run_job(combo.cfg, run_name=combo.label, parent_run_id=item["parent_run_id"])
     kept = {k: v for k, v in summary.items() if isinstance(v, int | float | str) and not isinstance(v, bool)}
-    record = {"values": combo.values, "config_hash": config_hash(combo.cfg), "summary": kept}
+    record = {"values": combo.values, "config_hash": config_hash(combo.cfg), "summary": kept, "metrics": {}}
+    if summary.get("run_id"):  # the run's metrics too (their last values): a metric the summary does not carry
+        from palaestra.shared.tracking import Tracker
+
+        record["metrics"] = Tracker(combo.cfg.tracking, summary["run_id"]).last_metrics()
     combo.output_dir.mkdir(parents=True, exist_ok=True)
     tmp = combo.output_dir / (RESULT_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2, default=str))
@@ -239,7 +256,7 @@ def matrix_table(records: list[dict], matrix: MatrixConfig, metric: str) -> tupl
         values = record["values"]
         arm = tuple((k, v) for k, v in values.items() if k != matrix.seed_axis)
         seed = values.get(matrix.seed_axis, "-")
-        value = record.get("summary", {}).get(metric)
+        value = record.get("summary", {}).get(metric, record.get("metrics", {}).get(metric))
         note = record.get("error") or ("" if isinstance(value, int | float) else f"no '{metric}' in its summary")
         arms.setdefault(arm, []).append((seed, float(value) if isinstance(value, int | float) else None, note))
     rows, lines = [], []

@@ -188,6 +188,12 @@ class Tracker:
             if close:
                 _close_figure(figure)
 
+    def last_metrics(self) -> dict[str, float]:
+        """The last value of every metric of this run (empty when tracking is off)."""
+        if self.run_id is None:
+            return {}
+        return dict(self._client().get_run(self.run_id).data.metrics)
+
     def artifact_dir(self) -> str | None:
         """Where this run's artifacts are: a local directory (relative to the working directory when inside it),
         or the artifact URI of a remote store; None when tracking is off."""
