@@ -88,3 +88,24 @@ def test_error_causes():
     assert "--enable-auto-tool-choice" in error_cause(f"http://x/v1 answered 400: {VLLM_400['message']}")
     assert "does not answer" in error_cause("cannot reach the OpenAI-compatible server at http://x/v1 (refused)")
     assert error_cause("http://x/v1 answered 503: overloaded") == "the server answers 503"
+
+
+def test_a_worker_that_stopped_stops_the_driver(tmp_path, monkeypatch):
+    """With Ray workers the stop arrives as a lost chunk (`TaskFailure`); the driver re-raises it as one line."""
+    from palaestra.datagen.generate import DataGenerationConfig, build_graph, run_generation
+    from palaestra.shared import cluster
+    from palaestra.shared.config import TrackingConfig
+    from palaestra.shared.tracking import Tracker
+
+    line = "datagen stopped: 5 LLM requests in a row failed; the server does not answer (...)"
+    monkeypatch.setattr(
+        cluster,
+        "parallel_map",
+        lambda fn, items, **kw: [cluster.TaskFailure(i, f"LLMUnavailable: {line}") for i in items],
+    )
+    cfg = DataGenerationConfig(
+        num_samples=2, workers=1, envs=["MathAPI"], output_dir=str(tmp_path), tracking=TrackingConfig(enabled=False)
+    )
+    with pytest.raises(LLMUnavailable) as info:
+        run_generation(cfg, build_graph(["MathAPI"]), Tracker(cfg.tracking))
+    assert one_line_error(info.value) == line
