@@ -100,10 +100,10 @@ def test_miss_func_rows_hold_the_functions_back_until_their_turn(tmp_path):
 
 @pytest.mark.slow  # a tiny SFT warm start, one RL step of multi-turn episodes
 def test_multi_turn_cpu_config_runs_with_the_turn_level_advantage(tmp_path, tracking):
-    from palaestra.shared.jobs import _stage_config, load_config, run_job
+    from palaestra.shared.jobs import load_config, run_job
+    from palaestra.shared.matrix import file_combinations
 
-    ablation = load_config(EXPERIMENTS / "multi_turn_ablation.yaml")
-    stages = {n: _stage_config(ablation, n, s) for n, s in ablation.stages.items()}
+    stages = {c.values["arm"]: c.cfg for c in file_combinations(EXPERIMENTS / "multi_turn_ablation.yaml")}
     assert [a.name for a in stages["mars"].advantages] == ["turn_level", "agent_norm"]
     assert [a.name for a in stages["egpo"].advantages] == ["grpo", "entropy_clipped"]
     path = write_rows(tmp_path / "rows.jsonl", datagen_rows("multi_turn_base", 4))

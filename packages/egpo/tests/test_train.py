@@ -8,8 +8,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from palaestra.shared.config import read_yaml
-from palaestra.shared.jobs import _stage_config, load_config, run_job, stage_configs
+from palaestra.shared.jobs import load_config, run_job, stage_configs
+from palaestra.shared.matrix import file_combinations
 
 EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments" / "egpo"
 
@@ -24,14 +24,16 @@ def test_configs_resolve():
     assert paper.advantages[1].options == {"lam": 0.4, "alpha": 2.0}
 
 
-def test_ablation_stages_differ_in_the_advantage_key_only():
-    pipeline = load_config(EXPERIMENTS / "ablation.yaml")
-    grpo, egpo = (_stage_config(pipeline, name, pipeline.stages[name]) for name in ("grpo", "egpo"))
+def test_ablation_arms_differ_in_the_advantage_key_only():
+    """ablation.yaml: tiny_cpu.yaml as two arms of a matrix, one key apart."""
+    arms = {c.values["arm"]: c.cfg for c in file_combinations(EXPERIMENTS / "ablation.yaml")}
+    grpo, egpo = arms["grpo"], arms["egpo"]
     assert [a.name for a in grpo.advantages] == ["grpo"]
     assert [a.name for a in egpo.advantages] == ["grpo", "entropy_clipped"]
     same = {k for k in vars(grpo) if getattr(grpo, k) == getattr(egpo, k)}
-    assert set(vars(grpo)) - same == {"advantages", "output_dir", "tracking"}
-    assert read_yaml(EXPERIMENTS / "ablation.yaml")["job"] == "pipeline"
+    assert set(vars(grpo)) - same == {"advantages", "output_dir"}
+    tiny = load_config(EXPERIMENTS / "tiny_cpu.yaml")
+    assert {k for k in vars(egpo) if getattr(egpo, k) != getattr(tiny, k)} == {"output_dir", "tracking"}
 
 
 @pytest.mark.slow
@@ -86,43 +88,35 @@ def test_bfcl_multi_turn_env_for_training_plays_entry_by_seed():
 
 
 def test_smollm2_cpu_arms_differ_in_the_advantage_key_only():
-    pipeline = load_config(EXPERIMENTS / "smollm2_cpu.yaml")
-    grpo, egpo = (_stage_config(pipeline, name, pipeline.stages[name]) for name in ("grpo", "egpo"))
-    same = {k for k in vars(grpo) if getattr(grpo, k) == getattr(egpo, k)}
-    assert set(vars(grpo)) - same == {"advantages", "output_dir", "tracking"}
-    sft = _stage_config(pipeline, "sft", pipeline.stages["sft"])
-    # RL starts from the model the SFT stage writes; every evaluation sees the same entries
-    assert egpo.llm.model == sft.save_dir
-    evals = [_stage_config(pipeline, n, pipeline.stages[n]) for n in ("baseline", "sft_eval")]
-    assert all(e.categories == list(egpo.eval.categories) and e.limits == dict(egpo.eval.limits) for e in evals)
-    # revision 8: three seeds per arm, each pair one key apart, every arm from the same SFT model
+    """smollm2_cpu.yaml: the warm start and its evaluations; smollm2_cpu_rl.yaml: EGPO vs GRPO over seeds 0-2 from
+    its SFT model, one key apart, with the same BFCL entries, and the 0-step control."""
+    ws = stage_configs(load_config(EXPERIMENTS / "smollm2_cpu.yaml"))
+    sft = ws["sft"]
+    evals = [ws["baseline"], ws["sft_eval"]]
+    assert ws["sft_eval"].llm.model == sft.save_dir
+    rl_file = EXPERIMENTS / "smollm2_cpu_rl.yaml"
+    combos = {(c.values["seed"], c.values["arm"]): c.cfg for c in file_combinations(rl_file)}
+    assert set(combos) == {(s, a) for s in (0, 1, 2) for a in ("egpo", "grpo", "sft_steps0")}
     for seed in (0, 1, 2):
-        g8, e8 = (
-            _stage_config(pipeline, n, pipeline.stages[n]) for n in (f"grpo_r8_seed{seed}", f"egpo_r8_seed{seed}")
-        )
-        assert {k for k in vars(g8) if getattr(g8, k) != getattr(e8, k)} == {"advantages", "output_dir", "tracking"}
-        assert g8.seed == seed and e8.llm.model == sft.save_dir and list(e8.eval.categories) == evals[0].categories
+        e, g, c = (stage_configs(combos[seed, a]) for a in ("egpo", "grpo", "sft_steps0"))
+        e8, g8 = e["rl"], g["rl"]
+        assert {k for k in vars(g8) if getattr(g8, k) != getattr(e8, k)} == {"advantages", "output_dir"}
+        assert g8.seed == e8.seed == seed and e8.llm.model == sft.save_dir  # RL starts from the SFT model
+        assert all(ev.categories == list(e8.eval.categories) and ev.limits == dict(e8.eval.limits) for ev in evals)
         assert [a.name for a in e8.advantages] == ["grpo", "entropy_clipped"]
         assert [a.name for a in g8.advantages] == ["grpo"]
+        # the control: the GRPO arm with 0 steps, no multi-turn stage
+        assert list(c) == ["rl"] and c["rl"].steps == 0
+        assert {k for k in vars(g8) if getattr(g8, k) != getattr(c["rl"], k)} == {"steps", "output_dir"}
+        # each arm's final checkpoint (the trainer's layout) under the warm start's multi-turn settings
+        mt, sft_mt = e["rl_mt"], ws["sft_eval_mt"]
+        assert mt.llm.model == f"{e8.output_dir}/checkpoints/step_{e8.steps:06d}"
+        differ = {k for k in vars(mt) if getattr(mt, k) != getattr(sft_mt, k)}
+        assert differ <= {"llm", "output_dir", "tracking", "seed"} and "llm" in differ
     # multi_turn_base: the baseline and the SFT model under the same evaluation settings
-    base_mt, sft_mt = (_stage_config(pipeline, n, pipeline.stages[n]) for n in ("baseline_mt", "sft_eval_mt"))
+    base_mt, sft_mt = ws["baseline_mt"], ws["sft_eval_mt"]
     assert {k for k in vars(base_mt) if getattr(base_mt, k) != getattr(sft_mt, k)} == {"llm", "output_dir", "tracking"}
     assert base_mt.categories == ["multi_turn_base"] and sft_mt.llm.model == sft.save_dir
-    # revision 9: each seed-0 arm's final checkpoint (the trainer's layout) under the same multi-turn settings
-    for arm in ("egpo", "grpo"):
-        mt = _stage_config(pipeline, f"{arm}_mt_seed0", pipeline.stages[f"{arm}_mt_seed0"])
-        trained = _stage_config(pipeline, f"{arm}_r8_seed0", pipeline.stages[f"{arm}_r8_seed0"])
-        assert mt.llm.model == f"{trained.output_dir}/checkpoints/step_{trained.steps:06d}"
-        assert {k for k in vars(base_mt) if getattr(base_mt, k) != getattr(mt, k)} == {"llm", "output_dir", "tracking"}
-    # the default run is the current protocol: every model of the README table, each on the same four categories
-    protocol = stage_configs(pipeline)
-    assert list(protocol) == list(pipeline.only) and "egpo" not in protocol  # revision 5-7 arms only on request
-    scored = {
-        n: set(s.categories if s.job == "egpo.eval" else s.eval.categories)
-        for n, s in protocol.items()
-        if s.job in ("egpo.eval", "egpo.train")
-    }
-    assert set().union(*scored.values()) == {"simple_python", "multiple", "parallel", "multi_turn_base"}
 
 
 def test_fc_tasks_max_tools_and_first_turn_only(tmp_path):
@@ -199,18 +193,19 @@ def test_fc_tasks_min_args_and_think_args(tmp_path):
 
 
 def test_entropy_demo_arms_differ_in_the_advantage_key_only():
-    """entropy_demo.yaml: EGPO and GRPO from one warm start with varied reasoning, seeds 0-2, one key apart."""
-    pipeline = load_config(EXPERIMENTS / "entropy_demo.yaml")
-    sft = _stage_config(pipeline, "sft", pipeline.stages["sft"])
+    """entropy_demo_rl.yaml: EGPO and GRPO from entropy_demo.yaml's warm start with varied reasoning, seeds 0-2,
+    one key apart."""
+    sft = stage_configs(load_config(EXPERIMENTS / "entropy_demo.yaml"))["sft"]
     assert sft.sft.source == "public_fc_tasks" and sft.sft.source_kwargs["source_thoughts"] is True
+    combos = {
+        (c.values["seed"], c.values["arm"]): c.cfg for c in file_combinations(EXPERIMENTS / "entropy_demo_rl.yaml")
+    }
     for seed in (0, 1, 2):
-        egpo, grpo = (
-            _stage_config(pipeline, f"{a}_seed{seed}", pipeline.stages[f"{a}_seed{seed}"]) for a in ("egpo", "grpo")
-        )
+        egpo, grpo = combos[seed, "egpo"], combos[seed, "grpo"]
         assert egpo.seed == grpo.seed == seed
         assert [a.name for a in egpo.advantages] == ["grpo", "entropy_clipped"]
         assert [a.name for a in grpo.advantages] == ["grpo"]
         same = {k for k in vars(grpo) if getattr(grpo, k) == getattr(egpo, k)}
-        assert set(vars(grpo)) - same == {"advantages", "output_dir", "tracking"}  # tracking: the run's name
+        assert set(vars(grpo)) - same == {"advantages", "output_dir"}
         assert egpo.tracking.experiment == grpo.tracking.experiment
         assert egpo.llm.model == sft.save_dir  # both start from the SFT model

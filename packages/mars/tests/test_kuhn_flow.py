@@ -1,4 +1,4 @@
-"""experiments/mars/kuhn_flow.py: its exploitability and self-play gradient against independent computations."""
+"""packages/mars/scripts/kuhn_flow.py: its exploitability and self-play gradient against independent computations."""
 
 import importlib.util
 from pathlib import Path
@@ -7,7 +7,7 @@ import numpy as np
 import pyspiel
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "experiments" / "mars" / "kuhn_flow.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kuhn_flow.py"
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_exploitability_of_reference_policies(flow):
 
 
 def test_king_only_script_scores_known_policies():
-    """experiments/mars/kuhn_king_only.py's exploitability against known values: the uniform policy 11/24, and 0 for
+    """scripts/kuhn_king_only.py's exploitability against known values: the uniform policy 11/24, and 0 for
     Kuhn's equilibrium with alpha = 0 (player 0 never bets first, calls a bet with Q 1/3 and K; player 1 bets J 1/3
     and K after a pass, calls with Q 1/3 and K), written as one table over both seats' information states."""
     spec = importlib.util.spec_from_file_location("kuhn_king_only", SCRIPT.parent / "kuhn_king_only.py")

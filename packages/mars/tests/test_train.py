@@ -9,6 +9,7 @@ import pytest
 from palaestra.mars.train import GameWeight, MarsTrainConfig, game_env_specs
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import load_config, run_job
+from palaestra.shared.matrix import file_combinations
 from palaestra.shared.rollout.env import ENVS
 
 EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments" / "mars"
@@ -19,10 +20,7 @@ EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments" / "mars"
     [
         "tiny_cpu.yaml",
         "qwen3_4b.yaml",
-        "ablation.yaml",
         "quickstart.yaml",
-        "kuhn_cpu.yaml",
-        "kuhn_cpu_control.yaml",
         "mas.yaml",
         "tiny_cpu_vs_mcts.yaml",
     ],
@@ -61,16 +59,6 @@ def test_experiment_configs_resolve(name):
         assert stages["mars_selfplay"].job == "mars.train"
         assert stages["mars_eval"].opponents == ["random", "equilibrium"]
         assert stages["mars_selfplay"].games[0].game == "kuhn_poker"
-    if name == "ablation.yaml":
-        from palaestra.shared.jobs import _stage_config
-
-        stages = {k: _stage_config(cfg, k, v) for k, v in cfg.stages.items()}
-        pipelines = {k: [a.name for a in s.advantages] for k, s in stages.items()}
-        assert pipelines["grpo"] == ["grpo"] and pipelines["mars"] == ["turn_level", "agent_norm"]
-        # the stages differ in the advantage pipeline only
-        dump = lambda s: {k: v for k, v in vars(s).items() if k not in ("advantages", "output_dir", "tracking")}
-        first = dump(next(iter(stages.values())))
-        assert all(dump(s) == first for s in stages.values())
 
 
 def test_env_specs_follow_the_mixture_and_build():
@@ -129,14 +117,32 @@ def test_choice_fields_are_enums_checked_when_the_config_resolves():
 
 
 def test_kuhn_control_is_the_rl_run_with_its_rl_steps_given_to_sft():
-    """kuhn_cpu_control.yaml differs from kuhn_cpu.yaml only in where it writes and in replacing the RL steps by
-    as many further SFT steps: the same seeds, warm-start data, prompts and evaluation."""
+    """kuhn_cpu.yaml's control arm differs from its RL arm only in where it writes and in replacing the RL steps
+    by as many further SFT steps: the same seeds, warm-start data, prompts and evaluation; one `seed` sets the
+    tiny initialization, the SFT data and the SFT order."""
     from palaestra.shared.config import flatten
 
-    rl, control = (flatten(load_config(EXPERIMENTS / n)) for n in ("kuhn_cpu.yaml", "kuhn_cpu_control.yaml"))
-    differ = {k for k in set(rl) | set(control) if rl.get(k) != control.get(k)}
-    assert differ == {"steps", "output_dir", "sft_warmup.steps"}
-    assert control["steps"] == 0 and control["sft_warmup.steps"] == rl["sft_warmup.steps"] + rl["steps"]
+    combos = {
+        (c.values["seed"], c.values["arm"]): flatten(c.cfg) for c in file_combinations(EXPERIMENTS / "kuhn_cpu.yaml")
+    }
+    assert set(combos) == {(s, a) for s in (0, 1, 2) for a in ("rl", "control")}
+    for s in (0, 1, 2):
+        rl, control = combos[s, "rl"], combos[s, "control"]
+        differ = {k for k in set(rl) | set(control) if rl.get(k) != control.get(k)}
+        assert differ == {"steps", "output_dir", "sft_warmup.steps"}
+        assert control["steps"] == 0 and control["sft_warmup.steps"] == rl["sft_warmup.steps"] + rl["steps"]
+        seeds = ("seed", "llm.seed", "sft_warmup.seed", "sft_warmup.source_kwargs.seed")
+        assert [rl[k] for k in seeds] == [s] * 4
+
+
+def test_mars_ablation_arms_differ_in_the_advantage_pipeline_only():
+    """ablation.yaml: tiny_cpu.yaml's arms with group_size 4, one key apart."""
+    arms = {c.values["arm"]: c.cfg for c in file_combinations(EXPERIMENTS / "ablation.yaml")}
+    pipelines = {k: [a.name for a in s.advantages] for k, s in arms.items()}
+    assert pipelines["grpo"] == ["grpo"] and pipelines["mars"] == ["turn_level", "agent_norm"]
+    dump = lambda s: {k: v for k, v in vars(s).items() if k not in ("advantages", "output_dir")}  # noqa: E731
+    first = dump(arms["mars"])
+    assert all(dump(s) == first for s in arms.values()) and first["rollout"].group_size == 4
 
 
 @pytest.mark.slow
@@ -150,9 +156,10 @@ def test_first_finished_batch_trains_on_the_first_rows(tracking, tmp_path, monke
     calls = []
     run = FirstFinishedRollouts.run
 
-    def recording_run(self, specs, seed):
-        result = run(self, specs, seed)
-        calls.append((len(specs), result.stats["played_trajectories"], len(result.trajectories)))
+    def recording_run(self, specs, seed, cfg=None):
+        result = run(self, specs, seed, cfg)
+        if cfg is None:  # a training step (an evaluation gives its own settings and plays every episode)
+            calls.append((len(specs), result.stats["played_trajectories"], len(result.trajectories)))
         return result
 
     monkeypatch.setattr(FirstFinishedRollouts, "run", recording_run)
@@ -169,7 +176,7 @@ def test_first_finished_batch_trains_on_the_first_rows(tracking, tmp_path, monke
             "shaping": {"require_think": False},
             "steps": 1,
             "tasks_per_step": 4,
-            "eval": {"games": ["kuhn_poker"], "opponents": ["random"], "episodes": 1, "max_tokens": 8},
+            "eval": {"games": ["kuhn_poker"], "opponents": ["random"], "episodes": 1, "max_tokens_per_turn": 8},
             "tracking": {"uri": tracking.uri, "artifact_root": tracking.artifact_root, "experiment": "test"},
         }
     )
@@ -185,33 +192,30 @@ def test_first_finished_batch_trains_on_the_first_rows(tracking, tmp_path, monke
 
 
 def test_kuhn_ablation_arms_differ_in_the_estimator_only():
-    """kuhn_ablation.yaml: per seed, four RL arms that are kuhn_cpu.yaml of that seed with 8 deals x 4 plays and
-    their own advantage pipeline, and the control that is kuhn_cpu_control.yaml of that seed."""
+    """kuhn_ablation.yaml: per seed, four RL arms that are kuhn_cpu.yaml's RL arm of that seed with 8 deals x 4
+    plays and their own advantage pipeline, and the control that is kuhn_cpu.yaml's control of that seed."""
     from dataclasses import asdict
 
-    from palaestra.shared.jobs import _stage_config
-
-    cfg = load_config(EXPERIMENTS / "kuhn_ablation.yaml")
-    stages = {k: _stage_config(cfg, k, v) for k, v in cfg.stages.items()}
+    arms = {(c.values["seed"], c.values["arm"]): c.cfg for c in file_combinations(EXPERIMENTS / "kuhn_ablation.yaml")}
+    kuhn = EXPERIMENTS / "kuhn_cpu.yaml"
+    base = {(c.values["seed"], c.values["arm"]): c.cfg for c in file_combinations(kuhn)}
+    plays = ["rollout.group_size=4", "tasks_per_step=8"]
+    four = {(c.values["seed"], c.values["arm"]): c.cfg for c in file_combinations(kuhn, overrides=plays)}
     estimators = {
         "grpo": ["grpo"],
         "turn": ["turn_level"],
         "turn_norm": ["turn_level", "agent_norm"],
         "mars_code": ["mars_code_norm"],
     }
-    assert set(stages) == {f"{a}_s{s}" for a in [*estimators, "control"] for s in range(3)}
+    assert set(arms) == {(s, a) for a in [*estimators, "control"] for s in range(3)}
     skip = ("advantages", "output_dir", "tracking", "envs")
     for s in range(3):
-        seeds = [f"seed={s}", f"llm.seed={s}", f"sft_warmup.seed={s}", f"sft_warmup.source_kwargs.seed={s}"]
-        rl = load_config(EXPERIMENTS / "kuhn_cpu.yaml", [*seeds, "rollout.group_size=4", "tasks_per_step=8"])
-        control = load_config(EXPERIMENTS / "kuhn_cpu_control.yaml", seeds)
+        rl = asdict(four[s, "rl"])
         for arm, names in estimators.items():
-            stage = stages[f"{arm}_s{s}"]
-            assert [a.name for a in stage.advantages] == names
-            assert {k: v for k, v in asdict(stage).items() if k not in skip} == {
-                k: v for k, v in asdict(rl).items() if k not in skip
+            assert [a.name for a in arms[s, arm].advantages] == names
+            assert {k: v for k, v in asdict(arms[s, arm]).items() if k not in skip} == {
+                k: v for k, v in rl.items() if k not in skip
             }
-        assert {k: v for k, v in asdict(stages[f"control_s{s}"]).items() if k not in skip} == {
-            k: v for k, v in asdict(control).items() if k not in skip
+        assert {k: v for k, v in asdict(arms[s, "control"]).items() if k not in skip} == {
+            k: v for k, v in asdict(base[s, "control"]).items() if k not in skip
         }
-        assert len({stages[f"{a}_s{s}"].output_dir for a in [*estimators, "control"]}) == 5

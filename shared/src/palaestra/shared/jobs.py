@@ -206,6 +206,7 @@ def _stage_config(cfg: PipelineConfig, name: str, stage: dict[str, Any]) -> JobC
     source: Any = stage
     if "config" in stage:
         source = read_yaml(Path(cfg.config_dir) / stage.pop("config"))
+        source.pop("matrix", None)  # a stage is one run: the file's settings, not its seeds and arms
         source = {**source, **stage}
     # stages inherit the pipeline's seed, output_dir, cluster and (when set) torch_threads unless they set their
     # own; tracking is always the pipeline's, so that every stage is a nested run in its experiment

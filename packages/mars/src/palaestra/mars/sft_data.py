@@ -23,7 +23,7 @@ The mover picks the recorded moves:
 - ``card_strength`` (Kuhn poker): bet or call with probability ``strength[card]`` (J, Q, K), pass or fold
   otherwise, whatever the betting: a card-aware, non-optimal rule of thumb whose targets differ strongly by
   card (a 2M model learns to read its card from them in a CPU budget, where half-equilibrium data left it
-  card-blind; see ``docs/experiments.md``).
+  card-blind; see ``docs/experiments/``).
 
 ``random_fraction`` mixes in uniformly random legal moves (with ``mover:
 first``: a policy that keeps some entropy for self-play to explore with, and

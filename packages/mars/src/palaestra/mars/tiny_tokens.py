@@ -5,7 +5,7 @@ Registered in `palaestra.shared.llm.tiny.TOKEN_SETS` (entry-point group
 Connect Four action (``<O(3)>``): a legal move is then a copy of one listed
 token, not a row digit followed by the column digit of the same item (an
 in-context lookup the 2M model does not learn in a CPU budget; see
-``docs/experiments.md``). Pretrained models keep their own tokenizers.
+``docs/experiments/``). Pretrained models keep their own tokenizers.
 Kept free of heavy imports: it is imported whenever `tiny`'s tokenizer is built.
 """
 

@@ -1,7 +1,7 @@
 """Exploitability of saved Kuhn checkpoints, read off the model as `mars.eval` does (`palaestra.mars.model_policy`).
 
-    python experiments/mars/kuhn_reeval.py outputs/mars/kuhn_cpu/seed0/checkpoints/step_000030 ...
-    python experiments/mars/kuhn_reeval.py --warm-start S    # re-create kuhn_cpu.yaml's warm start for seed S
+    python packages/mars/scripts/kuhn_reeval.py outputs/mars/kuhn_cpu/seed0/checkpoints/step_000030 ...
+    python packages/mars/scripts/kuhn_reeval.py --warm-start S    # re-create kuhn_cpu.yaml's warm start for seed S
 
 Prints the exploitability and P(<BET>) at each information state.
 """
@@ -24,11 +24,11 @@ def report(name: str, client) -> None:
 
 def warm_start(seed: int):
     """kuhn_cpu.yaml's SFT warm start for `seed`: the same tiny initialization, data, batch order and options."""
-    from palaestra.shared.jobs import load_config
+    from palaestra.shared.matrix import file_combinations
     from palaestra.shared.rl.sft import run_sft
 
-    overrides = [f"seed={seed}", f"llm.seed={seed}", f"sft_warmup.seed={seed}", f"sft_warmup.source_kwargs.seed={seed}"]
-    cfg = load_config("experiments/mars/kuhn_cpu.yaml", overrides)
+    (combo,) = file_combinations("experiments/mars/kuhn_cpu.yaml", [f"seed={seed}", "arm=rl"])
+    cfg = combo.cfg
     client = make_client(cfg.llm)
     run_sft(client.model, client.tokenizer, cfg.sft_warmup)
     return client

@@ -7,7 +7,7 @@ CFR+ for Leduc (`palaestra.mars.solvers.equilibrium_policy`, cached).
 
     git --git-dir=<MARS mirror> show HEAD:roll/agentic/env/kuhn_poker/cfr.pkl.gz > kuhn_cfr.pkl.gz
     git --git-dir=<MARS mirror> show HEAD:roll/agentic/env/leduc_poker/ne.pkl.gz > leduc_ne.pkl.gz
-    python experiments/mars/compare_equilibria.py kuhn_cfr.pkl.gz leduc_ne.pkl.gz
+    python packages/mars/scripts/compare_equilibria.py kuhn_cfr.pkl.gz leduc_ne.pkl.gz
 """
 
 from __future__ import annotations

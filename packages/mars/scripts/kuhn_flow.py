@@ -1,9 +1,9 @@
 """Where self-play policy gradient takes a Kuhn poker policy that reads only its card, in expectation.
 
-    python experiments/mars/kuhn_flow.py 0.1 0.1 0.8 [0.3 0.3 0.8 ...] [--time 60] [--every 10]
+    python packages/mars/scripts/kuhn_flow.py 0.1 0.1 0.8 [0.3 0.3 0.8 ...] [--time 60] [--every 10]
 
 Each triple is a card-only policy: its probability of <BET> (bet, or call when facing a bet) holding J, Q, K, at
-every betting history, as the policies read off `tiny` after the Kuhn warm start are (docs/experiments.md). For
+every betting history, as the policies read off `tiny` after the Kuhn warm start are (docs/experiments/). For
 each, the script follows the expected self-play update of one shared policy in both seats (the flow that MARS's
 REINFORCE-style update follows on average): in the logit of each card, d z_c / dt = b_c (1 - b_c) * d f / d b_c,
 where f(b') = u_first(b' vs b) + u_second(b vs b') is the shared policy's payoff against a frozen copy of

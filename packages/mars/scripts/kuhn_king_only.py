@@ -1,9 +1,9 @@
 """How much of the Kuhn revision-5 result is one move: betting and calling more with the King.
 
-    python experiments/mars/kuhn_king_only.py
+    python packages/mars/scripts/kuhn_king_only.py
 
 For each seed it takes the warm start's policy and the policy after 60 RL steps, as read off the model
-(docs/experiments.md, revision 5: P(<BET>) at the 12 information states, two decimals), and prints OpenSpiel's
+(docs/experiments/, revision 5: P(<BET>) at the 12 information states, two decimals), and prints OpenSpiel's
 exact exploitability of: the warm start, RL's policy, the warm start with only RL's four King probabilities, and
 the warm start with the King's set to 1 (always bet or call holding K).
 """
@@ -15,7 +15,7 @@ from open_spiel.python import policy as policy_lib
 from open_spiel.python.algorithms import exploitability
 
 STATES = ["0", "1", "2", "0p", "1p", "2p", "0b", "1b", "2b", "0pb", "1pb", "2pb"]
-# docs/experiments.md, Kuhn revision 5: P(<BET>) at step 0 (warm start) and step 60, seeds 0-2
+# docs/experiments/, Kuhn revision 5: P(<BET>) at step 0 (warm start) and step 60, seeds 0-2
 REVISION_5 = {
     0: (
         [0.51, 0.51, 0.52, 0.38, 0.35, 0.75, 0.39, 0.35, 0.75, 0.41, 0.42, 0.43],

@@ -1,8 +1,8 @@
 """Reference lines for tic-tac-toe win rates: simple policies against a uniformly random opponent (exact) and
 against MCTS with MARS's settings (uct_c 2, 100 simulations, 10 random rollouts, solve=False; simulated).
 
-    python experiments/mars/tictactoe_reference.py                 # exact lines vs random only
-    python experiments/mars/tictactoe_reference.py --mcts 200      # + 200 games per seat vs MCTS (95% Wilson)
+    python packages/mars/scripts/tictactoe_reference.py                 # exact lines vs random only
+    python packages/mars/scripts/tictactoe_reference.py --mcts 200      # + 200 games per seat vs MCTS (95% Wilson)
 
 Policies (by the LEGAL ACTIONS list the model sees, which is OpenSpiel's legal action order): uniformly random;
 the first listed move; the first or second listed move at random (the tiny_cpu.yaml warm start's target); vs

@@ -1,15 +1,16 @@
 """The Kuhn demonstration's tables from MLflow: exploitability per evaluation step of kuhn_cpu.yaml runs (RL) and
-kuhn_cpu_control.yaml runs (no RL), by seed, and each run's policy read off the model (P(<BET>) at the 12
+its control arm (no RL), by seed, and each run's policy read off the model (P(<BET>) at the 12
 information states) at its first and last evaluation, from the runs' per-evaluation JSON artifacts.
 
-    python experiments/mars/kuhn_table.py [--tracking-uri sqlite:///mlruns/mlflow.db] [--experiment mars-kuhn] \
+    python packages/mars/scripts/kuhn_table.py [--tracking-uri sqlite:///mlruns/mlflow.db] [--experiment mars-kuhn] \
         [--output-dir-contains _r5/]
 
-Prints markdown tables (the ones in packages/mars/docs/experiments.md). The RL train reward is the mean reward per
+Prints markdown tables (the ones in packages/mars/docs/experiments/). The RL train reward is the mean reward per
 seat trajectory of the first and last RL step (legal games: about +0.05 per turn; a format loss costs its seat
 the bet + 1). Only finished runs whose output_dir
 contains the given text count (revisions 2-4 ran under outputs/mars/kuhn_cpu_r2/ to _r4/; revision 5 under
-outputs/mars/kuhn_cpu_r5/ and outputs/mars/kuhn_cpu_control_r5/, hence the default).
+outputs/mars/kuhn_cpu_r5/ and outputs/mars/kuhn_cpu_control_r5/; the matrix writes outputs/mars/kuhn_cpu/seed-S_arm-rl
+and ..._arm-control).
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ def main() -> None:
         params = run.data.params
         if args.output_dir_contains not in params.get("output_dir", ""):
             continue
-        kind = "control" if "kuhn_cpu_control" in params.get("output_dir", "") else "RL"
+        out_dir = params.get("output_dir", "")
+        kind = "control" if "kuhn_cpu_control" in out_dir or out_dir.endswith("arm-control") else "RL"
         if args.label_by_dir:
-            kind = re.sub(r"_s\d+$", "", Path(params.get("output_dir", "")).name)
+            kind = re.sub(r"(_s\d+$)|(^seed-\d+_arm-)", "", Path(out_dir).name)
         history = client.get_metric_history(run.info.run_id, "eval/kuhn_poker/exploitability")
         if run.info.status == "FINISHED" and history:
             hist = sorted((m.step, m.value) for m in history)

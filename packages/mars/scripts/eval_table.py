@@ -1,6 +1,6 @@
 """MARS's results table from two `mars.eval` result files: base vs trained, relative change, 95% intervals.
 
-    python experiments/mars/eval_table.py BASE.json TRAINED.json
+    python packages/mars/scripts/eval_table.py BASE.json TRAINED.json
 
 A `mars.train` run of the paper config logs ``eval_results_step00000.json`` (the base model) and one per later
 evaluation (``eval_results_step00200.json`` at the end) as MLflow artifacts; a `mars.eval` run logs
