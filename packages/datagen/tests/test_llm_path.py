@@ -171,6 +171,11 @@ def test_every_role_through_a_scripted_capable_model(tmp_path, teacher):
     rows = read_rows(cfg.output_path)
     assert result["kept"] >= 16, stats["drops"]
     assert {"tool_maker", "query_writer", "reasoner", "critic"} <= set(ScriptedTeacher.requests)
+    # requests per role as the server counted them, and the per-kept-sample load a target size multiplies
+    assert {r: u["requests"] for r, u in stats["llm_usage_by_role"].items()} == ScriptedTeacher.requests
+    per = stats["llm_per_kept_sample_by_role"]["reasoner"]["requests"]
+    assert per == pytest.approx(ScriptedTeacher.requests["reasoner"] / result["kept"])
+    assert stats["llm_errors"] == 0
     assert stats["pass_rate_try_1"] < 1.0 and stats.get("pass_rate_try_2", 0) > 0  # critic hints fixed slips
     for row in rows:
         assert verify_row(row, get_env(row["provenance"]["env"])) == []

@@ -276,11 +276,6 @@ def jsonable(value: Any, depth: int = 0) -> Any:
     return str(value)
 
 
-def call_string(name: str, arguments: dict) -> str:
-    """A call in BFCL's ground-truth syntax: ``name(key=repr(value), ...)`` (keyword arguments only)."""
-    return f"{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
-
-
 # -- BFCL environments -------------------------------------------------------
 def _bfcl_data_dir() -> Path:
     spec = importlib.util.find_spec("bfcl_eval")

@@ -182,6 +182,14 @@ def generate(cfg: DataGenerationConfig, tracker: Tracker) -> dict:
         f"ungrounded kept {report.get('ungrounded_kept', 0)}, error-response steps "
         f"{report.get('error_response_steps', 0)}; drops {report['drops']}"
     )
+    if report.get("llm_calls") and report["kept"]:
+        per = report["llm_calls"] / report["kept"]
+        tokens = sum(u.get("completion_tokens", 0) for u in report["llm_per_kept_sample_by_role"].values())
+        print(
+            f"datagen: {per:.1f} LLM requests per kept sample ({report['llm_errors']} failed): "
+            f"{10000 * per:,.0f} requests and {10000 * tokens:,.0f} completion tokens for 10,000 samples at this "
+            f"run's rates; per role: {report['llm_per_kept_sample_by_role']}"
+        )
     attempted = report["kept"] + report["dropped"]
     note = f"{report['kept']} of {attempted} items, 95% Wilson; function coverage {report['function_coverage']:.2f}"
     share = report["kept"] / attempted if attempted else 0.0

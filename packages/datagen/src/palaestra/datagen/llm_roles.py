@@ -67,6 +67,9 @@ def first_json_object(text: str) -> dict | None:
     return None
 
 
+USAGE_KEYS = ("requests", "prompt_chars", "completion_chars", "prompt_tokens", "completion_tokens")
+
+
 class LLMUnavailable(LLMError):
     """Several LLM requests in a row failed: the run stops with one line that names the cause."""
 
@@ -104,10 +107,15 @@ class CountingClient:
         self.consecutive: dict[str, int] = {}
         """Failures in a row per kind of request ("tools" / "plain"): a server may refuse only one kind."""
         self.error_causes: dict[str, int] = {}
+        self.by_role: dict[str, dict[str, int]] = {}
+        """Per role: requests, prompt / completion characters, and tokens where the server returns token ids."""
         self.drops: dict[str, int] = {}
 
-    def chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, role: str = "other") -> str:
         self.calls += 1
+        use = self.by_role.setdefault(role, dict.fromkeys(USAGE_KEYS, 0))
+        use["requests"] += 1
+        use["prompt_chars"] += sum(len(m.get("content") or "") for m in messages)
         try:
             out = self.client.chat([messages], self.params, tools=tools)
         except (LLMError, ValueError, RuntimeError) as err:
@@ -124,6 +132,10 @@ class CountingClient:
                 ) from None
             return ""
         self.consecutive["tools" if tools else "plain"] = 0
+        if out:
+            use["completion_chars"] += len(out[0].text or "")
+            use["completion_tokens"] += len(out[0].token_ids)
+            use["prompt_tokens"] += len(out[0].prompt_token_ids)
         return (out[0].text if out else "") or ""
 
     def drop(self, role, reason: str) -> None:
@@ -147,7 +159,8 @@ class LLMToolMaker:
             f"{i + 1}. {s.call} -> {json.dumps(s.output, default=str)[:300]}" for i, s in enumerate(trace.steps)
         )
         text = self.llm.chat(
-            [{"role": "user", "content": prompt("tool_maker", calls=calls, inputs=", ".join(base.inputs) or "none")}]
+            [{"role": "user", "content": prompt("tool_maker", calls=calls, inputs=", ".join(base.inputs) or "none")}],
+            role=self.role,
         )
         obj = first_json_object(text)
         if obj is None:
@@ -195,7 +208,8 @@ class LLMQueryWriter:
                         or "none",
                     ),
                 }
-            ]
+            ],
+            role=self.role,
         )
         text = answer_text(text)
         if not (10 <= len(text) <= 2000):
@@ -219,7 +233,7 @@ class LLMReasoner:
 
     def act(self, messages, tools, turn, try_index, rng) -> str:
         system = {"role": "system", "content": prompt("reasoner_system")}
-        return self.llm.chat([system, *messages], tools=tools)
+        return self.llm.chat([system, *messages], tools=tools, role=self.role)
 
 
 class LLMCritic:
@@ -237,7 +251,8 @@ class LLMCritic:
             f"state {'differs' if failure.get('state_mismatch') else 'matches'}"
         )
         text = self.llm.chat(
-            [{"role": "user", "content": prompt("critic", query=turn.query, calls=calls, failure=summary)}]
+            [{"role": "user", "content": prompt("critic", query=turn.query, calls=calls, failure=summary)}],
+            role=self.role,
         )
         hint = answer_text(text)[:600]
         if not hint:

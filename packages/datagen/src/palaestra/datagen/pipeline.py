@@ -146,6 +146,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     withheld = targets[-1] if last_kind == "miss_func" else None
     calls_at_start = counter.calls if counter else 0
     causes_at_start = dict(counter.error_causes) if counter else {}
+    usage_at_start = {r: dict(u) for r, u in counter.by_role.items()} if counter else {}
     all_tools = R.openai_tools(spec)
     history: list[dict] = []
     turns: list[dict] = []
@@ -163,6 +164,10 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
             "drop": drop,
             "problems": list(problems),
             "llm_calls": (counter.calls - calls_at_start) if counter else 0,
+            "llm_usage": {
+                r: {k: v - usage_at_start.get(r, {}).get(k, 0) for k, v in u.items()}
+                for r, u in (counter.by_role if counter else {}).items()
+            },
             "llm_errors": {
                 c: n - causes_at_start.get(c, 0)
                 for c, n in (counter.error_causes if counter else {}).items()

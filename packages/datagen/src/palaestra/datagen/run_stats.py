@@ -4,8 +4,10 @@ calls per trace, hidden-step fraction, coverage of environments and
 functions, pass rate per try (of the tries made at index k, the share that
 passed), drops by reason (``drops``; a grounding drop is named after its
 first problem, ``grounding_problems`` counts every problem found), LLM calls
-per kept sample, failed LLM requests (``llm_errors``, by cause in
-``llm_error_causes``), throughput. `audit_rows` re-checks a finished file: the
+per kept sample, requests and characters / tokens per role
+(``llm_usage_by_role``, and per kept sample: multiply by a target size for the expected load; tokens only where
+the server returns token ids, as vLLM and ``palaestra serve`` do), failed LLM requests (``llm_errors``, by cause
+in ``llm_error_causes``), throughput. `audit_rows` re-checks a finished file: the
 contamination check against BFCL's test entries, the groundedness verifier
 on every kept row (``ungrounded_kept``), error responses among ground-truth
 steps (``error_response_steps``), and what the data teaches (``quality``: `quality.quality_figures`).
@@ -30,6 +32,8 @@ class RunStats:
     tries: list[int] = field(default_factory=list)
     passes: list[int] = field(default_factory=list)
     llm_calls: int = 0
+    llm_usage: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per role: requests, prompt / completion characters and tokens (`llm_roles.CountingClient.by_role`)."""
     llm_errors: dict[str, int] = field(default_factory=dict)
     """Failed LLM requests by cause (`llm_roles.error_cause`)."""
     calls: int = 0
@@ -47,6 +51,10 @@ class RunStats:
                     k.append(0)
                 k[i] += n
         self.llm_calls += result.get("llm_calls", 0)
+        for role, use in result.get("llm_usage", {}).items():
+            mine = self.llm_usage.setdefault(role, {})
+            for k, v in use.items():
+                mine[k] = mine.get(k, 0) + v
         for cause, n in result.get("llm_errors", {}).items():
             self.llm_errors[cause] = self.llm_errors.get(cause, 0) + n
         for problem in result.get("problems", []):
@@ -83,6 +91,10 @@ class RunStats:
             "function_coverage": len(self.seen) / n_tools if n_tools else 0.0,
             "llm_calls": self.llm_calls,
             "llm_calls_per_kept_sample": self.llm_calls / self.kept if self.kept else float(self.llm_calls),
+            "llm_usage_by_role": self.llm_usage,
+            "llm_per_kept_sample_by_role": {
+                r: {k: v / self.kept for k, v in u.items()} for r, u in self.llm_usage.items() if self.kept
+            },
             "llm_errors": sum(self.llm_errors.values()),
             "llm_error_causes": dict(sorted(self.llm_errors.items())),
             "seconds": self.seconds,

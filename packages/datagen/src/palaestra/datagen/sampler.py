@@ -30,7 +30,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from palaestra.datagen.argfill import compatible_key, leaves, superlative, tokens, unique_candidates
-from palaestra.datagen.envs import ToolEnv, call_string
+from palaestra.datagen.envs import ToolEnv
+from palaestra.shared.toolcall import call_string
 from palaestra.datagen.graph import ApiGraph, node, try_call
 from palaestra.datagen.schema import parameters
 
