@@ -1,0 +1,236 @@
+"""Re-run the cheap README figures and compare them with the README: a table of figure, README, now, command.
+
+Every figure a README states that its command reproduces in minutes is an entry of `FIGURES`: where it is
+written, the text as written, the command that measured it, the commit whose README first recorded it (the
+figure was measured on the tree just before), about how long it takes on the project's 2-core machine, and how
+to read the same figure from the MLflow run the command leaves. Figures that take longer (the SmolLM2 protocol,
+AED's preference runs) are not here: run their commands as their READMEs say.
+
+    python tools/check_figures.py                       # every entry up to --max-minutes (default 10)
+    python tools/check_figures.py --only datagen-kept   # one or more entries by name
+    python tools/check_figures.py --list                # the entries, their commands and costs; runs nothing
+
+Each run writes under a temporary directory (``--workdir`` to keep it) with its own MLflow store, so the
+checks leave nothing in ``outputs/`` or ``mlruns/``. A changed figure is not an error: the table is for a
+person to read before a change lands (exit status 1 only when a command fails or its figure cannot be read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+Reader = Callable[[object, str], str]
+"""``(MlflowClient, run_id) -> the figure as the README writes it``."""
+
+
+def _metrics(client, run_id: str) -> dict[str, float]:
+    return dict(client.get_run(run_id).data.metrics)
+
+
+def _history(client, run_id: str, key: str) -> list[float]:
+    points = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+    if not points:
+        raise KeyError(f"no metric {key!r} in run {run_id}")
+    return [m.value for m in points]
+
+
+def eval_before_after(client, run_id: str) -> str:
+    """The RL trainer's eval reward before and after training, with its 95% half-width."""
+    m = _metrics(client, run_id)
+    before = f"{m['result/eval_before_reward_mean']:.2f} ± {m['result/eval_before_reward_ci95']:.2f}"
+    return f"{before} -> {m['result/eval_after_reward_mean']:.2f} ± {m['result/eval_after_reward_ci95']:.2f}"
+
+
+def train_reward_halves(client, run_id: str) -> str:
+    """``train/reward_mean`` over steps 1-10 -> 11-20 (and first 5 / last 5), as the egpo README gives it."""
+    values = _history(client, run_id, "train/reward_mean")
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    half, n = len(values) // 2, len(values)
+    first, second = mean(values[:half]), mean(values[half:])
+    return (
+        f"{first:.3f} over steps 1-{half} -> {second:.3f} over steps {half + 1}-{n}"
+        f" (first 5: {mean(values[:5]):.3f}, last 5: {mean(values[-5:]):.3f})"
+    )
+
+
+def datagen_kept(client, run_id: str) -> str:
+    m = _metrics(client, run_id)
+    kept, attempted = m["result/kept"], m["result/kept"] + m["result/dropped"]
+    return f"{kept:.0f} of {attempted:.0f} items kept, {m['result/calls_per_trace']:.2f} calls per trace"
+
+
+def kuhn_exploitability(client, run_id: str) -> str:
+    """Exploitability of the policy read off the model: at the first evaluation (the warm start) and the last."""
+    keys = [k for k in _metrics(client, run_id) if k.startswith("eval/") and k.endswith("/exploitability")]
+    key = next((k for k in keys if "equilibrium" not in k), None)
+    if key is None:
+        raise KeyError(f"no */exploitability metric in run {run_id}")
+    values = _history(client, run_id, key)
+    return f"{values[0]:.3f} -> {values[-1]:.3f}"
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    readme: str
+    """The file that states it."""
+    written: str
+    """The figure as that file writes it (the check says when the text is no longer there)."""
+    config: str
+    overrides: tuple[str, ...]
+    minutes: float
+    """About how long its command takes on the project's 2-core machine."""
+    recorded_in: str
+    """The commit whose README first gave this figure (``git log -S``); it was measured on the tree before it."""
+    read: Reader
+    matrix: tuple[str, ...] = ()
+    """``--matrix`` axes that pick the one combination (a config with a ``matrix:`` section)."""
+
+    @property
+    def command(self) -> str:
+        return " ".join(
+            ["palaestra run", self.config, *self.overrides, *(("--matrix", *self.matrix) if self.matrix else ())]
+        )
+
+
+FIGURES = [
+    Figure(
+        "datagen-kept",
+        "README.md",
+        "381 of 400 items kept",
+        "experiments/datagen/deterministic.yaml",
+        (),
+        2,
+        "f87200d",
+        datagen_kept,
+    ),
+    Figure(
+        "toy-rl-eval",
+        "README.md",
+        "eval reward 0.30 ± 0.08 -> 0.95 ± 0.04",
+        "experiments/shared/toy_rl.yaml",
+        (),
+        3,
+        "a343abf",
+        eval_before_after,
+    ),
+    Figure(
+        "egpo-tiny-train-reward",
+        "packages/egpo/README.md",
+        "`train/reward_mean` 0.028 over steps 1-10 -> 0.092 over steps 11-20 (first 5: 0.016, last 5: 0.119)",
+        "experiments/egpo/tiny_cpu.yaml",
+        (),
+        5,
+        "ec987e9",
+        train_reward_halves,
+    ),
+    Figure(
+        "kuhn-seed0-exploitability",
+        "README.md",
+        "0.354 -> 0.226",
+        "experiments/mars/kuhn_cpu.yaml",
+        (),
+        7,
+        "57fa275",
+        kuhn_exploitability,
+        ("seed=0", "arm=rl"),
+    ),
+]
+
+
+def run_figure(figure: Figure, workdir: Path) -> tuple[str, float]:
+    """Run the figure's command into `workdir`; return (the figure now, minutes it took)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    argv = [
+        sys.executable,
+        "-m",
+        "palaestra.shared.cli",
+        "run",
+        str(ROOT / figure.config),
+        *figure.overrides,
+        f"output_dir={workdir / figure.name}",
+        f"tracking.uri={uri}",
+        f"tracking.artifact_root={workdir / 'artifacts'}",
+        "tracking.experiment=check_figures",
+        *(("--matrix", *figure.matrix) if figure.matrix else ()),
+    ]
+    start = time.monotonic()
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    minutes = (time.monotonic() - start) / 60
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"FAILED (exit {done.returncode}): {last}", minutes
+    found = re.search(r"\brun ([0-9a-f]{32}) in experiment", done.stdout)
+    if found is None:
+        return "FAILED: no MLflow run id in the command's output", minutes
+    client = MlflowClient(uri)
+    run_id = found[1]
+    experiment = client.get_run(run_id).info.experiment_id
+    children = client.search_runs([experiment], filter_string=f"tags.mlflow.parentRunId = '{run_id}'")
+    if figure.matrix and len(children) == 1:  # a matrix of one combination: its run holds the figure
+        run_id = children[0].info.run_id
+    try:
+        return figure.read(client, run_id), minutes
+    except KeyError as err:
+        return f"FAILED: {err}", minutes
+
+
+def table(rows: list[list[str]]) -> str:
+    header = ["figure", "README", "now", "command"]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="these entries (see --list)")
+    parser.add_argument("--max-minutes", type=float, default=10, help="skip entries that take longer (default 10)")
+    parser.add_argument("--list", action="store_true", help="print the entries and run nothing")
+    parser.add_argument("--workdir", help="keep the runs' files here (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    names = {f.name for f in FIGURES}
+    unknown = sorted(set(args.only or ()) - names)
+    if unknown:
+        parser.error(f"unknown entries {unknown}; known: {', '.join(sorted(names))}")
+    chosen = [f for f in FIGURES if (f.name in args.only if args.only else f.minutes <= args.max_minutes)]
+    if args.list:
+        for f in FIGURES:
+            print(f"{f.name}: ~{f.minutes:g} min, {f.readme} (recorded in {f.recorded_in}): {f.command}")
+        return 0
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="check-figures-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows, failed = [], False
+    for figure in chosen:
+        print(f"== {figure.name}: {figure.command} (~{figure.minutes:g} min)", flush=True)
+        written = figure.written
+        if written not in (ROOT / figure.readme).read_text():
+            written += " (no longer in the README)"
+        now, minutes = run_figure(figure, workdir)
+        failed |= now.startswith("FAILED")
+        print(f"   now: {now} ({minutes:.1f} min)", flush=True)
+        rows.append(
+            [
+                figure.name,
+                f"{written} [{figure.readme} @ {figure.recorded_in}]",
+                f"{now} ({minutes:.1f} min)",
+                figure.command,
+            ]
+        )
+    print("\n" + table(rows))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
