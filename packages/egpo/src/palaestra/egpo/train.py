@@ -27,7 +27,7 @@ from palaestra.egpo.eval import Decoder, PromptFormat
 from palaestra.egpo.tasks import FCTask, load_bfcl, load_jsonl
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
-from palaestra.shared.rl.config import EnvSpec, TaskSampling, TrainConfig
+from palaestra.shared.rl.config import EnvSpec, EvalConfig, TaskSampling, TrainConfig
 from palaestra.shared.rl.jobs import train_headline
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rollout.env import ENVS
@@ -177,8 +177,10 @@ def _egpo_advantages() -> list[AdvantageStep]:
 
 
 @dataclass
-class EvalAfterConfig:
-    """A BFCL evaluation of the trained policy at the end of training (same MLflow run)."""
+class EvalAfterConfig(EvalConfig):
+    """A BFCL evaluation of the trained policy at the end of training (same MLflow run). The sampling fields are
+    `EvalConfig`'s (unset: the training rollout's), used by the default evaluation (``eval_tasks``); BFCL reads
+    ``max_tokens_per_turn`` and ``max_context_tokens`` from them and decodes greedily (its protocol)."""
 
     categories: list[str] = field(default_factory=list)
     """BFCL categories (empty: no evaluation)."""
@@ -186,8 +188,8 @@ class EvalAfterConfig:
     """Entries per category."""
     limits: dict[str, int] = field(default_factory=dict)
     """Entries of the categories named here (instead of ``limit``)."""
-    max_tokens_per_turn: int = 256
     max_model_calls: int = 8
+    """Model responses per BFCL multi-turn episode."""
     prompt: PromptFormat = PromptFormat.palaestra
     """palaestra (our system prompt) | bfcl_fc (BFCL's FC-mode messages and function docs; `BfclEvalConfig.prompt`)."""
     decoder: Decoder = Decoder.palaestra
@@ -232,6 +234,7 @@ class BfclAtEnd:
             limit=cfg.eval.limit,
             limits=dict(cfg.eval.limits),
             max_tokens_per_turn=cfg.eval.max_tokens_per_turn,
+            max_context_tokens=cfg.eval.max_context_tokens,
             max_model_calls=cfg.eval.max_model_calls,
             prompt=cfg.eval.prompt,
             decoder=cfg.eval.decoder,

@@ -27,7 +27,7 @@ from palaestra.shared.config import ConfigError
 from palaestra.shared.rl.config import EnvSpec
 from palaestra.shared.rl.episodes import make_env
 from palaestra.shared.rl.trainer import Trainer
-from palaestra.shared.rollout.engine import EpisodeSpec, RolloutResult
+from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutResult
 from palaestra.shared.rollout.trajectory import Trajectory
 
 
@@ -108,7 +108,9 @@ class FirstFinishedRollouts:
     def __init__(self, inner, rows: int, episodes_per_slot: int, clock: str):
         self.inner, self.rows, self.per_slot, self.clock = inner, rows, episodes_per_slot, clock
 
-    def run(self, specs: Sequence[EpisodeSpec], seed: int) -> RolloutResult:
+    def run(self, specs: Sequence[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None) -> RolloutResult:
+        if cfg is not None:  # an evaluation (its own settings): every episode, played whole
+            return self.inner.run(specs, seed, cfg)
         result = self.inner.run(specs, seed)
         index = {s.group_id: i for i, s in enumerate(specs)}
         slots = len(specs) // self.per_slot

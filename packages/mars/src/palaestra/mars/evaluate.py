@@ -12,8 +12,9 @@ default) plays first and second seat against each opponent that applies:
 - ``checkpoint``: a frozen LLM checkpoint (``opponent_llm``).
 
 Cooperative games (the Hanabi variants) are scored in self-play. Metrics:
-``eval/<game>/<first|second|both>/<opponent>/{win_rate,draw_rate,loss_rate,format_loss_rate,mean_return}``
-(``both``: the two seats' episodes pooled)
+``eval/<game>/<first|second|both>/<opponent>/{win_rate,draw_rate,loss_rate,format_loss_rate,truncated_rate,
+failed_rate,mean_return}`` (``both``: the two seats' episodes pooled; a game cut by the context or turn limit is
+truncated, one whose env raised failed: neither is a win, a loss or a format loss, both count in the episodes)
 with ``_lo``/``_hi`` 95% bounds (Wilson for rates, bootstrap for means), and
 ``eval/<game>/selfplay/self/mean_return`` for Hanabi; plus ``eval_results.json``
 and a bar plot artifact.
@@ -116,7 +117,8 @@ class GameEvalConfig(JobConfig):
     max_turns: int = 200
     """A game longer than this stops (truncated)."""
     max_context_tokens: int = 4096
-    """Context limit per conversation of an LLM player (the rollout engine's); beyond it the game is lost."""
+    """Context limit per conversation of an LLM player (the rollout engine's); a game cut by it (or by
+    ``max_turns``) is counted as truncated (``truncated_rate``), not as a win, loss or format loss."""
     exploitability: list[str] = field(default_factory=list)
     """Games whose tabular policy is read off the LLM and scored exactly (`palaestra.mars.model_policy`):
     ``eval/<game>/exploitability``; for small games (kuhn_poker: 12 information states)."""
@@ -181,8 +183,16 @@ def check_config(cfg: GameEvalConfig) -> None:
         raise ConfigError("exploitability reads the policy off an LLM: it needs policy: llm")
 
 
-def evaluate(cfg: GameEvalConfig, tracker: Tracker | None = None, step: int | None = None, clients: dict | None = None):
-    """Run every setting; return ``{metric name: value}`` (also logged when a tracker is given)."""
+def evaluate(
+    cfg: GameEvalConfig,
+    tracker: Tracker | None = None,
+    step: int | None = None,
+    clients: dict | None = None,
+    rollouts: Any = None,
+):
+    """Run every setting; return ``{metric name: value}`` (also logged when a tracker is given). `rollouts`: where
+    the LLM policy's games play (the trainer's `eval_rollouts`: its workers and synced weights); None: the
+    policy's client in this process."""
     check_config(cfg)
     clients = {} if clients is None else clients
     metrics: dict[str, float] = {}
@@ -197,7 +207,7 @@ def evaluate(cfg: GameEvalConfig, tracker: Tracker | None = None, step: int | No
         policy = make_player(cfg.policy, cfg, game, clients=clients)
         seeds = [cfg.seed * 100_003 + k for k in range(cfg.episodes)]
         if game.cooperative:
-            results = _play(cfg, name, policy, None, None, seeds)
+            results = _play(cfg, name, policy, None, None, seeds, rollouts)
             summary = summarize(results, seat=0)
             summary["format_loss_rate"] = sum(r.format_loser is not None for r in results) / len(results)
             _record(metrics, records, name, "selfplay", "self", summary)
@@ -212,7 +222,7 @@ def evaluate(cfg: GameEvalConfig, tracker: Tracker | None = None, step: int | No
             pooled, pooled_seats = [], []
             for seat_name in cfg.seats:
                 seat = SEATS.index(seat_name)
-                results = _play(cfg, name, policy, opponent, seat, seeds)
+                results = _play(cfg, name, policy, opponent, seat, seeds, rollouts)
                 _record(metrics, records, name, seat_name, label, summarize(results, seat))
                 pooled += results
                 pooled_seats += [seat] * len(results)
@@ -266,8 +276,9 @@ def _exploitability(cfg: GameEvalConfig, name: str, clients: dict, metrics: dict
     print(f"{name:>14} exploitability {value:.4f} (uniform: 0.4583 in kuhn_poker)", flush=True)
 
 
-def _play(cfg: GameEvalConfig, game: str, policy, opponent, seat: int | None, seeds: list[int]):
-    """Episodes of `policy` in `seat` (None: every seat); LLM policies go through the shared rollout engine."""
+def _play(cfg: GameEvalConfig, game: str, policy, opponent, seat: int | None, seeds: list[int], rollouts=None):
+    """Episodes of `policy` in `seat` (None: every seat); LLM policies go through the shared rollout engine, on
+    `rollouts` when given (the trainer's), else on the policy's client."""
     if getattr(policy, "batched", False):
         from palaestra.mars.engine_eval import engine_episodes
         from palaestra.shared.rollout.engine import RolloutConfig
@@ -283,7 +294,7 @@ def _play(cfg: GameEvalConfig, game: str, policy, opponent, seat: int | None, se
             stop=list(cfg.stop),
         )
         results, _ = engine_episodes(
-            policy.client,
+            policy.client if rollouts is None else rollouts,
             rollout,
             game,
             seeds,

@@ -28,6 +28,10 @@ class EpisodeResult:
     format_loser: int | None
     turns: int
     transcript: dict[str, list[dict]] = field(default_factory=dict)
+    truncated: bool = False
+    """Cut by a limit (context, turns) before the game ended: no winner, returns 0."""
+    failed: bool = False
+    """The env raised (the error is in the rollout's trajectories): no winner, returns 0."""
 
 
 def play_episodes(

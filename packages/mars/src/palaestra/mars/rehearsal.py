@@ -50,7 +50,7 @@ def scale(data: dict[str, Any], ctx: RehearsalContext) -> dict[str, Any]:
     evaluation = data.get("eval", {})
     if evaluation:
         out["eval.episodes"] = 1
-        out["eval.max_tokens"] = MAX_TOKENS
+        out["eval.max_tokens_per_turn"] = MAX_TOKENS
         out["eval.max_context_tokens"] = CONTEXT
         if evaluation.get("mcts_levels"):
             out["eval.mcts_levels"] = [10, 20][: len(evaluation["mcts_levels"])]

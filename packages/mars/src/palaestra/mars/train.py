@@ -36,7 +36,7 @@ from palaestra.mars.games import GAMES
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
-from palaestra.shared.rl.config import EnvSpec, TrainConfig
+from palaestra.shared.rl.config import EnvSpec, EvalConfig, TrainConfig
 from palaestra.shared.rl.jobs import train_headline
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.trainer import Trainer
@@ -72,27 +72,21 @@ class GameWeight:
 
 
 @dataclass
-class MarsEval:
-    """Evaluation of the policy during training (a subset of `mars.eval`'s settings)."""
+class MarsEval(EvalConfig):
+    """Evaluation of the policy during training (a subset of `mars.eval`'s settings), played on the trainer's
+    rollout workers with the weights of the last sync. Sampling, response prefix, context and turn limits are
+    `EvalConfig`'s: unset, the training rollout's (MARS evaluates with its training sampling: T 0.6, top_p 0.99,
+    top_k 100, ``<think>\n``, its 32,768-token sequence)."""
 
     games: list[str] = field(default_factory=lambda: ["tic_tac_toe"])
     opponents: list[str] = field(default_factory=lambda: ["random"])
     seats: list[str] = field(default_factory=lambda: ["first", "second"])
     episodes: int = 100
-    temperature: float = 0.6
-    max_tokens: int = 64
-    stop: list[str] = field(default_factory=lambda: ["</answer>"])
     mcts_simulations: int = 100
     mcts_levels: list[int] = field(default_factory=list)
     """MCTS opponents at each simulation count, ``mcts<N>`` in the metrics (MARS: 100 and 1000)."""
     mcts_on_ray: bool = False
     """MCTS replies on Ray workers, searched ahead for each legal move of the model (`parallel_mcts`)."""
-    top_p: float = 1.0
-    top_k: int = 0
-    response_prefix: str = ""
-    """Sampling as in training (MARS evaluates with its training sampling: top_p 0.99, top_k 100, ``<think>\n``)."""
-    max_context_tokens: int = 4096
-    """Context limit per conversation (MARS: its 32,768-token sequence)."""
     exploitability: list[str] = field(default_factory=list)
     """Poker games whose policy is read off the model and scored exactly: ``eval/<game>/exploitability``."""
     exploitability_temperature: float = 1.0
@@ -168,14 +162,16 @@ def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
 
 
 def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
-    e = cfg.eval
+    e = cfg.eval  # resolved: every sampling field set (TrainConfig.__post_init__)
+    assert None not in (e.temperature, e.top_p, e.top_k, e.max_tokens_per_turn, e.max_context_tokens, e.max_turns)
     return GameEvalConfig(
         games=list(e.games),
         policy="llm",
         llm=cfg.llm,
         temperature=e.temperature,
-        max_tokens=e.max_tokens,
-        stop=list(e.stop),
+        max_tokens=e.max_tokens_per_turn,
+        stop=list(e.stop or []),
+        max_turns=e.max_turns,
         opponents=list(e.opponents),
         seats=list(e.seats),
         episodes=e.episodes,
@@ -185,7 +181,7 @@ def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
         cluster=cfg.cluster,
         top_p=e.top_p,
         top_k=e.top_k,
-        response_prefix=e.response_prefix,
+        response_prefix=e.response_prefix or "",
         max_context_tokens=e.max_context_tokens,
         exploitability=list(e.exploitability),
         exploitability_temperature=e.exploitability_temperature,
@@ -205,8 +201,10 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
     evaluations: list[list[dict]] = []  # each evaluation's records, for MARS's base-vs-trained table
 
     def game_eval(trainer: Trainer, step: int) -> dict[str, float]:
-        clients = {repr(eval_cfg.llm): trainer.client}  # evaluate the very model being trained
-        metrics, records = evaluate(eval_cfg, tracker, step=step, clients=clients)
+        # the games are played on the trainer's rollout workers (vLLM where workers.llm says so) with the weights
+        # of the last sync; the trainer's own model only scores the exploitability read-off
+        clients = {repr(eval_cfg.llm): trainer.client}
+        metrics, records = evaluate(eval_cfg, tracker, step=step, clients=clients, rollouts=trainer.eval_rollouts())
         evaluations.append(records)
         return metrics
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -189,6 +190,41 @@ def learner_dtypes(learner: LearnerConfig, llm: LLMConfig, device_type: str) -> 
 
 
 @dataclass
+class EvalConfig:
+    """How the trainer's evaluations sample (the default one and a package's eval hook): on the rollout workers,
+    with the training rollout's settings wherever a field is left unset (None). Resolved in
+    `TrainConfig.__post_init__`, so the logged config holds the values that ran."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens_per_turn: int | None = None
+    max_context_tokens: int | None = None
+    """Prompt + response tokens per conversation (unset: ``rollout.max_context_tokens``, e.g. MARS's 32,768)."""
+    max_turns: int | None = None
+    stop: list[str] | None = None
+    response_prefix: str | None = None
+    group_size: int | None = None
+    """Episodes per evaluation task (unset: ``rollout.group_size``)."""
+
+    def inherit(self, rollout: RolloutConfig) -> None:
+        """Fill every unset field from the training rollout's settings."""
+        for name in EVAL_SAMPLING:
+            if getattr(self, name) is None:
+                value = getattr(rollout, name)
+                setattr(self, name, list(value) if isinstance(value, list) else value)
+
+    def rollout_config(self, rollout: RolloutConfig) -> RolloutConfig:
+        """The training rollout's settings with this section's set fields in their place."""
+        chosen = {name: getattr(self, name) for name in EVAL_SAMPLING if getattr(self, name) is not None}
+        return dataclasses.replace(rollout, **chosen)
+
+
+EVAL_SAMPLING = tuple(f.name for f in dataclasses.fields(EvalConfig))
+"""The fields an `EvalConfig` shares with `RolloutConfig` (a subclass's own fields are not among them)."""
+
+
+@dataclass
 class TrainConfig(JobConfig):
     """RL fine-tuning of an LLM policy on text environments (GRPO, EGPO, MARS and mixtures)."""
 
@@ -230,6 +266,8 @@ class TrainConfig(JobConfig):
     """Evaluate every N steps (0: only before and after training)."""
     eval_before: bool = True
     """Evaluate before the first step (after the warm start): the starting point."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """How evaluations sample: unset fields are the rollout's (context length, sampling, response prefix)."""
     task_sampling: TaskSampling = TaskSampling.replacement
     """replacement (each task an env by weight and a random reset seed) | epochs (every task of every env once
     per epoch, reshuffled per epoch, as verl's dataloader; rl/task_sampling.py)."""
@@ -239,6 +277,7 @@ class TrainConfig(JobConfig):
 
     def __post_init__(self) -> None:
         # resolved here, before the config is logged: what MLflow's config.yaml holds is what runs
+        self.eval.inherit(self.rollout)
         if self.loss.reduction == "dr_grpo" and not self.loss.max_len:
             self.loss.max_len = self.rollout.max_tokens_per_turn
         scoring = self.rollout.temperature if self.loss.logprob_temperature is None else self.loss.logprob_temperature

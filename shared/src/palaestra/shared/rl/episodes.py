@@ -3,7 +3,8 @@
 `draw_tasks` is a function of (seed, step) only, so a resumed run plays the
 same tasks as an uninterrupted one. `eval_specs` are reset seeds
 0..eval_tasks-1 with the envs in turn; `reward_summary` gives their mean reward
-per trajectory with a 95% confidence interval (normal approximation).
+per trajectory with a 95% confidence interval (normal approximation) and the
+failed and truncated trajectories counted.
 """
 
 from __future__ import annotations
@@ -47,8 +48,21 @@ def eval_specs(cfg: TrainConfig) -> list[EpisodeSpec]:
 
 
 def reward_summary(result: RolloutResult) -> dict[str, float]:
-    """Mean reward per (not failed) trajectory, the half-width of its 95% interval, and the count."""
-    rewards = np.array([t.total_reward for t in result.trajectories if not t.failed])
+    """Mean reward per trajectory that did not fail, the half-width of its 95% interval, and the counts:
+    ``trajectories`` (in the mean), ``failed`` (the env or the chat template raised: not in the mean),
+    ``truncated`` (cut by a limit: in the mean with the reward it earned before the cut) and
+    ``truncated_<limit>`` per limit (context, max_tokens, max_turns), so a cut is never read as a plain loss."""
+    kept = [t for t in result.trajectories if not t.failed]
+    rewards = np.array([t.total_reward for t in kept])
     mean = float(rewards.mean()) if len(rewards) else math.nan
     ci = float(1.96 * rewards.std(ddof=1) / math.sqrt(len(rewards))) if len(rewards) > 1 else math.nan
-    return {"reward_mean": mean, "reward_ci95": ci, "trajectories": len(rewards)}
+    out = {"reward_mean": mean, "reward_ci95": ci, "trajectories": len(rewards)}
+    out["failed"] = len(result.trajectories) - len(kept)
+    out["truncated"] = sum(t.truncated for t in kept)
+    for limit in TRUNCATION_LIMITS:
+        out[f"truncated_{limit}"] = sum(t.truncated and t.limit == limit for t in kept)
+    return out
+
+
+TRUNCATION_LIMITS = ("context", "max_tokens", "max_turns")
+"""The engine's limits (`Trajectory.limit`); an env may also end an episode as truncated (no limit named)."""

@@ -77,7 +77,10 @@ training (``eval_before``), every ``eval_every`` steps and at the end; it logs
 its metrics (and any artifacts) at that step through ``trainer.tracker``, and
 ``trainer.eval_history`` keeps (step, metrics). The default hook (when
 ``eval_tasks`` > 0) is `Trainer.evaluate`: fixed tasks, ``eval/reward_mean``
-with a 95% CI.
+with a 95% CI, ``eval/failed`` and ``eval/truncated``. Evaluations play on the
+training rollouts (`eval_rollouts`: the same workers, backend and synced
+weights) with ``eval``'s settings, whose unset fields are the rollout's
+(context length, sampling, response prefix; rl/config.py `EvalConfig`).
 
 Metrics (MLflow, per step): train/reward_mean, train/advantage_mean,
 train/advantage_std, train/entropy, train/kl, train/clip_fraction, train/loss,
@@ -374,13 +377,22 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        """Mean reward per trajectory over fixed tasks, with a 95% confidence interval (normal approximation)."""
+        """Mean reward per trajectory over fixed tasks, with a 95% confidence interval (normal approximation),
+        and the failed and truncated trajectories counted (rl/episodes.py `reward_summary`)."""
+        rollouts, cfg = self.eval_rollouts(), self.cfg
+        result = rollouts.run(eval_specs(cfg), cfg.seed * 100_003 - 1, cfg.eval.rollout_config(cfg.rollout))
+        metrics = reward_summary(result)
+        self.tracker.log_metrics({f"eval/{k}": v for k, v in metrics.items()}, step=self.step)
+        return metrics
+
+    def eval_rollouts(self) -> LocalRollouts | RayRollouts:
+        """Where evaluations play: the training rollouts (the same workers and backend, e.g. vLLM, holding the
+        weights of the last sync), each run given the evaluation's settings (``cfg.eval``: unset fields are the
+        rollout's) as ``run(specs, seed, cfg.eval.rollout_config(cfg.rollout))``."""
         self.prepare()
         self.model.eval()
         assert self.rollouts is not None  # prepare() started them
-        metrics = reward_summary(self.rollouts.run(eval_specs(self.cfg), seed=self.cfg.seed * 100_003 - 1))
-        self.tracker.log_metrics({f"eval/{k}": v for k, v in metrics.items()}, step=self.step)
-        return metrics
+        return self.rollouts
 
     def needs_scoring(self, rows: int) -> bool:
         """False when the update is exactly on-policy (one PPO epoch, one minibatch) and no advantage step

@@ -40,6 +40,7 @@ generate call; weights offered while episodes run are loaded before the next cal
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 import warnings
@@ -179,17 +180,32 @@ class RolloutEngine:
 
     def __init__(self, client: LLMClient, cfg: RolloutConfig):
         self.client = client
-        self.cfg = cfg
         self.policy = PolicyVersion(client)
         """The version of the client's weights; the learner's weight sync offers new ones through it."""
         self.chat = ChatTokens(client)
+        self._configure(cfg)
+
+    def _configure(self, cfg: RolloutConfig) -> None:
+        self.cfg = cfg
         # never ask the backend for more than the model holds: it would refuse the prompt and stop the run
-        model_context = getattr(client, "context_length", None)
+        model_context = getattr(self.client, "context_length", None)
         self.max_context = min(cfg.max_context_tokens, model_context) if model_context else cfg.max_context_tokens
         prefix = cfg.response_prefix
-        self.prefix_ids = client.tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
+        self.prefix_ids = self.client.tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
 
-    def run(self, specs: Sequence[EpisodeSpec], seed: int = 0) -> RolloutResult:
+    def configured(self, cfg: RolloutConfig) -> RolloutEngine:
+        """This engine (its client, weights and policy version) playing with other settings, e.g. an evaluation's
+        (`palaestra.shared.rl.config.EvalConfig`); itself when they are its own."""
+        if cfg == self.cfg:
+            return self
+        other = copy.copy(self)
+        other._configure(cfg)
+        return other
+
+    def run(self, specs: Sequence[EpisodeSpec], seed: int = 0, cfg: RolloutConfig | None = None) -> RolloutResult:
+        """Play `specs` (each ``group_size`` times); `cfg`: other settings for this run only (an evaluation's)."""
+        if cfg is not None and cfg != self.cfg:
+            return self.configured(cfg).run(specs, seed)
         start = time.perf_counter()
         episodes = [_Episode(spec.make_env(), spec) for spec in specs for _ in range(self.cfg.group_size)]
         for ep in episodes:

@@ -1,6 +1,8 @@
 """Where rollouts run: in the learner's process, or on Ray actors each holding a model replica.
 
-Both kinds answer ``run(specs, seed) -> RolloutResult`` and ``sync(state_dict)``.
+Both kinds answer ``run(specs, seed, cfg=None) -> RolloutResult`` and ``sync(state_dict)``; ``cfg``
+plays one rollout with other settings (the trainer's evaluation: `EvalConfig`, on the same workers and
+weights as training).
 
 - `LocalRollouts` drives the engine on the learner's own client; the client
   shares the learner's model object, so there are no weights to copy.
@@ -40,8 +42,8 @@ class LocalRollouts:
     def __init__(self, client: LLMClient, cfg: RolloutConfig):
         self.engine = RolloutEngine(client, cfg)
 
-    def run(self, specs: Sequence[EpisodeSpec], seed: int) -> RolloutResult:
-        return self.engine.run(specs, seed)
+    def run(self, specs: Sequence[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None) -> RolloutResult:
+        return self.engine.run(specs, seed, cfg)
 
     def sync(self, state_dict: dict | None, version: int | None = None) -> None:
         # the engine's client holds the learner's model itself: only the version moves
@@ -69,8 +71,8 @@ class RolloutWorker:
             return
         self.engine = RolloutEngine(self.client, cfg)
 
-    def run(self, specs: list[EpisodeSpec], seed: int) -> RolloutResult:
-        return self.engine.run(specs, seed)
+    def run(self, specs: list[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None) -> RolloutResult:
+        return self.engine.run(specs, seed, cfg)
 
     def load_weights(self, state_dict: dict | None, version: int | None = None) -> bool:
         """Load the weights now (None: they came another way, e.g. NCCL) and take their version."""
@@ -158,19 +160,23 @@ class RayRollouts:
             return
         self._call_all(lambda w: w.load_weights.remote(self.weights_ref, version))
 
-    def run(self, specs: Sequence[EpisodeSpec], seed: int) -> RolloutResult:
-        return self.collect(self.submit(specs, seed))
+    def run(self, specs: Sequence[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None) -> RolloutResult:
+        return self.collect(self.submit(specs, seed, cfg))
 
-    def submit(self, specs: Sequence[EpisodeSpec], seed: int) -> tuple[list[list[EpisodeSpec]], int, dict, list]:
-        """Start a rollout: one shard per worker, each with its own seed; `collect` waits for it."""
+    def submit(
+        self, specs: Sequence[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None
+    ) -> tuple[list[list[EpisodeSpec]], int, dict, list, RolloutConfig | None]:
+        """Start a rollout: one shard per worker, each with its own seed; `collect` waits for it. `cfg`: other
+        settings for this rollout only (an evaluation's; None: the workers' own)."""
         shards = _split(list(specs), len(self.workers))
-        pending = {self.workers[i].run.remote(shard, seed * 1009 + i): i for i, shard in enumerate(shards) if shard}
-        return shards, seed, pending, list(self.workers)
+        workers = self.workers
+        pending = {workers[i].run.remote(shard, seed * 1009 + i, cfg): i for i, shard in enumerate(shards) if shard}
+        return shards, seed, pending, list(self.workers), cfg
 
-    def collect(self, handle: tuple[list[list[EpisodeSpec]], int, dict, list]) -> RolloutResult:
+    def collect(self, handle: tuple[list[list[EpisodeSpec]], int, dict, list, RolloutConfig | None]) -> RolloutResult:
         """The result of a `submit`: a shard whose worker died runs again, whole, on its replacement (its
         episodes are neither lost nor counted twice)."""
-        shards, seed, pending, used = handle
+        shards, seed, pending, used, cfg = handle
         results: list[RolloutResult | None] = [None] * len(shards)
         restarts = 0
         while pending:
@@ -187,7 +193,7 @@ class RayRollouts:
                 if self.workers[i] is used[i]:  # not yet replaced (by another rollout in flight)
                     self._replace(i)  # a fresh replica with the current weights
                 used[i] = self.workers[i]
-                pending[self.workers[i].run.remote(shards[i], seed * 1009 + i)] = i
+                pending[self.workers[i].run.remote(shards[i], seed * 1009 + i, cfg)] = i
         return _merge([r for r in results if r is not None], restarts)
 
     def _call_all(self, fn) -> None:
