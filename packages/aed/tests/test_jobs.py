@@ -26,7 +26,7 @@ def test_paper_protocol_configs(name, scenarios):
     """paper.yaml (and compare_cpu.yaml at CPU size): an RL victim per scenario from its aed.victim stage, expert
     and LLM arms on every fixed type, LLM-proposed types beside them, preference filtering, both baselines."""
     from palaestra.aed.attack import victim_checkpoint
-    from palaestra.aed.jobs import _tasks
+    from palaestra.aed.jobs import attack_tasks
     from palaestra.aed.rewards import SCENARIO_TYPES
     from palaestra.shared.jobs import stage_configs
 
@@ -40,7 +40,7 @@ def test_paper_protocol_configs(name, scenarios):
         assert Path(victim_checkpoint(attack, scenario)) == Path(v.output_dir) / "victims" / f"{scenario}_{v.algo}.zip"
     new = [{"name": f"new_{i}", "description": "d", "recognizer": "def recognize(record):\n    return False\n"}
            for i in range(attack.proposals.n_types)]  # fmt: skip
-    tasks = _tasks(attack, {s: new for s in scenarios}, check_victim=False)
+    tasks = attack_tasks(attack, {s: new for s in scenarios}, check_victim=False)
     arms = {(t["scenario"], t["accident_type"], t["arm"]) for t in tasks if t["kind"] == "attack"}
     fixed = {
         (s, t, a) for s in scenarios for t in attack.accident_types or SCENARIO_TYPES[s] for a in ("expert", "llm")
@@ -247,20 +247,22 @@ def test_llm_proposed_types_train_on_their_llm_rewards(ray_local, tracking, tmp_
 
 
 def test_scenarios_cpu_covers_every_scenario_with_its_default_types():
-    from palaestra.aed.jobs import _tasks
+    from palaestra.aed.jobs import attack_tasks
     from palaestra.aed.rewards import SCENARIO_TYPES
 
-    tasks = _tasks(load_config(ROOT / "experiments" / "aed" / "scenarios_cpu.yaml"))
+    tasks = attack_tasks(load_config(ROOT / "experiments" / "aed" / "scenarios_cpu.yaml"))
     attacks = {(t["scenario"], t["accident_type"]) for t in tasks if t["kind"] == "attack"}
     assert attacks == {(s, t) for s in ("highway", "merge", "roundabout", "intersection") for t in SCENARIO_TYPES[s]}
     assert sorted(t["scenario"] for t in tasks if t["kind"] == "random") == sorted(SCENARIO_TYPES)
 
 
 def test_compare_cpu_trains_each_type_on_both_rewards():
-    from palaestra.aed.jobs import _tasks
+    from palaestra.aed.jobs import attack_tasks
     from palaestra.shared.jobs import stage_configs
 
     cfg = stage_configs(load_config(ROOT / "experiments" / "aed" / "compare_cpu.yaml"))["attack"]
-    arms = sorted((t["accident_type"], t["arm"]) for t in _tasks(cfg, check_victim=False) if t["kind"] == "attack")
+    arms = sorted(
+        (t["accident_type"], t["arm"]) for t in attack_tasks(cfg, check_victim=False) if t["kind"] == "attack"
+    )
     assert arms == [("cut_in", "expert"), ("cut_in", "llm"), ("rear_end", "expert"), ("rear_end", "llm")]
     assert cfg.llm.backend == "aed_scripted"

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from palaestra.datagen.contamination import ContaminationIndex, word_ngrams
+from palaestra.datagen.contamination import ContaminationIndex
 from palaestra.datagen.envs import BFCL_CLASSES, ToolEnv, get_env
 from palaestra.datagen.initial_states import generate_state
+from palaestra.shared.bfcl_data import word_ngrams
 
 
 def _bfcl_multi_turn_entries():

@@ -53,9 +53,9 @@ def test_experiment_configs_resolve(name):
         assert (cfg.mcts_simulations, cfg.mcts_uct_c, cfg.mcts_rollouts, cfg.mcts_solve) == (100, 2.0, 10, False)
         assert cfg.prompt == trained.prompt and cfg.temperature == trained.eval.temperature
     if name == "quickstart.yaml":
-        from palaestra.shared.jobs import _stage_config
+        from palaestra.shared.jobs import stage_configs
 
-        stages = {k: _stage_config(cfg, k, v) for k, v in cfg.stages.items()}
+        stages = stage_configs(cfg)
         assert stages["mars_selfplay"].job == "mars.train"
         assert stages["mars_eval"].opponents == ["random", "equilibrium"]
         assert stages["mars_selfplay"].games[0].game == "kuhn_poker"
@@ -151,18 +151,17 @@ def test_first_finished_batch_trains_on_the_first_rows(tracking, tmp_path, monke
     episodes, 16 rows played), and the step trains on the first 2 x tasks_per_step = 8 rows."""
     import mlflow
 
-    from palaestra.mars.batching import FirstFinishedRollouts
+    from palaestra.mars.batching import FirstFinished
 
     calls = []
-    run = FirstFinishedRollouts.run
+    select = FirstFinished.select
 
-    def recording_run(self, specs, seed, cfg=None):
-        result = run(self, specs, seed, cfg)
-        if cfg is None:  # a training step (an evaluation gives its own settings and plays every episode)
-            calls.append((len(specs), result.stats["played_trajectories"], len(result.trajectories)))
+    def recording_select(self, step, played):  # the shared trainer's batch rule hook (evaluations skip it)
+        result = select(self, step, played)
+        calls.append((len(self.draw(step)), result.stats["played_trajectories"], len(result.trajectories)))
         return result
 
-    monkeypatch.setattr(FirstFinishedRollouts, "run", recording_run)
+    monkeypatch.setattr(FirstFinished, "select", recording_select)
 
     cfg = load_config(
         {

@@ -105,3 +105,13 @@ def format_calls(calls: list[ToolCall], thinking: str | None = None, content: st
     if content:
         parts.append(content)
     return "\n".join(parts)
+
+
+def call_string(name: str, arguments: dict) -> str:
+    """A call as Python source in BFCL's ground-truth and executor syntax: ``name(key=repr(value), ...)``
+    (keyword arguments only: BFCL's decoder drops positional ones).
+
+    >>> call_string("cd", {"folder": "docs", "n": 2})
+    "cd(folder='docs', n=2)"
+    """
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"

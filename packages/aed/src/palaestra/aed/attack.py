@@ -207,7 +207,7 @@ def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[st
     from palaestra.aed.evaluation import evaluate
     from palaestra.aed.judge import rule_breakdown
     from palaestra.aed.preference import PreferenceModel, compare_pairs, label_accidents, relabel_replay, split_pairs
-    from palaestra.aed.train import _vec_env, restart_exploration, train_adversary
+    from palaestra.aed.train import adversary_vec_env, restart_exploration, train_adversary
 
     accidents = stats["accident_log"] + ev_before["accidents"]
     judge = None
@@ -248,7 +248,7 @@ def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[st
         ineffective_penalty=cfg.preference.ineffective_penalty,
         responsibility_shaping=cfg.preference.responsibility_shaping,
     )
-    model.set_env(_vec_env(tuned, cfg.train.n_envs, cfg.seed + 1))
+    model.set_env(adversary_vec_env(tuned, cfg.train.n_envs, cfg.seed + 1))
     restart = cfg.preference.restart_exploration > 0
     if restart:
         restart_exploration(model, cfg.preference.restart_exploration)

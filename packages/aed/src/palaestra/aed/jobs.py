@@ -190,7 +190,7 @@ class AttackConfig(JobConfig):
     """Testing: each task kills its worker once, leaving a marker file here (Ray must retry it)."""
 
 
-def _tasks(
+def attack_tasks(
     cfg: AttackConfig, proposed: dict[str, list[dict]] | None = None, check_victim: bool = True
 ) -> list[dict[str, Any]]:
     """One task per (scenario, type, arm) and per baseline; ``proposed``: each scenario's LLM-proposed types.
@@ -244,9 +244,9 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
     from palaestra.aed.sandbox import LazySandboxedReward
     from palaestra.shared.cluster import TaskFailure, parallel_map
 
-    _tasks(cfg)  # the config's errors before any LLM call
+    attack_tasks(cfg)  # the config's errors before any LLM call
     proposed = _propose(cfg, tracker) if cfg.taxonomy in ("llm", "both") else None
-    tasks = _tasks(cfg, proposed)
+    tasks = attack_tasks(cfg, proposed)
     for task in tasks:
         task.update(
             cfg=cfg, run_id=tracker.child_run_id(task["name"], {"accident_type": task.get("accident_type", "random")})

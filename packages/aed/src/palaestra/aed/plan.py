@@ -49,14 +49,14 @@ def task_steps(cfg, task: dict[str, Any]) -> int:
 
 def attack_plan(cfg) -> tuple[list[str], float]:
     """Lines of the plan of an ``aed.attack`` config, and its total CPU-hours."""
-    from palaestra.aed.jobs import _tasks
+    from palaestra.aed.jobs import attack_tasks
 
     proposed = None
     if cfg.taxonomy in ("llm", "both"):  # placeholders for the types the LLM will propose
         n = cfg.proposals.n_types
         fake = [{"name": f"proposed_{i + 1}", "recognizer": "(LLM-written)"} for i in range(n)]
         proposed = {s: fake for s in cfg.scenarios}
-    tasks = _tasks(cfg, proposed, check_victim=False)
+    tasks = attack_tasks(cfg, proposed, check_victim=False)
     lines = ["| task | env steps | CPU-hours |", "| --- | --- | --- |"]
     total = 0.0
     per_type: dict[str, float] = {}

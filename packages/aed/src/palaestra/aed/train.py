@@ -106,7 +106,7 @@ class TrainSettings:
     """DQN: steps of random exploration before learning."""
 
 
-def _vec_env(spec: AdversarySpec, n_envs: int, seed: int):
+def adversary_vec_env(spec: AdversarySpec, n_envs: int, seed: int):
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
@@ -121,7 +121,7 @@ def build_model(spec: AdversarySpec, settings: TrainSettings, seed: int):
         raise ValueError(f"algo must be 'dqn' or 'ppo', got {settings.algo!r}")
     if settings.algo == "dqn" and spec.num_adversaries > 1:
         raise ValueError("several adversaries act jointly (MultiDiscrete): use algo=ppo")
-    env = _vec_env(spec, settings.n_envs, seed)
+    env = adversary_vec_env(spec, settings.n_envs, seed)
     kwargs = dict(learning_rate=settings.learning_rate, gamma=settings.gamma, seed=seed, device="cpu", verbose=0)
     if settings.algo == "dqn":
         return DQN(

@@ -58,7 +58,7 @@ def names_match(param: str, key: str) -> bool:
     return bool(shared) and ("id" in p) == ("id" in k)
 
 
-def _described(key: str, described: set[str]) -> bool:
+def key_described(key: str, described: set[str]) -> bool:
     """A response key named in the parameter's description ("The zipcode of the first city")."""
     k = tokens(key) - {"to", "of", "the", "a", "id"}  # every word of the key: ``token_type`` is no ``access token``
     return bool(k) and k <= described and len(key) > 3
@@ -66,7 +66,7 @@ def _described(key: str, described: set[str]) -> bool:
 
 def compatible_key(param: str, pspec: dict, key: str) -> bool:
     """Whether a response key can feed `param`: by name, or named in the parameter's description."""
-    return names_match(param, key) or _described(key, tokens(pspec.get("description", "") or ""))
+    return names_match(param, key) or key_described(key, tokens(pspec.get("description", "") or ""))
 
 
 def unique_candidates(value: Any, outputs: list[tuple[str, Any]], param: str, pspec: dict) -> list | None:
@@ -180,7 +180,7 @@ def candidates(
             [
                 v
                 for k, v in reversed(prior_outputs)
-                if (names_match(pname, k) or _described(k, described)) and _value_like(v)
+                if (names_match(pname, k) or key_described(k, described)) and _value_like(v)
             ],
             "output",
         )

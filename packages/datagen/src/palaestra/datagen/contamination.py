@@ -13,11 +13,10 @@ of any BFCL v4 test file. `ContaminationIndex.check(row)` returns the reasons
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import re
 from functools import cache
-from pathlib import Path
+
+from palaestra.shared.bfcl_data import NGRAM, bfcl_data_dir, read_entries, user_texts, word_ngrams
 
 MULTI_TURN_FILES = [
     "BFCL_v4_multi_turn_base.json",
@@ -25,43 +24,11 @@ MULTI_TURN_FILES = [
     "BFCL_v4_multi_turn_miss_param.json",
     "BFCL_v4_multi_turn_long_context.json",
 ]
-NGRAM = 8
-
-
-def _data_dir() -> Path:
-    spec = importlib.util.find_spec("bfcl_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("the contamination check needs the bfcl-eval package (pip install --no-deps bfcl-eval)")
-    return Path(spec.submodule_search_locations[0]) / "data"
 
 
 def canonical_config(config: dict) -> str:
     """Canonical JSON of a config (keys sorted; int keys as strings, as JSON stores them)."""
     return json.dumps(json.loads(json.dumps(config, default=str)), sort_keys=True)
-
-
-def word_ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
-    words = re.sub(r"[^a-z0-9 ]+", " ", text.lower()).split()
-    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
-
-
-def _user_texts(question) -> list[str]:
-    out = []
-    for turn in question or []:
-        for message in turn if isinstance(turn, list) else [turn]:
-            if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
-                out.append(message["content"])
-    return out
-
-
-def _entries(path: Path) -> list[dict]:
-    """A BFCL data file's entries: JSON lines, or (a few files) one JSON document."""
-    text = path.read_text()
-    try:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError:
-        doc = json.loads(text)
-        return [e for e in (doc if isinstance(doc, list) else [doc]) if isinstance(e, dict)]
 
 
 class ContaminationIndex:
@@ -75,12 +42,12 @@ class ContaminationIndex:
     @classmethod
     @cache
     def from_bfcl(cls, n: int = NGRAM) -> ContaminationIndex:
-        data = _data_dir()
+        data = bfcl_data_dir("the contamination check")
         configs: dict[str, set[str]] = {}
         ngrams: set[tuple[str, ...]] = set()
         for path in sorted(data.glob("BFCL_v4_*.json")):
-            for entry in _entries(path):
-                for text in _user_texts(entry.get("question")):
+            for entry in read_entries(path):
+                for text in user_texts(entry.get("question")):
                     ngrams |= word_ngrams(text, n)
                 if path.name in MULTI_TURN_FILES:
                     for cls_name, config in (entry.get("initial_config") or {}).items():

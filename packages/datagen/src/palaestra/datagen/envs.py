@@ -42,17 +42,16 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 import inspect
 import json
 import re
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from palaestra.datagen.initial_states import generate_state
 from palaestra.datagen.schema import SchemaError, to_openai_tool, validate_tool_doc
+from palaestra.shared.bfcl_data import bfcl_data_dir
 from palaestra.shared.registry import Registry, import_string
 
 BFCL_CLASSES = {  # class name -> (module, doc file)
@@ -277,16 +276,9 @@ def jsonable(value: Any, depth: int = 0) -> Any:
 
 
 # -- BFCL environments -------------------------------------------------------
-def _bfcl_data_dir() -> Path:
-    spec = importlib.util.find_spec("bfcl_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("the BFCL environments need the bfcl-eval package (pip install --no-deps bfcl-eval)")
-    return Path(spec.submodule_search_locations[0]) / "data"
-
-
 def bfcl_spec(class_name: str) -> ApiEnvSpec:
     module, doc_file = BFCL_CLASSES[class_name]
-    with open(_bfcl_data_dir() / "multi_turn_func_doc" / doc_file) as f:
+    with open(bfcl_data_dir("the BFCL environments") / "multi_turn_func_doc" / doc_file) as f:
         docs = [json.loads(line) for line in f if line.strip()]
     return ApiEnvSpec(
         name=class_name,

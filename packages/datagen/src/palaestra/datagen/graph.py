@@ -25,7 +25,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from palaestra.datagen.argfill import _described, names_match, propose_arguments, tokens
+from palaestra.datagen.argfill import key_described, names_match, propose_arguments, tokens
 from palaestra.datagen.envs import ApiEnvSpec, ToolEnv
 from palaestra.datagen.schema import parameters, response_keys
 
@@ -64,7 +64,7 @@ class ApiGraph:
                     (k, p)
                     for p, pspec in parameters(b).items()
                     for k in keys
-                    if names_match(p, k) or _described(k, tokens(pspec.get("description", "") or ""))
+                    if names_match(p, k) or key_described(k, tokens(pspec.get("description", "") or ""))
                 ]
                 if pairs:
                     self._edge(spec.name, a["name"], b["name"], "mapping", mappings=pairs)

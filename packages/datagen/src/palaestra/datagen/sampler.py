@@ -31,9 +31,9 @@ from typing import Any
 
 from palaestra.datagen.argfill import compatible_key, leaves, superlative, tokens, unique_candidates
 from palaestra.datagen.envs import ToolEnv
-from palaestra.shared.toolcall import call_string
 from palaestra.datagen.graph import ApiGraph, node, try_call
 from palaestra.datagen.schema import parameters
+from palaestra.shared.toolcall import call_string
 
 P_PRODUCER_FIRST = 0.9
 """Chance to call a tool whose output can feed the target right before it (a hidden step), when there is one."""
@@ -56,6 +56,9 @@ class Step:
     """Parameter -> index of the earlier step whose response supplied its value."""
     feed_keys: dict[str, str] = field(default_factory=dict)
     """Parameter -> the response key it was read from."""
+    prior_feeds: dict[str, str] = field(default_factory=dict)
+    """Parameter -> the response key of an earlier *turn* that supplied its value (the only candidate there):
+    the user refers to it ("the ticket you just created"), the model carries it across turns."""
     changes_state: bool = True
     """Whether the call changed the environment's public state (a read-only call that feeds nothing is pruned)."""
     selectors: dict[str, list[str]] = field(default_factory=dict)
@@ -135,8 +138,8 @@ def sample_trace(
     """A trace of up to `length` executed calls toward `target`, and the environment after it.
 
     `prior_outputs`: response entries of earlier turns of the same sample. They count as candidates
-    (a value there is not unique if an earlier turn returned another one) but never as feeds of this
-    trace: a value from them is one the user states.
+    (a value there is not unique if an earlier turn returned another one); a value that is the only
+    candidate there is carried over from that turn (`Step.prior_feeds`), not stated.
     """
     name = env.spec.name
     start = env
@@ -212,6 +215,8 @@ def sample_trace(
                 step.feed_keys[param] = outputs[found][0]
                 if stats is not None:
                     stats.flows.append((name, steps[src].name, outputs[found][0], pick, param))
+            elif found is not None and origin[found] < 0 and not any(_echo(value, x) for x in steps):
+                step.prior_feeds[param] = outputs[found][0]  # an earlier turn's result, carried over
             elif found is None and (_distinctive(value) or _small_id(value, param)):
                 for src in range(len(steps) - 1, -1, -1):  # one of several records, picked by a criterion
                     best = superlative(value, steps[src].output, param, props.get(param, {}))
@@ -291,7 +296,7 @@ def _leaks(step: Step, outputs: list, known: str, props: dict) -> bool:
     computed figure that an earlier output returned and `known` (the initial state, the values stated for
     earlier steps) does not hold: only a tool could produce it."""
     for param, value in step.arguments.items():
-        if param in step.feeds or props.get(param, {}).get("default", object()) == value:
+        if param in step.feeds or param in step.prior_feeds or props.get(param, {}).get("default") == value:
             continue
         for v in value if isinstance(value, list) else [value]:
             if _unknowable(v) and any(x == v for _, x in outputs) and str(v) not in known:

@@ -124,11 +124,6 @@ def official_relevance_check(decoded: list[dict] | None, category: str) -> bool:
 # ---- multi-turn: environments and call strings -------------------------------------------------
 
 
-def call_string(name: str, arguments: dict) -> str:
-    """A call as BFCL's executor takes it: ``name(k=repr(v), ...)`` (keyword arguments only)."""
-    return f"{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
-
-
 @cache
 def _signature(class_name: str, method: str) -> inspect.Signature | None:
     from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING

@@ -8,37 +8,10 @@ have no BFCL ``initial_config``, so datagen's other rule (identical environment 
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import re
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-NGRAM = 8
-
-
-def word_ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
-    words = re.sub(r"[^a-z0-9 ]+", " ", text.lower()).split()
-    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
-
-
-def _user_texts(question: Any) -> list[str]:
-    out = []
-    for turn in question or []:
-        for message in turn if isinstance(turn, list) else [turn]:
-            if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
-                out.append(message["content"])
-    return out
-
-
-def _entries(path: Path) -> list[dict]:
-    text = path.read_text()
-    try:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError:
-        doc = json.loads(text)
-        return [e for e in (doc if isinstance(doc, list) else [doc]) if isinstance(e, dict)]
+from palaestra.shared.bfcl_data import NGRAM, bfcl_data_dir, read_entries, user_texts, word_ngrams
 
 
 class BfclQueryIndex:
@@ -50,13 +23,10 @@ class BfclQueryIndex:
     @classmethod
     @cache
     def from_bfcl(cls, n: int = NGRAM) -> BfclQueryIndex:
-        spec = importlib.util.find_spec("bfcl_eval")
-        if spec is None or not spec.submodule_search_locations:
-            raise ImportError("the contamination check needs bfcl-eval (pip install --no-deps bfcl-eval)")
         ngrams: set[tuple[str, ...]] = set()
-        for path in sorted((Path(spec.submodule_search_locations[0]) / "data").glob("BFCL_v4_*.json")):
-            for entry in _entries(path):
-                for text in _user_texts(entry.get("question")):
+        for path in sorted(bfcl_data_dir("the contamination check").glob("BFCL_v4_*.json")):
+            for entry in read_entries(path):
+                for text in user_texts(entry.get("question")):
                     ngrams |= word_ngrams(text, n)
         return cls(ngrams, n)
 

@@ -26,9 +26,10 @@ import re
 import uuid
 from typing import Any
 
-from palaestra.egpo.bfcl import call_string, load_category, require_bfcl
+from palaestra.egpo.bfcl import load_category, require_bfcl
 from palaestra.egpo.tasks import SYSTEM_PROMPT, to_chat_tool
 from palaestra.shared.rollout.env import Step, TextEnv
+from palaestra.shared.toolcall import call_string
 
 MAX_STEPS_PER_TURN = 20
 """BFCL's MAXIMUM_STEP_LIMIT."""

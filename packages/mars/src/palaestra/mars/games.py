@@ -112,7 +112,45 @@ def _board_rows(state: pyspiel.State) -> list[str]:
     return [line.translate(table) for line in str(state).strip().splitlines()]
 
 
-class TicTacToe(Game):
+class BoardGame(Game):
+    """A two-player board game with marks X and O: the seats' information, the board as lines of text, the
+    format loss of the board games (lose + penalty). A subclass states its board, its choice and its action form."""
+
+    board_text = ""
+    """How PLAYER INFORMATION describes the game state (the board's lines)."""
+    choice_text = ""
+    """What a move chooses."""
+    action_text = ""
+    """How a legal action is written, ``{mark}`` standing for the seat's mark."""
+
+    def player_information(self, player):
+        return f"You are player_{player}. Your mark is {MARKS[player]}; your opponent's mark is {MARKS[1 - player]}."
+
+    def full_player_information(self, player):
+        mark, other = MARKS[player], MARKS[1 - player]
+        return (
+            f"1. You play the mark {mark}; the other player plays the mark {other}.\n"
+            "2. In each of your turns:\n"
+            f"   a. The game state is {self.board_text}: 'X' and 'O' are the two players' marks, '_' is an "
+            "empty cell.\n"
+            f"   b. {self.choice_text}\n"
+            f"   c. Each legal action is written {self.action_text.format(mark=mark)}"
+        )
+
+    def render_state(self, state, player):
+        return "\n".join(_board_rows(state))  # MARS's lines of text; PLAYER INFORMATION explains them
+
+    def format_loss(self, state, player, penalty):
+        return -1.0 - penalty
+
+
+class TicTacToe(BoardGame):
+    board_text = "the board as three lines of text"
+    choice_text = "Choose an empty cell for your mark from the game state and the history of your decisions."
+    action_text = (
+        "<{mark}({{row}},{{column}})>: your mark {mark}, then the row and the column of the cell, both integers."
+    )
+
     def action_string(self, state, player, action):
         return f"<{MARKS[player]}({action // 3},{action % 3})>"
 
@@ -125,32 +163,15 @@ class TicTacToe(Game):
             "4. If all cells are filled and no player wins, the game ends in a draw."
         )
 
-    def player_information(self, player):
-        return f"You are player_{player}. Your mark is {MARKS[player]}; your opponent's mark is {MARKS[1 - player]}."
-
-    def full_player_information(self, player):
-        mark, other = MARKS[player], MARKS[1 - player]
-        return (
-            f"1. You play the mark {mark}; the other player plays the mark {other}.\n"
-            "2. In each of your turns:\n"
-            "   a. The game state is the board as three lines of text: 'X' and 'O' are the two players' marks, '_' is "
-            "an empty cell.\n"
-            "   b. Choose an empty cell for your mark from the game state and the history of your decisions.\n"
-            f"   c. Each legal action is written <{mark}({{row}},{{column}})>: your mark {mark}, then the row and the "
-            "column of the cell, both integers."
-        )
-
     def example_action(self, player):
         return f"<{MARKS[player]}(0,0)>"
 
-    def render_state(self, state, player):
-        return "\n".join(_board_rows(state))  # MARS's three lines of text; PLAYER INFORMATION explains them
 
-    def format_loss(self, state, player, penalty):
-        return -1.0 - penalty
+class ConnectFour(BoardGame):
+    board_text = "the 6 x 7 board, top row first"
+    choice_text = "Choose a column to drop your mark into, from 0 (the leftmost) to 6 (the rightmost)."
+    action_text = "<{mark}({{column}})>: your mark {mark}, then the column number."
 
-
-class ConnectFour(Game):
     def action_string(self, state, player, action):
         return f"<{MARKS[player]}({action})>"
 
@@ -164,28 +185,8 @@ class ConnectFour(Game):
             "4. If the grid is full and no player wins, the game ends in a draw."
         )
 
-    def player_information(self, player):
-        return f"You are player_{player}. Your mark is {MARKS[player]}; your opponent's mark is {MARKS[1 - player]}."
-
-    def full_player_information(self, player):
-        mark, other = MARKS[player], MARKS[1 - player]
-        return (
-            f"1. You play the mark {mark}; the other player plays the mark {other}.\n"
-            "2. In each of your turns:\n"
-            "   a. The game state is the 6 x 7 board, top row first: 'X' and 'O' are the two players' marks, '_' is "
-            "an empty cell.\n"
-            "   b. Choose a column to drop your mark into, from 0 (the leftmost) to 6 (the rightmost).\n"
-            f"   c. Each legal action is written <{mark}({{column}})>: your mark {mark}, then the column number."
-        )
-
     def example_action(self, player):
         return f"<{MARKS[player]}(3)>"
-
-    def render_state(self, state, player):
-        return "\n".join(_board_rows(state))  # six lines, top row first; PLAYER INFORMATION explains them
-
-    def format_loss(self, state, player, penalty):
-        return -1.0 - penalty
 
 
 # -- poker -------------------------------------------------------------------------

@@ -118,7 +118,7 @@ class LLMClient:
         tools: list[dict] | list[list[dict]] | None = None,
     ) -> list[Completion]:
         """Generate one assistant turn for each conversation (OpenAI-style messages)."""
-        per_conversation = typing.cast(list[list[dict]], tools) if _per_conversation(tools) else None
+        per_conversation = typing.cast(list[list[dict]], tools) if is_per_conversation(tools) else None
         shared = None if per_conversation is not None else typing.cast(list[dict] | None, tools)
         prompts = [
             self.render(conv, per_conversation[i] if per_conversation is not None else shared)
@@ -148,7 +148,7 @@ class LLMClient:
         pass
 
 
-def _per_conversation(tools) -> bool:
+def is_per_conversation(tools) -> bool:
     return bool(tools) and isinstance(tools[0], list)
 
 

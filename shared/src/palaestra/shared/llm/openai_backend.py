@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from palaestra.shared.extras import require
-from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams, _per_conversation
+from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams, is_per_conversation
 from palaestra.shared.toolcall import ToolCall, format_calls
 
 
@@ -142,7 +142,7 @@ class OpenAIClient(LLMClient):
         tools: list[dict] | list[list[dict]] | None = None,
     ) -> list[Completion]:
         params = params or SamplingParams()
-        per_conv = _per_conversation(tools)
+        per_conv = is_per_conversation(tools)
 
         def one(i: int) -> list[Completion]:
             kwargs = self._sampling(params)
