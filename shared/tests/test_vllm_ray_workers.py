@@ -6,6 +6,7 @@ equal those of the transformers backend with the same weights (issue 23, defect 
 "cannot pickle memoryview objects"). Starts one more engine (about two minutes on 2 cores).
 """
 
+import dataclasses
 import functools
 
 import pytest
@@ -42,5 +43,11 @@ def test_a_learner_step_reaches_a_vllm_ray_worker(ray_local):
         assert expected != before
         pool.sync(learner.model.state_dict())
         assert tokens(pool.run(specs(6), seed=2)) == expected
+        # evaluation inside training plays on these workers and weights with its own settings (issue 23, defect 3)
+        evaluation = dataclasses.replace(GREEDY, response_prefix="<think>", max_tokens_per_turn=5)
+        played = pool.run(specs(6), seed=2, cfg=evaluation)
+        assert tokens(played) == tokens(local.run(specs(6), seed=2 * 1009, cfg=evaluation)) != expected
+        prefix = learner.tokenizer.encode("<think>", add_special_tokens=False)
+        assert all(t.turns[0].prompt_ids[-len(prefix) :] == prefix for t in played.trajectories)
     finally:
         pool.close()
