@@ -161,8 +161,9 @@ def test_first_finished_is_rolls_get_batch(clock):
 def test_first_finished_rollouts_on_real_games_lean_toward_fast_games():
     """Real games through the rollout engine, MARS's layout shrunk (4 environments per game, ceil(24 / 12) = 2
     episodes each, 24 rows): the rows kept are ROLL's, and Kuhn poker (2-3 moves) fills more than its third."""
-    from palaestra.mars.batching import FirstFinishedRollouts, slot_envs
+    from palaestra.mars.batching import FirstFinished, MarsBatch, slot_envs
     from palaestra.mars.scripted_llm import ScriptedLegalClient
+    from palaestra.mars.train import GameWeight, MarsTrainConfig
     from palaestra.shared.rl.config import EnvSpec
     from palaestra.shared.rl.episodes import make_env
     from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig
@@ -180,7 +181,10 @@ def test_first_finished_rollouts_on_real_games_lean_toward_fast_games():
     cfg = RolloutConfig(max_tokens_per_turn=64, max_turns=200, max_context_tokens=1 << 20, stop=["</answer>"])
     played = LocalRollouts(ScriptedLegalClient(seed=0), cfg).run(specs, seed=0).trajectories
     inner = LocalRollouts(ScriptedLegalClient(seed=0), cfg)  # the same games again
-    kept = FirstFinishedRollouts(inner, 24, 2, "turns").run(specs, seed=0).trajectories
+    batch = MarsBatch("first_finished", [4, 4, 4], episodes_per_slot=2, clock="turns")
+    mars = MarsTrainConfig(games=[GameWeight(g) for g in ("tic_tac_toe", "kuhn_poker", "mini_hanabi")], batch=batch)
+    mars.rollout.group_size, mars.tasks_per_step = 1, 12  # 24 rows
+    kept = FirstFinished(mars).select(0, inner.run(specs, seed=0)).trajectories
     assert len(kept) == 24
     by_group = {}
     for t in played:

@@ -139,8 +139,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from palaestra.shared.llm.base import LLMConfig
-    from palaestra.shared.llm.serve import ServeLimits
-    from palaestra.shared.llm.serve_launch import serve
+    from palaestra.shared.llm.serve.app import ServeLimits
+    from palaestra.shared.llm.serve.launch import serve
 
     limits = ServeLimits(max_queue=args.max_queue, max_request_tokens=args.max_request_tokens)
     config = LLMConfig(backend=args.backend, model=args.model, device=args.device)
@@ -157,7 +157,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not isinstance(cfg, TrainConfig):
         raise ConfigError(f"{args.config}: plan needs an RL training config (job {cfg.job} is not one)")
     try:
-        report, fits = plan(cfg, gpu_gb=args.gpu_gb, gpus=args.gpus)
+        report, fits = plan(cfg, gpu_gb=args.gpu_gb, gpus=args.gpus, cpus=args.cpus)
     except ValueError as err:
         raise ConfigError(f"{args.config}: {err}") from None
     print(report)
@@ -205,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
     plan.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU in GB (default 80)")
     plan.add_argument("--gpus", type=int, default=8, help="GPUs available (default 8)")
+    plan.add_argument("--cpus", type=int, default=64, help="Ray CPUs for evaluations (default 64; or cluster.num_cpus)")
     plan.set_defaults(fn=cmd_plan)
     rehearse = sub.add_parser("rehearse", help="a paper config end to end on CPU at small sizes (what it scaled)")
     rehearse.add_argument("config", help="path to the YAML config")

@@ -1,4 +1,5 @@
-"""`palaestra plan CONFIG`: will an RL training config fit its GPUs? A per-device memory estimate, before launch.
+"""`palaestra plan CONFIG`: will an RL training config fit its GPUs? A per-device memory estimate, and how long its
+evaluations take, before launch.
 
 The model's architecture comes from its config without downloading weights:
 the embedded ``tiny`` (its cached ``config.json``), a local HF directory, the
@@ -47,6 +48,14 @@ budget less the bf16 weights (split by tensor parallelism) and `VLLM_OVERHEAD_GB
 activations; it must hold at least one ``rollout.max_context_tokens`` sequence
 (vLLM refuses to start otherwise).
 
+Evaluation time: the shared core cannot know a package's evaluation, so a package registers an estimator
+for its job in `EVAL_COSTS` (keyed by job name; entry-point group ``palaestra.eval_costs``): ``fn(cfg, cpus)
+-> EvalCost``, one evaluation's seconds and the lines that say how they were counted (mars: ``mars.train``,
+`palaestra.mars.eval_cost`). The plan multiplies it by the run's evaluations (`evaluations`: before training
+when ``eval_before``, every ``eval_every`` steps and at the end, as `Trainer.train` runs them); a job with no
+estimator gets a line saying so. ``cpus``: the Ray cluster's CPUs (``cluster.num_cpus``, else ``--cpus``), for
+CPU-bound evaluation work such as game-tree search.
+
 The figures are estimates (they ignore e.g. optimizer step temporaries and the
 allocator's caching beyond the reserve); they exist to catch a config that cannot
 fit by a wide margin before a cluster is booked.
@@ -56,9 +65,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from palaestra.shared.registry import Registry
 from palaestra.shared.rl.logprobs import LOGIT_CHUNK_ELEMENTS
 
 GB = 1e9
@@ -220,8 +232,47 @@ def vllm_memory(arch: ModelArch, gpu_gb: float, utilization: float, tensor_paral
     return {"budget": budget, "weights": weights, "kv_cache": kv, "kv_tokens": max(kv, 0) / per_token}
 
 
-def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8) -> tuple[str, bool]:
-    """The report for an RL `TrainConfig` on `gpus` GPUs of `gpu_gb` GB, and whether it fits."""
+@dataclass
+class EvalCost:
+    """One evaluation's estimated wall time, and the lines that say how it was counted."""
+
+    seconds: float
+    lines: list[str] = field(default_factory=list)
+
+
+EvalCostFn = Callable[[Any, int], EvalCost]
+EVAL_COSTS: Registry[EvalCostFn] = Registry("evaluation cost estimator", "palaestra.eval_costs")
+"""Job name -> ``fn(cfg, cpus) -> EvalCost`` (one evaluation of that job's config)."""
+
+
+def evaluations(cfg) -> int:
+    """How many evaluations `Trainer.train` runs over ``steps``: before (``eval_before``), at every multiple of
+    ``eval_every`` short of the last step, and at the end."""
+    every = cfg.eval_every
+    return int(bool(cfg.eval_before)) + ((cfg.steps - 1) // every if every and cfg.steps > 0 else 0) + 1
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def eval_lines(cfg, cpus: int) -> list[str]:
+    """The evaluation-time lines of the plan: the job's estimator (`EVAL_COSTS`) times `evaluations`."""
+    if cfg.job not in EVAL_COSTS:
+        return [f"evaluation time: not estimated (job {cfg.job} registers no estimator in plan.EVAL_COSTS)"]
+    cost = EVAL_COSTS.get(cfg.job)(cfg, cpus)
+    n = evaluations(cfg)
+    return [
+        *cost.lines,
+        f"evaluation time: {_duration(cost.seconds)} per evaluation x {n} evaluations = {_duration(n * cost.seconds)}",
+    ]
+
+
+def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str, bool]:
+    """The report for an RL `TrainConfig` on `gpus` GPUs of `gpu_gb` GB, and whether it fits (`cpus`: the Ray
+    cluster's CPUs when ``cluster.num_cpus`` is unset, for the evaluation-time estimate)."""
     arch, source = model_arch(cfg.llm.model)
     learner, world = cfg.learner, cfg.learner.world_size
     on_gpu = learner.num_gpus > 0 if world > 1 else cfg.llm.device != "cpu"
@@ -309,5 +360,6 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8) -> tuple[str, bool]:
     if used > gpus:
         fits = False
         lines.append(f"  DOES NOT FIT: the config asks for {used} GPUs")
+    lines += eval_lines(cfg, cfg.cluster.num_cpus or cpus)
     lines.append(f"plan: {'fits' if fits else 'does not fit'}")
     return "\n".join(lines), fits

@@ -8,8 +8,10 @@ environments) of them (MARS: ceil(384 / 96) = 4); every finished episode sends o
 (seat 0's then seat 1's), and the batch is the first ``rollout_batch_size`` rows to arrive (MARS: 384). Fast
 games (Kuhn poker) fill more of the batch than their share of environments.
 
-``first_finished`` is that rule. The rollout engine plays every slot's episodes in full (up to twice the
-rows kept), then `first_finished` keeps the rows in the order they would have arrived, each environment
+``first_finished`` is that rule, `FirstFinished`: a batch rule of the shared trainer (registered in
+`BATCH_RULES` by `palaestra.mars.jobs`; ``mars.train`` builds ``Trainer(..., batch_rule=cfg.batch.rule)``). It
+draws every slot's episodes, the rollout engine plays them in full (up to twice the rows kept), then it keeps
+the rows in the order they would have arrived, each environment
 timed by a clock: ``tokens`` (the episode's generated tokens: one environment waits for one response at a
 time, and a response's time grows with its length) or ``turns`` (model calls). Ties go to the lower slot.
 """
@@ -26,8 +28,7 @@ from enum import StrEnum
 from palaestra.shared.config import ConfigError
 from palaestra.shared.rl.config import EnvSpec
 from palaestra.shared.rl.episodes import make_env
-from palaestra.shared.rl.trainer import Trainer
-from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutResult
+from palaestra.shared.rollout.engine import EpisodeSpec, RolloutResult
 from palaestra.shared.rollout.trajectory import Trajectory
 
 
@@ -102,55 +103,35 @@ def check_batch(batch: MarsBatch, games: Sequence[EnvSpec], group_size: int) -> 
         raise ConfigError(f"batch.episodes_per_slot must be >= 0, got {batch.episodes_per_slot}")
 
 
-class FirstFinishedRollouts:
-    """The trainer's rollouts (local or on Ray) playing every slot's episodes, keeping the first rows to finish."""
+class FirstFinished:
+    """MARS's batch rule for the shared trainer (`BATCH_RULES` ``first_finished``, rl/batch_rules.py): each
+    slot's episodes drawn here, and of what they played the first `rows` rows to finish kept. ``cfg.envs`` are
+    the games' env specs (one per game, `slot_envs` repeats them); ``cfg.batch`` is a `MarsBatch`."""
 
-    def __init__(self, inner, rows: int, episodes_per_slot: int, clock: str):
-        self.inner, self.rows, self.per_slot, self.clock = inner, rows, episodes_per_slot, clock
-
-    def run(self, specs: Sequence[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None) -> RolloutResult:
-        if cfg is not None:  # an evaluation (its own settings): every episode, played whole
-            return self.inner.run(specs, seed, cfg)
-        result = self.inner.run(specs, seed)
-        index = {s.group_id: i for i, s in enumerate(specs)}
-        slots = len(specs) // self.per_slot
-        episodes: list[list[list[Trajectory]]] = [[[] for _ in range(self.per_slot)] for _ in range(slots)]
-        for t in result.trajectories:
-            i = index[t.group_id]
-            episodes[i // self.per_slot][i % self.per_slot].append(t)
-        kept = first_finished(episodes, self.rows, self.clock)
-        return RolloutResult(kept, {**result.stats, "played_trajectories": len(result.trajectories)})
-
-    def sync(self, state_dict: dict | None) -> None:
-        self.inner.sync(state_dict)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class FirstFinishedTrainer(Trainer):
-    """The shared trainer with MARS's batch rule: each slot's episodes drawn here, the batch kept by
-    `FirstFinishedRollouts`. ``cfg.envs`` are the games' env specs (one per game, `slot_envs` repeats them)."""
-
-    def __init__(self, cfg, *args, **kwargs):
-        super().__init__(cfg, *args, **kwargs)
+    def __init__(self, cfg, tasks=None):
         check_batch(cfg.batch, cfg.envs, cfg.rollout.group_size)
+        self.seed, self.clock = cfg.seed, cfg.batch.clock
         self.slots = slot_envs(cfg.envs, cfg.batch.env_slots)
         self.rows = 2 * cfg.tasks_per_step
         self.per_slot = cfg.batch.episodes_per_slot or math.ceil(self.rows / len(self.slots))
 
-    def start_rollouts(self) -> None:
-        if self.rollouts is None:
-            super().start_rollouts()
-            self.rollouts = FirstFinishedRollouts(self.rollouts, self.rows, self.per_slot, self.cfg.batch.clock)
-
-    def draw_tasks(self, step: int) -> list[EpisodeSpec]:
+    def draw(self, step: int) -> list[EpisodeSpec]:
         """Slot-major: each slot's episodes in turn, reset seeds from (seed, step) (MARS: a random group seed
         per environment plus the episode's index)."""
-        rng = random.Random(self.cfg.seed * 1_000_003 + step)
+        rng = random.Random(self.seed * 1_000_003 + step)
         specs = []
         for slot, env in enumerate(self.slots):
             make = functools.partial(make_env, env.name, dict(env.kwargs))
             base = rng.randrange(2**31 - self.per_slot)
             specs += [EpisodeSpec(make, base + k, f"{step}-{slot}-{k}") for k in range(self.per_slot)]
         return specs
+
+    def select(self, step: int, result: RolloutResult) -> RolloutResult:
+        """The first rows to finish of ``draw(step)``'s episodes, played whole (`first_finished`)."""
+        index = {s.group_id: i for i, s in enumerate(self.draw(step))}
+        episodes: list[list[list[Trajectory]]] = [[[] for _ in range(self.per_slot)] for _ in self.slots]
+        for t in result.trajectories:
+            i = index[t.group_id]
+            episodes[i // self.per_slot][i % self.per_slot].append(t)
+        kept = first_finished(episodes, self.rows, self.clock)
+        return RolloutResult(kept, {**result.stats, "played_trajectories": len(result.trajectories)})

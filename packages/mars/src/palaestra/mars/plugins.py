@@ -4,7 +4,11 @@
   policy) and ``mars_versus`` (the learner's seat against a fixed opponent:
   random, mcts or equilibrium);
 - task sources (`TASKS`): ``mars_legal_moves``, the SFT warm-start
-  conversations of legal moves generated from OpenSpiel.
+  conversations of legal moves generated from OpenSpiel;
+- the batch rule (`BATCH_RULES`, rl/batch_rules.py) ``first_finished``, MARS's
+  batch (`palaestra.mars.batching.FirstFinished`);
+- the evaluation-time estimate of ``mars.train`` for ``palaestra plan``
+  (`EVAL_COSTS`, `palaestra.mars.eval_cost`).
 
 Their kwargs are plain values, so env specs pickle to rollout workers.
 """
@@ -14,8 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 from palaestra.mars.env import GameEnv, Shaping
+from palaestra.shared.plan import EVAL_COSTS
+from palaestra.shared.rl.batch_rules import BATCH_RULES
 from palaestra.shared.rollout.env import ENVS
 from palaestra.shared.rollout.tasks import TASKS
+
+BATCH_RULES.register("first_finished", "palaestra.mars.batching:FirstFinished")
+EVAL_COSTS.register("mars.train", "palaestra.mars.eval_cost:train_eval_cost")
 
 
 def _shaping(shaping: dict[str, Any] | None) -> Shaping:

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from palaestra.mars.batching import BatchRule, FirstFinishedTrainer, MarsBatch, check_batch
+from palaestra.mars import plugins  # noqa: F401  (registers the batch rule first_finished and the eval cost)
+from palaestra.mars.batching import BatchRule, MarsBatch, check_batch
 from palaestra.mars.env import PromptStyle, Shaping
 from palaestra.mars.eval_table import compare, format_table
 from palaestra.mars.evaluate import GameEvalConfig, eval_headline, evaluate
@@ -208,8 +209,8 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
         evaluations.append(records)
         return metrics
 
-    trainer_cls = FirstFinishedTrainer if cfg.batch.rule == BatchRule.first_finished else Trainer
-    with trainer_cls(cfg, tracker, eval_hook=game_eval) as trainer:
+    rule = "first_finished" if cfg.batch.rule == BatchRule.first_finished else "all"  # rl/batch_rules.py
+    with Trainer(cfg, tracker, eval_hook=game_eval, batch_rule=rule) as trainer:
         trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
         out = trainer.train()
     summary: dict[str, Any] = {}

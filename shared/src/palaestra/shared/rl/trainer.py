@@ -28,6 +28,12 @@ package adds parts and writes a YAML config; it does not subclass the trainer::
 
     # 4. (optional) an evaluation run every ``eval_every`` steps: Trainer(cfg, tracker, eval_hook=fn)
 
+    # 5. (optional) a batch rule: how a step's tasks are drawn and which rows of their rollout form the batch
+    from palaestra.shared.rl.batch_rules import BATCH_RULES
+    @BATCH_RULES.register("first_finished")   # entry points `palaestra.batch_rules`
+    class FirstFinished: ...                  # draw(step) -> specs; select(step, result) -> result
+    Trainer(cfg, tracker, batch_rule="first_finished")   # default "all": the drawn tasks, every row
+
 Then a config (``job: rl.train``, or the package's own job)::
 
     job: rl.train
@@ -43,7 +49,7 @@ Then a config (``job: rl.train``, or the package's own job)::
     tasks_per_step: 16
     workers: {num_workers: 2}                 # 0: rollouts in the learner's process
 
-Lifecycle: ``Trainer(cfg, tracker, eval_hook)`` only builds (model, optimizer;
+Lifecycle: ``Trainer(cfg, tracker, eval_hook, batch_rule)`` only builds (model, optimizer;
 rl/policy.py: float32 master weights, compute dtype, checkpointing, LoRA).
 `prepare` then resumes from the newest checkpoint (``resume: true``) or runs
 the SFT warm start (`warm_start`, rl/sft.py), keeps the frozen reference model
@@ -54,9 +60,10 @@ rl/distributed.py; both run rl/update.py's one inner loop) and the rollout
 workers; `train` (which prepares if the job has not) may be
 called again to go on; `close` (or ``with Trainer(...) as trainer:``) stops them.
 
-The loop (`Trainer.train_step`), top to bottom: draw tasks (``task_sampling``: with replacement or in
-epochs, rl/task_sampling.py) -> rollout (batched
-across envs, locally or on Ray workers) -> old log-probs and entropies (skipped
+The loop (`Trainer.train_step`), top to bottom: draw tasks (the batch rule's `draw`, by default
+``task_sampling``: with replacement or in epochs, rl/task_sampling.py) -> rollout (batched
+across envs, locally or on Ray workers) -> the batch rule's `select` (rl/batch_rules.py)
+-> old log-probs and entropies (skipped
 when the update is exactly on-policy: one PPO epoch, one minibatch, no
 advantage step reading entropies; the old log-probs are then the current ones
 detached, as TRL does) -> reference log-probs (when ``loss.kl_coef`` > 0) ->
@@ -109,6 +116,7 @@ from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages, reads_entropy
 from palaestra.shared.rl.async_rollouts import RolloutStream, async_metrics, background_engine, behaviour_tensors
 from palaestra.shared.rl.batch import build_batch, think_entropy, token_advantages
+from palaestra.shared.rl.batch_rules import make_batch_rule
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.episodes import eval_specs, reward_summary
 from palaestra.shared.rl.learner import Learner, LocalLearner
@@ -130,7 +138,13 @@ class TrainingError(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, tracker: Tracker | None = None, eval_hook: EvalHook | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        tracker: Tracker | None = None,
+        eval_hook: EvalHook | None = None,
+        batch_rule: str = "all",
+    ):
         check_pipeline(cfg.advantages)
         if cfg.llm.backend != "transformers":
             raise ValueError(
@@ -148,6 +162,7 @@ class Trainer:
         self.optimizer = make_optimizer((p for p in self.model.parameters() if p.requires_grad), cfg.optim)
         self.think_ids = think_token_ids(self.tokenizer)
         self.tasks = TaskSampler(cfg)  # task_sampling: with replacement, or epochs (rl/task_sampling.py)
+        self.batch_rule = make_batch_rule(batch_rule, cfg, self.tasks)  # draws tasks, keeps rows (rl/batch_rules.py)
         self.ref_model: torch.nn.Module | None = None
         self.learner: Learner | None = None  # started by `prepare`: LocalLearner, or the ranks (rl/distributed.py)
         self.rollouts: LocalRollouts | RayRollouts | None = None
@@ -307,7 +322,7 @@ class Trainer:
         # 1. rollout
         self.model.eval()
         assert self.rollouts is not None and self.stream is not None  # prepare() started them
-        result = self.stream.take(self.step)
+        result = self.batch_rule.select(self.step, self.stream.take(self.step))
         check_failures(result, cfg.rollout.max_failed_share)  # warns; raises past the share
         trajs = [t for t in result.trajectories if not t.failed and t.num_response_tokens > 0]
         if not trajs:
@@ -418,8 +433,8 @@ class Trainer:
         return self.tasks.steps()
 
     def draw_tasks(self, step: int) -> list[EpisodeSpec]:
-        """This step's tasks (``task_sampling``: rl/task_sampling.py)."""
-        return self.tasks.draw(step)
+        """This step's tasks (the batch rule's draw; by default ``task_sampling``: rl/task_sampling.py)."""
+        return self.batch_rule.draw(step)
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         """The policy's weights under the plain model's names (LoRA merged in) for the rollout workers."""
