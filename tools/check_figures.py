@@ -65,7 +65,7 @@ def train_reward_halves(client, run_id: str) -> str:
 def datagen_kept(client, run_id: str) -> str:
     m = _metrics(client, run_id)
     kept, attempted = m["result/kept"], m["result/kept"] + m["result/dropped"]
-    return f"{kept:.0f} of {attempted:.0f} items kept, {m['result/calls_per_trace']:.2f} calls per trace"
+    return f"{kept:.0f} of {attempted:.0f} items kept, {m['stats/calls_per_trace']:.2f} calls per trace"
 
 
 def kuhn_exploitability(client, run_id: str) -> str:
@@ -109,7 +109,7 @@ FIGURES = [
         "381 of 400 items kept",
         "experiments/datagen/deterministic.yaml",
         (),
-        2,
+        3,
         "f87200d",
         datagen_kept,
     ),
