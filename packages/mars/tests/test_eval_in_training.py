@@ -114,3 +114,25 @@ def test_games_cut_by_the_context_are_truncated_not_lost():
     summary = summarize(results, 0)
     assert summary["truncated_rate"] == 0.0
     assert summary["win_rate"] + summary["draw_rate"] + summary["loss_rate"] == pytest.approx(1.0)
+
+
+def test_an_mcts_opponent_travels_to_a_rollout_worker_and_plays_the_same_games():
+    """The trainer's evaluation on Ray workers pickles each env with its opponent; OpenSpiel's MCTS bot does not
+    pickle, so the player rebuilds it from its settings: the games are those of the player that stayed here."""
+    import pickle
+
+    from palaestra.mars.games import make_game
+    from palaestra.mars.players import MCTSPlayer
+
+    room = RolloutConfig(max_turns=50, max_tokens_per_turn=64, max_context_tokens=1 << 20, stop=["</answer>"])
+    here = MCTSPlayer(make_game("tic_tac_toe"), 2.0, 20, 2, seed=5)
+    travelled = pickle.loads(pickle.dumps(here))
+    assert travelled.bot is not here.bot and travelled.max_simulations == 20
+
+    def games(opponent):
+        results, _ = engine_episodes(
+            ScriptedLegalClient(seed=1), room, "tic_tac_toe", list(range(4)), 0, opponent, prompt="compact"
+        )
+        return [(r.returns, r.winner, r.turns) for r in results]
+
+    assert games(travelled) == games(here)

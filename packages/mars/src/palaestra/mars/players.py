@@ -75,11 +75,23 @@ class MCTSPlayer(Player):
         self.reset(seed)
 
     def reset(self, seed: int) -> None:
+        self.seed = seed
         rng = np.random.RandomState(seed % 2**32)
         evaluator = self._mcts.RandomRolloutEvaluator(self.rollout_count, rng)
         self.bot = self._mcts.MCTSBot(
             self.game.openspiel, self.uct_c, self.max_simulations, evaluator, solve=self.solve, random_state=rng
         )
+
+    def __getstate__(self) -> dict:
+        # OpenSpiel's bot does not pickle: an env sent to a rollout worker (the trainer's evaluation on Ray)
+        # carries the settings and rebuilds the bot there; every episode's reset seeds it afresh anyway
+        return {k: v for k, v in self.__dict__.items() if k not in ("bot", "_mcts")}
+
+    def __setstate__(self, state: dict) -> None:
+        from open_spiel.python.algorithms import mcts
+
+        self.__dict__.update(state, _mcts=mcts)
+        self.reset(self.seed)
 
     def act(self, env: GameEnv) -> str:
         action = self.bot.step(env.state)
