@@ -92,7 +92,7 @@ def test_openai_wire_format(server_url, tiny_llm):
 def test_tool_calls_are_parsed_into_openai_fields(tiny_llm):
     # a random model does not write tool calls: check the response builder on a given completion
     from palaestra.shared.llm.base import Completion
-    from palaestra.shared.llm.serve_protocol import chat_choice
+    from palaestra.shared.llm.serve.protocol import chat_choice
 
     call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     text = f"<think>need weather</think>\n<tool_call>\n{call}\n</tool_call>"
@@ -145,7 +145,7 @@ def test_micro_batcher_merges_concurrent_requests_and_routes_results():
     import time
 
     from palaestra.shared.llm.base import Completion
-    from palaestra.shared.llm.serve_batcher import MicroBatcher
+    from palaestra.shared.llm.serve.batcher import MicroBatcher
 
     class EchoClient:
         """Answers each prompt with itself; slow enough that concurrent requests queue up."""

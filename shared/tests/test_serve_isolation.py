@@ -10,9 +10,9 @@ import pytest
 
 from palaestra.shared.llm import LLMConfig, LLMError, SamplingParams, make_client
 from palaestra.shared.llm.base import Completion
-from palaestra.shared.llm.serve import ServeLimits
-from palaestra.shared.llm.serve_batcher import Job, MicroBatcher
-from palaestra.shared.llm.serve_launch import serve_in_thread
+from palaestra.shared.llm.serve.app import ServeLimits
+from palaestra.shared.llm.serve.batcher import Job, MicroBatcher
+from palaestra.shared.llm.serve.launch import serve_in_thread
 
 
 def post(url: str, body: dict | bytes, headers: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
@@ -188,7 +188,7 @@ def test_missing_serving_stack_names_the_extra(monkeypatch):
     import sys
 
     from palaestra.shared.extras import MissingExtraError
-    from palaestra.shared.llm.serve import create_app
+    from palaestra.shared.llm.serve.app import create_app
 
     monkeypatch.setitem(sys.modules, "fastapi", None)  # as if the serve extra were not installed
     with pytest.raises(

@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 
 from palaestra.shared.llm import LLMConfig, make_client
-from palaestra.shared.llm.serve import ServeLimits
-from palaestra.shared.llm.serve_launch import ServeProcess, exposure_warning, serve_in_thread
+from palaestra.shared.llm.serve.app import ServeLimits
+from palaestra.shared.llm.serve.launch import ServeProcess, exposure_warning, serve_in_thread
 
 pytestmark = pytest.mark.server
 pytest.importorskip("fastapi")  # the serve extra
@@ -175,7 +175,7 @@ def test_leaving_serve_in_thread_cancels_a_running_generation(client):
 
 def test_serve_warns_before_binding_beyond_loopback_without_a_key(monkeypatch, capsys):
     from palaestra.shared.llm import LLMError
-    from palaestra.shared.llm import serve_launch as serve_module
+    from palaestra.shared.llm.serve import launch as serve_module
 
     def stop(config):
         raise LLMError("stopped before loading")  # nothing is bound: the warning comes first

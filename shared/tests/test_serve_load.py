@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from palaestra.shared.llm import SamplingParams
-from palaestra.shared.llm.serve_launch import ServeProcess
+from palaestra.shared.llm.serve.launch import ServeProcess
 
 psutil = pytest.importorskip("psutil")
 pytest.importorskip("fastapi")  # the serve extra

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from palaestra.shared.llm import LLMConfig, SamplingParams, make_client
-from palaestra.shared.llm.serve_launch import serve_in_thread
+from palaestra.shared.llm.serve.launch import serve_in_thread
 
 openai = pytest.importorskip("openai")  # the openai extra
 pytest.importorskip("fastapi")  # the serve extra
@@ -128,7 +128,7 @@ def test_top_logprobs_match_a_forward_pass(api, tiny_llm):
 
 
 def test_text_stream_pieces_add_up_and_never_split_a_character(tiny_llm):
-    from palaestra.shared.llm.serve_stream import TextStream
+    from palaestra.shared.llm.serve.stream import TextStream
 
     tok = tiny_llm.tokenizer
     text = "héllo wörld 日本語 ok <tool_call> done"

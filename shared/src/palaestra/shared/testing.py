@@ -99,7 +99,7 @@ def tiny_server():
     Skips where the `serve` or `openai` extra is not installed (a package installed alone without them)."""
     for module in ("fastapi", "uvicorn", "openai"):
         pytest.importorskip(module, reason=f"needs {module}: pip install 'palaestra-shared[serve,openai]'")
-    from palaestra.shared.llm.serve_launch import serve_in_subprocess
+    from palaestra.shared.llm.serve.launch import serve_in_subprocess
 
     with serve_in_subprocess("tiny") as url:
         yield url
