@@ -142,7 +142,7 @@ def test_client_fans_each_round_out_to_every_worker_with_its_rank_offset():
 
 
 def weight_source_module(version):
-    """``vllm.distributed.weight_transfer.base`` as far as `_source` uses it, re-stated from vLLM's base.py:
+    """``vllm.distributed.weight_transfer.base`` as far as `build_weight_source` uses it, re-stated from vLLM's base.py:
     0.32's `WeightSource` declares an abstract ``metadata()`` method and ``__iter__``; 0.33's an abstract
     ``metadata`` property that subclasses must implement as a ``functools.cached_property``, and ``iter_full()``."""
     import abc
@@ -190,7 +190,7 @@ def test_the_weight_source_speaks_the_installed_vllms_api(monkeypatch, version):
     import sys
     import types
 
-    from palaestra.shared.rollout.vllm_weight_sync import _source
+    from palaestra.shared.rollout.vllm_weight_sync import build_weight_source
 
     base = weight_source_module(version)
     for name in ("vllm", "vllm.distributed", "vllm.distributed.weight_transfer"):
@@ -199,7 +199,7 @@ def test_the_weight_source_speaks_the_installed_vllms_api(monkeypatch, version):
     sd = tied_state_dict()
     sync = NcclWeightSync([], get, "bfloat16", cpu_transport=True)
     sync.params, sync.state = wire_params(sd, torch.bfloat16), sd
-    source = _source(sync, torch.device("cpu"))
+    source = build_weight_source(sync, torch.device("cpu"))
     assert isinstance(source, base.WeightSource)
     metadata = source.metadata() if version == "0.32" else source.metadata
     pairs = list(source) if version == "0.32" else list(source.iter_full())

@@ -137,11 +137,11 @@ def test_cut_in_the_victim_strikes_the_rear_of_the_vehicle_that_cut_in():
 
 
 def test_partner_is_the_vehicle_whose_polygon_touches_not_the_nearest_centre():
-    from palaestra.aed.attribution import _partner
+    from palaestra.aed.attribution import contact_partner
 
     road, (v, near, touching) = straight_vehicles((0.0, 0.0, 0.0, 0.0), (5.1, 0.0, 0.0, 0.0), (4.8, 1.9, 0.0, 0.0))
     assert np.linalg.norm(near.position - v.position) < np.linalg.norm(touching.position - v.position)
-    assert _partner(v, [near, touching]) is touching
+    assert contact_partner(v, [near, touching]) is touching
 
 
 def test_t_bone_at_a_crossing_the_crossing_vehicle_strikes_and_the_victim_had_to_yield():

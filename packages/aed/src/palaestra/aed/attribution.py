@@ -321,7 +321,7 @@ def step_road(road, dt: float, t: float, step: int, roles: dict[int, str], histo
         others = [o for o in road.vehicles if o is not v] + list(road.objects)
         if not others:
             continue
-        partner = _partner(v, others)
+        partner = contact_partner(v, others)
         paired.update({id(v), id(partner)})
         v_role = roles.get(id(v), "npc")
         p_role = roles.get(id(partner), "npc" if partner in road.vehicles else "object")
@@ -332,7 +332,7 @@ def step_road(road, dt: float, t: float, step: int, roles: dict[int, str], histo
     return records
 
 
-def _partner(v, others):
+def contact_partner(v, others):
     """The road user whose polygon intersects v's (the deepest overlap if several); else the nearest centre."""
     from highway_env import utils
 

@@ -19,23 +19,13 @@ random others (the prompt of a whole environment's docs is 1-3k tokens).
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
-from palaestra.egpo.tasks import tool_doc
+from palaestra.egpo.tasks import parse_json_field, tool_doc
 from palaestra.shared.jsonl import read_jsonl
 from palaestra.shared.rollout.env import ENVS
-
-
-def _json(value: Any, what: str) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{what} is not valid JSON: {err.msg}") from None
-    return value
 
 
 def entry_from_row(row: dict, index: int, max_tools: int = 0, seed: int = 0) -> tuple[dict, list[list[str]]]:
@@ -46,7 +36,7 @@ def entry_from_row(row: dict, index: int, max_tools: int = 0, seed: int = 0) -> 
     truth = row["ground_truth"]
     if len(truth) != len(row["turns"]) or not all(isinstance(t, list) for t in truth):
         raise ValueError(f"row {index}: ground_truth must be one list of call strings per turn")
-    docs = [tool_doc(t) for t in _json(row["tools"], f"row {index} 'tools'")]
+    docs = [tool_doc(t) for t in parse_json_field(row["tools"], f"row {index} 'tools'")]
     held = {int(m["turn"]): list(m["functions"]) for m in row.get("missed_function") or []}
     held_names = {name for names in held.values() for name in names}
     called = {call.split("(", 1)[0].strip() for turn in truth for call in turn}
@@ -61,7 +51,7 @@ def entry_from_row(row: dict, index: int, max_tools: int = 0, seed: int = 0) -> 
         "id": f"datagen_multi_turn_{index}",
         "question": [[{"role": "user", "content": t["query"]}] if t.get("query") else [] for t in row["turns"]],
         "function": [d for d in docs if d["name"] not in held_names],
-        "initial_config": _json(row["initial_config"], f"row {index} 'initial_config'"),
+        "initial_config": parse_json_field(row["initial_config"], f"row {index} 'initial_config'"),
         "involved_classes": list(row["involved_classes"]),
         "missed_function": {str(k): [by_name[n] for n in names if n in by_name] for k, names in held.items()},
     }

@@ -192,7 +192,8 @@ def load_bfcl(category: str, limit: int | None = None) -> list[FCTask]:
     return tasks
 
 
-def _parse_json(value: Any, what: str) -> Any:
+def parse_json_field(value: Any, what: str) -> Any:
+    """A field that holds JSON either decoded or as a string (datasets store both); ValueError naming `what`."""
     if isinstance(value, str):
         try:
             return json.loads(value)
@@ -205,7 +206,9 @@ def _calls_of(message: dict) -> list[dict]:
     calls = []
     for tc in message.get("tool_calls") or []:
         fn = tc.get("function", tc)
-        calls.append({"name": fn["name"], "arguments": _parse_json(fn.get("arguments", {}), "tool call arguments")})
+        calls.append(
+            {"name": fn["name"], "arguments": parse_json_field(fn.get("arguments", {}), "tool call arguments")}
+        )
     return calls
 
 
@@ -217,14 +220,16 @@ def tasks_from_record(record: dict, index: int, source: str = "jsonl") -> list[F
     """The tasks in one JSONL record (see the module docstring for the accepted shapes)."""
     if not isinstance(record, dict):
         raise ValueError(f"record {index} is not a JSON object")
-    tools = [tool_doc(t) for t in _parse_json(record.get("tools", []), f"record {index} 'tools'") or []]
+    tools = [tool_doc(t) for t in parse_json_field(record.get("tools", []), f"record {index} 'tools'") or []]
     rid = str(record.get("id", index))
     # datagen's rows carry BFCL multi-turn ground truth (lists of call strings per turn): read their chat
     multi_turn_truth = isinstance(record.get("ground_truth"), list) and all(
         isinstance(t, list) and all(isinstance(c, str) for c in t) for t in record["ground_truth"]
     )
     if ("ground_truth" in record and not multi_turn_truth) or "answers" in record:
-        truth = _parse_json(record.get("ground_truth", record.get("answers")), f"record {index} ground truth") or []
+        truth = (
+            parse_json_field(record.get("ground_truth", record.get("answers")), f"record {index} ground truth") or []
+        )
         truth = truth if _is_possible_answer(truth) else exact_ground_truth(truth, tools)
         if "messages" in record:
             messages = [m for m in record["messages"] if m.get("role") in ("system", "user")]

@@ -3,7 +3,7 @@
 Runs on vLLM's own weight-transfer engine, ``vllm.distributed.weight_transfer`` (NCCL backend), in
 0.32 (the CPU build) and 0.33 (the ``palaestra-shared[vllm]`` pin for GPUs); they differ in vLLM's
 ``WeightSource`` (0.32: ``metadata()`` and iteration; 0.33: a cached ``metadata`` property and
-``iter_full()``; `_source` builds the one installed) and in what later syncs resend (0.33 sends names,
+``iter_full()``; `build_weight_source` builds the one installed) and in what later syncs resend (0.33 sends names,
 dtypes and shapes with the first sync only; 0.32 with every sync). On CPU (``cpu_transport``,
 rollout/vllm_cpu_transport.py) gloo takes NCCL's place and the whole protocol runs, vLLM's receiving side
 and its layerwise reload included (shared/tests/test_vllm_weight_sync.py, on vLLM 0.32); the NCCL calls
@@ -233,7 +233,7 @@ class NcclWeightSync:
         info = NCCLTrainerInitInfo(
             master_address=get_ip(), master_port=get_open_port(), world_size=self.client.world_size, rank=0, **sizes
         )
-        source = _source(self, self._device())
+        source = build_weight_source(self, self._device())
         self.engine = NCCLTrainerWeightTransferEngine.trainer_init(info, client=self.client, source=source)
 
     def reconnect(self, workers: list) -> None:
@@ -261,7 +261,7 @@ def _sender_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def _source(sync: NcclWeightSync, device: torch.device) -> Any:
+def build_weight_source(sync: NcclWeightSync, device: torch.device) -> Any:
     """vLLM's ``WeightSource`` over ``sync``'s current state dict, in the installed vLLM's API (imported only
     here): 0.32 declares ``metadata()`` and ``__iter__``, 0.33 a cached ``metadata`` property and
     ``iter_full()``."""
