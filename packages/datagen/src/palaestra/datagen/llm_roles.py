@@ -186,6 +186,7 @@ class LLMQueryWriter:
         hidden = set(trace.hidden)
         steps = "\n".join(f"- {imperative(spec.doc(s.name))}" for i, s in enumerate(trace.steps) if i not in hidden)
         looked_up = [words(s.feed_keys.get(p, p)) for s in trace.steps for p in s.feeds]
+        looked_up += [f"{words(k)} (an earlier answer's)" for s in trace.steps for k in s.prior_feeds.values()]
         criteria = [
             f"the {words(s.feed_keys.get(p, p))} of the one with the {sel[1]} {words(sel[0])}"
             for s in trace.steps

@@ -153,7 +153,8 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     traces: list[dict] = []
     advanced: list[dict] = []
     missed: list[dict] = []
-    seen_outputs: list = []  # response entries of earlier turns (values there are candidates, not feeds)
+    seen_outputs: list = []  # response entries of earlier turns (candidates; the only one there is carried over)
+    seen_arguments: list[dict] = []  # arguments of earlier turns' calls (a value there is the user's)
 
     def tools_now(hidden: set[str]) -> list[dict]:
         return [x for x in all_tools if x["function"]["name"] not in hidden]
@@ -180,8 +181,11 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         last = t == n_turns - 1
         kind = last_kind if last else "normal"
         exclude = {withheld} if withheld and not last else set()
-        trace, _ = sample_trace(env, graph, target, rng, draw_length(rng), sampler_stats, exclude, seen_outputs)
+        trace, _ = sample_trace(
+            env, graph, target, rng, draw_length(rng), sampler_stats, exclude, seen_outputs, seen_arguments
+        )
         seen_outputs += [pair for s in trace.steps for pair in leaves(s.output, "result")]
+        seen_arguments += [s.arguments for s in trace.steps]
         if not trace.steps:
             return out("empty_trace")
         if kind == "miss_func" and not (trace.target_hit and withheld in {s.name for s in trace.steps}):
@@ -251,6 +255,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
                         "output": s.output,
                         "feeds": s.feeds,
                         "feed_keys": s.feed_keys,
+                        "prior_feeds": s.prior_feeds,
                         "selectors": s.selectors,
                     }
                     for s in trace.steps

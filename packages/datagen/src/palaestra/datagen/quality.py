@@ -15,7 +15,8 @@ config), so every generator is measured alike:
   ``query_frames_90``: the fewest frames that cover 90% of the sentences.
 - ``flow_share``: of the traces (one per user goal), the share where some
   argument equals a distinctive value that an earlier step of the same trace
-  returned and the request does not say (an output-to-input flow the model must carry).
+  returned and the request does not say (an output-to-input flow the model must carry);
+  ``traces_with_cross_turn_flow``: traces where such a value comes from an earlier turn's output.
 - ``steps_after_target_share``: of all ground-truth steps, the share after the
   trace's target tool was first called (filler the request never asked for).
 - ``leaked_values``: arguments whose value the user states but could not
@@ -160,6 +161,7 @@ def quality_figures(rows: list[dict]) -> dict:
             "ungrammatical_queries",
             "traces",
             "traces_with_flow",
+            "traces_with_cross_turn_flow",
             "steps",
             "steps_after_target",
             "leaked_values",
@@ -221,7 +223,7 @@ def quality_figures(rows: list[dict]) -> dict:
             n["steps"] += len(steps)
             first = next((i for i, s in enumerate(steps) if s["name"] == trace.get("target")), len(steps) - 1)
             n["steps_after_target"] += len(steps) - 1 - first
-            flow = False
+            flow = cross = False
             uses: dict[str, int] = {}
             turn_outputs: list[Any] = []
             for i, call in enumerate(turn["ground_truth"]):
@@ -234,6 +236,8 @@ def quality_figures(rows: list[dict]) -> dict:
                         produced = v in outputs + turn_outputs
                         if _distinctive(v) and v in turn_outputs and not said:
                             flow = True  # the model must carry an earlier result into this call
+                        elif _distinctive(v) and v in outputs and not said:
+                            cross = True  # ... or an earlier turn's result
                         if not said:
                             if _distinctive(v) and mentions(v, earlier) and v not in turn_outputs:
                                 borrowed += 1  # said only in an earlier turn
@@ -249,6 +253,7 @@ def quality_figures(rows: list[dict]) -> dict:
                     turn_outputs += [v for _, x in leaves(steps[i]["output"], "result") for v in _scalars(x)]
             outputs += turn_outputs
             n["traces_with_flow"] += flow
+            n["traces_with_cross_turn_flow"] += cross
         for i, text in _answers(messages):
             if i == 0 or messages[i - 1]["role"] != "tool":
                 continue  # a refusal or a question, not the closing answer of a turn that called tools

@@ -61,7 +61,7 @@ def free_inputs(trace: Trace, spec) -> dict[str, dict]:
     for i, step in enumerate(trace.steps):
         props = parameters(spec.doc(step.name))
         for param, value in step.arguments.items():
-            if param in step.feeds:
+            if param in step.feeds or param in step.prior_feeds:
                 continue
             pspec = props.get(param, {})
             if "default" in pspec and (pspec["default"] == value or (pspec["default"] == "None" and value is None)):
@@ -135,6 +135,11 @@ class DeterministicQueryWriter:
                     ref = rng.choice(["my {k}", "the current {k}", "the {k} on record"]).format(k=key)
                 name = P.param_phrase(param, spec_of(i, param))
                 details.append(ref if P.words(param) == key else f"{name}: {ref}")
+            for param, key in step.prior_feeds.items():
+                ref = rng.choice(["the {k} you just got", "the same {k} as before", "that {k} from earlier"])
+                ref = ref.format(k=P.words(key))
+                name = P.param_phrase(param, spec_of(i, param))
+                details.append(ref if P.words(param) == P.words(key) else f"{name}: {ref}")
             goal = P.imperative(spec.doc(step.name))
             if details:
                 goal += rng.choice([" ({d})", " with {d}", ", using {d}"]).format(d="; ".join(details))
@@ -235,7 +240,9 @@ class DeterministicReasoner:
             which = f" of the record with the {sel[1]} {P.words(sel[0])}" if sel else ""
             key = P.words(step.feed_keys.get(param, param))
             why.append(rng.choice(FEEDS).format(p=P.words(param), k=key, w=which, s=steps[src].name))
-        given = [p for p in step.arguments if p not in step.feeds]
+        for param, key in step.prior_feeds.items():
+            why.append(f"the {P.words(param)} is the {P.words(key)} an earlier turn returned")
+        given = [p for p in step.arguments if p not in step.feeds and p not in step.prior_feeds]
         if given and not consumers:
             why.append(rng.choice(GIVEN).format(ps=", ".join(P.words(p) for p in given)))
         doc = spec_doc.get(step.name)

@@ -134,12 +134,14 @@ def sample_trace(
     stats: SamplerStats | None = None,
     exclude: set[str] = frozenset(),
     prior_outputs: list[tuple[str, Any]] = (),
+    prior_arguments: list[dict] = (),
 ) -> tuple[Trace, ToolEnv]:
     """A trace of up to `length` executed calls toward `target`, and the environment after it.
 
     `prior_outputs`: response entries of earlier turns of the same sample. They count as candidates
     (a value there is not unique if an earlier turn returned another one); a value that is the only
-    candidate there is carried over from that turn (`Step.prior_feeds`), not stated.
+    candidate there is carried over from that turn (`Step.prior_feeds`), not stated, unless the user
+    stated it in an earlier turn (`prior_arguments`: the arguments of earlier turns' calls).
     """
     name = env.spec.name
     start = env
@@ -149,7 +151,9 @@ def sample_trace(
     origin: list[int] = [-1] * len(outputs)  # step index of each entry in `outputs` (-1: an earlier turn)
     called: set[str] = set()
     hit = False
-    known = json.dumps(env.scenario, default=str)  # the initial state: the user's own data
+    # the initial state (the user's own data) and what earlier turns' calls were given
+    known = json.dumps(env.scenario, default=str) + json.dumps(list(prior_arguments), default=str)
+    said_before = Step("", {f"{i}.{k}": v for i, a in enumerate(prior_arguments) for k, v in a.items()}, None)
     blocked: set[str] = set()
     budget = length + 6
     consuming = 0  # steps added after the target, each consuming an earlier result
@@ -215,7 +219,7 @@ def sample_trace(
                 step.feed_keys[param] = outputs[found][0]
                 if stats is not None:
                     stats.flows.append((name, steps[src].name, outputs[found][0], pick, param))
-            elif found is not None and origin[found] < 0 and not any(_echo(value, x) for x in steps):
+            elif found is not None and origin[found] < 0 and not any(_echo(value, x) for x in [*steps, said_before]):
                 step.prior_feeds[param] = outputs[found][0]  # an earlier turn's result, carried over
             elif found is None and (_distinctive(value) or _small_id(value, param)):
                 for src in range(len(steps) - 1, -1, -1):  # one of several records, picked by a criterion
