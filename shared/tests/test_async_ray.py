@@ -1,6 +1,7 @@
 """Bounded-staleness rollouts on Ray workers: two steps in flight, new weights arriving mid-episode, a worker
 killed mid-episode; every episode comes back exactly once, its tokens tagged with the versions that sampled it."""
 
+import functools
 import sys
 import time
 from collections import Counter
@@ -9,9 +10,10 @@ import pytest
 import torch
 
 from palaestra.shared.llm import LLMConfig, make_client
+from palaestra.shared.rl.episodes import make_env
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig
 from palaestra.shared.rollout.env import Step, TextEnv
-from palaestra.shared.rollout.workers import RayRollouts
+from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
 
 pytestmark = pytest.mark.slow  # Ray actors with model replicas
 
@@ -35,6 +37,10 @@ class SlowTalk(TextEnv):
         return Step({"agent": 1.0}, terminated=self.turn == 4)
 
 
+def tokens(result):
+    return [t.turns[0].response_ids for t in result.trajectories]
+
+
 def specs(step: int, n: int = 4) -> list[EpisodeSpec]:
     return [EpisodeSpec(SlowTalk, seed=i, group_id=f"{step}-{i}") for i in range(n)]
 
@@ -46,7 +52,14 @@ def test_two_steps_in_flight_survive_an_update_and_a_killed_worker(ray_local):
     pool = RayRollouts(LLM, CFG, num_workers=2, num_cpus=0.5, concurrent=True)
     try:
         client = make_client(LLM)
+        with torch.no_grad():
+            for p in client.model.parameters():
+                p.add_(0.3 * torch.randn_like(p))
         pool.sync(client.model.state_dict(), 0)
+        # a rollout started right after a sync samples with those weights (the offer is not overtaken)
+        task = [EpisodeSpec(functools.partial(make_env, "task", {}), seed=0, group_id="t")]
+        expected = LocalRollouts(client, CFG).run(task, seed=3 * 1009)  # shard 0's seed
+        assert tokens(pool.run(task, seed=3)) == tokens(expected)
         first, second = pool.submit(specs(1), seed=1), pool.submit(specs(2), seed=2)  # steps 1 and 2 in flight
         time.sleep(1.5)  # episodes are past their first turns
         with torch.no_grad():

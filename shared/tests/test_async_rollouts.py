@@ -16,6 +16,7 @@ from palaestra.shared.rl.loss import LossConfig, policy_loss
 from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
 from palaestra.shared.rollout.env import Step, TextEnv
+from palaestra.shared.rollout.policy_version import PolicyVersion
 
 torch.set_num_threads(1)
 
@@ -205,3 +206,21 @@ def test_staleness_one_overlaps_in_a_background_thread(tmp_path):
         assert h["async/tokens_lag_0"] + h["async/tokens_lag_1"] == n  # every token has a lag of at most 1
     # step 1's rollout started before step 0's update: its first tokens are version 0, one step stale
     assert history[1]["async/tokens_lag_1"] > 0 and history[1]["async/logp_gap_abs"] > 0
+
+
+def test_an_older_offer_never_rolls_the_weights_back():
+    class Client:
+        loaded: list = []
+
+        def load_weights(self, state):
+            self.loaded.append(state)
+
+    policy = PolicyVersion(Client())
+    policy.offer({"w": 2}, 2)
+    policy.offer({"w": 1}, 1)  # arrived late (another thread of a concurrent actor)
+    with policy.generating() as version:
+        assert version == 2
+    policy.offer({"w": 1}, 1)
+    with policy.generating() as version:
+        assert version == 2
+    assert Client.loaded == [{"w": 2}]

@@ -33,7 +33,9 @@ class PolicyVersion:
         """Weights of `version` for the next generate call (None: the client already holds them, e.g. it shares
         the learner's model; only the version moves)."""
         with self._offer_lock:
-            self._pending = (state_dict, version)
+            newest = self.version if self._pending is None else self._pending[1]
+            if version >= newest:  # a late older offer never rolls the weights back
+                self._pending = (state_dict, version)
 
     def load_now(self, state_dict: dict | None, version: int) -> None:
         """Load `state_dict` (if any) at once (between rollouts) and take its version."""

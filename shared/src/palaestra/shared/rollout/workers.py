@@ -155,8 +155,9 @@ class RayRollouts:
             return
         self.weights_ref = self.ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
         if self.concurrent and version is not None:
-            for w in self.workers:  # fire and forget: a dead worker is replaced with these weights in `collect`
-                w.offer_weights.remote(self.weights_ref, version)
+            # waited for (an offer returns at once, also while the worker generates): a concurrent actor runs its
+            # calls on several threads, so an unawaited offer could land after a later rollout had started
+            self._call_all(lambda w: w.offer_weights.remote(self.weights_ref, version))
             return
         self._call_all(lambda w: w.load_weights.remote(self.weights_ref, version))
 
