@@ -136,3 +136,36 @@ def test_an_mcts_opponent_travels_to_a_rollout_worker_and_plays_the_same_games()
         return [(r.returns, r.winner, r.turns) for r in results]
 
     assert games(travelled) == games(here)
+
+
+def test_a_checkpoint_opponent_samples_as_the_policy_does(tiny_llm):
+    """A frozen LLM opponent (``opponents: [checkpoint]``) gets the evaluation's top_p, top_k and forced prefix."""
+    from palaestra.mars.evaluate import GameEvalConfig, make_player
+    from palaestra.mars.games import make_game
+
+    class Recording:
+        def __init__(self, client):
+            self.client, self.tokenizer, self.asked = client, client.tokenizer, []
+
+        def render(self, messages, tools=None, add_generation_prompt=True):
+            return self.client.render(messages, tools, add_generation_prompt)
+
+        def generate(self, prompts, params):
+            self.asked.append((prompts, params))
+            return self.client.generate(prompts, params)
+
+        def chat(self, conversations, params):
+            return self.generate([self.render(c) for c in conversations], params)
+
+    cfg = GameEvalConfig(temperature=0.6, top_p=0.9, top_k=7, response_prefix="<think>\n", max_tokens=5)
+    recording = Recording(tiny_llm)
+    player = make_player(
+        "checkpoint", cfg, make_game("tic_tac_toe"), cfg.opponent_llm, {repr(cfg.opponent_llm): recording}
+    )
+    conversation = [{"role": "user", "content": "GAME STATE: ..."}]
+    [text] = player.act_batch([conversation])
+    [(prompts, params)] = recording.asked
+    assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.6, 0.9, 7, 5)
+    prefix = tiny_llm.tokenizer.encode("<think>\n", add_special_tokens=False)
+    assert prompts == [tiny_llm.render(conversation) + prefix]
+    assert text.startswith("<think>\n")  # what the env reads: the prefix and what was sampled after it

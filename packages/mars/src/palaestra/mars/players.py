@@ -129,6 +129,11 @@ class LLMPlayer:
     name: str = "llm"
     seed: int = 0
     stop: list[str] = field(default_factory=lambda: ["</answer>"])
+    top_p: float = 1.0
+    top_k: int = 0
+    response_prefix: str = ""
+    """Forced start of every response, as the policy's (`RolloutConfig.response_prefix`): prompt tokens after the
+    generation prompt, and part of the answer the env reads."""
     batched: bool = field(default=True, init=False)
     calls: int = field(default=0, init=False)
 
@@ -140,10 +145,16 @@ class LLMPlayer:
 
         params = SamplingParams(
             temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
             max_tokens=self.max_tokens,
             stop=list(self.stop),
             seed=self.seed + self.calls,
             logprobs=False,
         )
         self.calls += 1
-        return [c.text for c in self.client.chat(conversations, params)]
+        if not self.response_prefix:
+            return [c.text for c in self.client.chat(conversations, params)]
+        prefix = self.client.tokenizer.encode(self.response_prefix, add_special_tokens=False)
+        prompts = [self.client.render(c) + prefix for c in conversations]
+        return [self.response_prefix + c.text for c in self.client.generate(prompts, params)]
