@@ -198,3 +198,38 @@ def test_junk_answers_are_dropped_per_role(tmp_path):
         server.shutdown()
     assert result["kept"] == 0
     assert stats["drops"] == {"tool_maker:no_json": 6}
+
+
+class SecondModel(ScriptedTeacher):
+    """Another served model (its own request counts)."""
+
+
+def test_a_model_per_role(tmp_path, teacher):
+    """``roles.models.critic`` sends the critic's requests to its own server; every other role stays on ``llm``."""
+    from palaestra.datagen.generate import DataGenerationConfig, generate
+    from palaestra.datagen.pipeline import ItemConfig, RolesConfig
+    from palaestra.shared.llm.base import LLMConfig
+    from palaestra.shared.tracking import Tracker
+
+    second = _serve(SecondModel)
+    try:
+        url = f"http://127.0.0.1:{second.server_port}/v1"
+        main = LLMConfig(backend="openai", model="scripted", base_url=teacher, api_key="x", max_retries=0)
+        critic = LLMConfig(backend="openai", model="second", base_url=url, api_key="x", max_retries=0)
+        cfg = DataGenerationConfig(
+            num_samples=12,
+            workers=0,
+            envs=["TicketAPI", "TradingBot"],
+            output_dir=str(tmp_path),
+            tracking=TrackingConfig(enabled=False),
+            roles=RolesConfig(
+                tool_maker="llm", query_writer="llm", reasoner="llm", critic="llm", llm=main, models={"critic": critic}
+            ),
+            item=ItemConfig(max_turns=1, p_miss_param=0.0, p_miss_func=0.0),
+            log_samples=False,
+        )
+        generate(cfg, Tracker(cfg.tracking))
+    finally:
+        second.shutdown()
+    assert set(SecondModel.requests) == {"critic"} and SecondModel.requests["critic"] > 0
+    assert "critic" not in ScriptedTeacher.requests and ScriptedTeacher.requests["reasoner"] > 0

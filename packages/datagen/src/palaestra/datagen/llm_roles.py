@@ -98,8 +98,16 @@ class CountingClient:
     vLLM refusing every request with tools while it answers the others, would otherwise only show as drops.
     """
 
-    def __init__(self, client: LLMClient, params: SamplingParams, max_consecutive_errors: int = 5):
+    def __init__(
+        self,
+        client: LLMClient,
+        params: SamplingParams,
+        max_consecutive_errors: int = 5,
+        per_role: dict[str, LLMClient] | None = None,
+    ):
         self.client = client
+        self.per_role = per_role or {}
+        """A client per role where the role has its own model (`RolesConfig.models`)."""
         self.params = params
         self.max_consecutive_errors = max_consecutive_errors
         self.calls = 0
@@ -117,7 +125,7 @@ class CountingClient:
         use["requests"] += 1
         use["prompt_chars"] += sum(len(m.get("content") or "") for m in messages)
         try:
-            out = self.client.chat([messages], self.params, tools=tools)
+            out = self.per_role.get(role, self.client).chat([messages], self.params, tools=tools)
         except (LLMError, ValueError, RuntimeError) as err:
             self.errors += 1
             kind = "tools" if tools else "plain"

@@ -27,6 +27,7 @@ from palaestra.datagen.envs import ToolEnv, get_env
 from palaestra.datagen.graph import ApiGraph
 from palaestra.datagen.sampler import SamplerStats, draw_length, sample_trace
 from palaestra.datagen.schema import parameters
+from palaestra.shared.config import value_check
 from palaestra.shared.llm.base import LLMConfig, SamplingParams
 
 FED_BONUS = 3.0
@@ -59,6 +60,10 @@ class RolesConfig:
     """Deterministic reasoner: chance to skip hidden steps on its first try (exercises the critic loop)."""
     llm: LLMConfig = field(default_factory=LLMConfig)
     """The model behind the LLM roles."""
+    models: dict[str, LLMConfig] = field(
+        default_factory=dict, metadata=value_check("palaestra.datagen.pipeline:check_role_models")
+    )
+    """A model per role where it differs from ``llm`` (``{reasoner: {...}}``: a strong reasoner, a cheap writer)."""
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, max_tokens=256))
     """Sampling for the LLM roles."""
     max_consecutive_errors: int = 5
@@ -91,6 +96,11 @@ def _client(llm_json: str):
     return make_client(LLMConfig(**json.loads(llm_json)))
 
 
+def check_role_models(value: dict, owner) -> str | None:
+    unknown = [k for k in value if k not in ROLE_NAMES]
+    return f"unknown role(s) {unknown} (roles: {', '.join(ROLE_NAMES)})" if unknown else None
+
+
 def make_roles(cfg: RolesConfig) -> tuple[R.Roles, object | None]:
     """Roles per config, and the `CountingClient` when any role is an LLM one."""
     counter = None
@@ -99,8 +109,9 @@ def make_roles(cfg: RolesConfig) -> tuple[R.Roles, object | None]:
 
         from palaestra.datagen.llm_roles import CountingClient
 
+        per_role = {r: _client(json.dumps(asdict(m), sort_keys=True)) for r, m in (cfg.models or {}).items()}
         counter = CountingClient(
-            _client(json.dumps(asdict(cfg.llm), sort_keys=True)), cfg.sampling, cfg.max_consecutive_errors
+            _client(json.dumps(asdict(cfg.llm), sort_keys=True)), cfg.sampling, cfg.max_consecutive_errors, per_role
         )
     from palaestra.datagen import llm_roles as L
 
