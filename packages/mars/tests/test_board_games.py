@@ -28,3 +28,28 @@ def test_board_games_player_information_text():
     assert c4.render_state(state, 1).splitlines() == ["_______"] * 5 + ["___X___"]
     assert ttt.format_loss(state, 0, 10.0) == c4.format_loss(state, 0, 10.0) == -11.0
     assert c4.legal_action_strings(state)[:2] == ["<O(0)>", "<O(1)>"]
+
+
+def test_poker_games_player_information_text_and_format_loss():
+    """Kuhn and Leduc share one poker class; each keeps its own text; a format loss costs the offender's bet + the
+    penalty (MARS: -bet - 10), never a draw bonus."""
+    kuhn, leduc = GAMES.get("kuhn_poker")(), GAMES.get("leduc_poker")()
+    assert kuhn.full_player_information(0) == (
+        "1. You are player_0; the other player is player_1.\n"
+        "2. In each of your turns:\n"
+        "   a. The game state shows your private card and the betting so far.\n"
+        "   b. Choose an action from your card and the game state.\n"
+        "   c. The legal actions are written <PASS> and <BET>."
+    )
+    assert leduc.full_player_information(1).endswith(
+        "   a. The game state shows your private card, the public card once it is revealed, and the betting so far.\n"
+        "   b. Choose an action from your cards and the game state.\n"
+        "   c. The legal actions are written <FOLD>, <CALL> and <RAISE>."
+    )
+    state = kuhn.new_initial_state()
+    state.apply_action(0)  # deal J, then Q
+    state.apply_action(1)
+    state.apply_action(1)  # player 0 bets: 1 ante + 1
+    assert kuhn.format_loss(state, 0, 10.0) == -12.0 and kuhn.format_loss(state, 1, 10.0) == -11.0
+    assert leduc.format_loss(leduc.new_initial_state(), 0, 10.0) == -11.0  # the ante only
+    assert not kuhn.pays_draw_bonus(0.0, 0.0) and not leduc.pays_draw_bonus(0.0, 0.0)

@@ -195,9 +195,41 @@ def _moves(state: pyspiel.State) -> list[tuple[int, int]]:
     return [(pa.player, pa.action) for pa in state.full_history() if pa.player >= 0]
 
 
-class KuhnPoker(Game):
+class PokerGame(Game):
+    """A two-player poker game: the seats' full information (what the state shows, what a move chooses, the
+    actions), a format loss of the offender's bet + penalty, no draw bonus (a split pot included)."""
+
+    ACTIONS: tuple[str, ...] = ()
+    state_text = ""
+    """What the game state shows (PLAYER INFORMATION, full prompt)."""
+    choice_text = ""
+    """What a move is chosen from."""
+
+    def full_player_information(self, player):
+        actions = " and ".join([", ".join(self.ACTIONS[:-1]), self.ACTIONS[-1]])
+        return (
+            f"1. You are player_{player}; the other player is player_{1 - player}.\n"
+            "2. In each of your turns:\n"
+            f"   a. The game state shows {self.state_text}.\n"
+            f"   b. Choose an action from {self.choice_text} and the game state.\n"
+            f"   c. The legal actions are written {actions}."
+        )
+
+    def contribution(self, state, player) -> int:
+        raise NotImplementedError
+
+    def format_loss(self, state, player, penalty):
+        return -float(self.contribution(state, player)) - penalty
+
+    def pays_draw_bonus(self, final_return, last_step_reward):
+        return False
+
+
+class KuhnPoker(PokerGame):
     CARDS = ("J", "Q", "K")
     ACTIONS = ("<PASS>", "<BET>")
+    state_text = "your private card and the betting so far"
+    choice_text = "your card"
 
     def action_string(self, state, player, action):
         return self.ACTIONS[action]
@@ -220,15 +252,6 @@ class KuhnPoker(Game):
             "In each of your turns the game state shows your private card and the betting so far."
         )
 
-    def full_player_information(self, player):
-        return (
-            f"1. You are player_{player}; the other player is player_{1 - player}.\n"
-            "2. In each of your turns:\n"
-            "   a. The game state shows your private card and the betting so far.\n"
-            "   b. Choose an action from your card and the game state.\n"
-            "   c. The legal actions are written <PASS> and <BET>."
-        )
-
     def example_action(self, player):
         return "<PASS>"
 
@@ -244,16 +267,12 @@ class KuhnPoker(Game):
         lines.append(f"Pot: {pot} chips; you have put in {self.contribution(state, player)}.")
         return "\n".join(lines)
 
-    def format_loss(self, state, player, penalty):
-        return -float(self.contribution(state, player)) - penalty
 
-    def pays_draw_bonus(self, final_return, last_step_reward):
-        return False
-
-
-class LeducPoker(Game):
+class LeducPoker(PokerGame):
     RANKS = ("J", "Q", "K")
     ACTIONS = ("<FOLD>", "<CALL>", "<RAISE>")
+    state_text = "your private card, the public card once it is revealed, and the betting so far"
+    choice_text = "your cards"
 
     def action_string(self, state, player, action):
         return self.ACTIONS[action]
@@ -284,16 +303,6 @@ class LeducPoker(Game):
             "the betting history."
         )
 
-    def full_player_information(self, player):
-        return (
-            f"1. You are player_{player}; the other player is player_{1 - player}.\n"
-            "2. In each of your turns:\n"
-            "   a. The game state shows your private card, the public card once it is revealed, and the betting "
-            "so far.\n"
-            "   b. Choose an action from your cards and the game state.\n"
-            "   c. The legal actions are written <FOLD>, <CALL> and <RAISE>."
-        )
-
     def example_action(self, player):
         return "<CALL>"
 
@@ -318,12 +327,6 @@ class LeducPoker(Game):
         pot = self.contribution(state, 0) + self.contribution(state, 1)
         lines.append(f"Pot: {pot} chips; you have put in {self.contribution(state, player)}.")
         return "\n".join(lines)
-
-    def format_loss(self, state, player, penalty):
-        return -float(self.contribution(state, player)) - penalty
-
-    def pays_draw_bonus(self, final_return, last_step_reward):
-        return False
 
 
 # -- Hanabi ------------------------------------------------------------------------
