@@ -30,6 +30,7 @@ def dry_run(tmp_path, capsys, override: str) -> tuple[int, str]:
         ("llm.dtype=bfloat16", "invalid value for 'llm': dtype 'bfloat16': the learner keeps float32"),
         ("steps=-3", "invalid value for 'steps': must be >= 0, got -3"),
         ("envs.0.kwargs.source_kwargs.num_sample=4", "task source 'next_number' takes no argument 'num_sample'"),
+        ("torch_threads=-1", "invalid value for 'torch_threads': must be >= 0, got -1"),
     ],
 )
 def test_choice_is_a_one_line_dry_run_error(tmp_path, capsys, override, message):
@@ -71,3 +72,11 @@ def test_task_source_kwargs_checked_against_the_default_source():
     """No ``source`` given: the kwargs are checked against the env's default source (next_number)."""
     with pytest.raises(ConfigError, match="task source 'next_number' takes no argument 'bogus'"):
         load_config({"job": "rl.train", "envs": [{"name": "task", "kwargs": {"source_kwargs": {"bogus": 1}}}]})
+
+
+def test_pipeline_only_names_its_stages(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text("job: pipeline\nstages:\n  train: {job: rl.train}\n")
+    assert cli.main(["run", str(path), "--dry-run", "only=[trian]"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "palaestra: error: invalid value for 'only': unknown stage(s) ['trian']; stages: ['train']"

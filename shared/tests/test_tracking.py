@@ -98,7 +98,7 @@ def test_torch_threads_is_set_for_the_job_and_inherited_by_stages(tracking):
     try:
         assert stage_threads(torch_threads=2) == 2  # the pipeline's value reaches the stage
         assert stage_threads() == 1  # an unset pipeline leaves the job's own default
-        with pytest.raises(ConfigError, match="torch_threads must be >= 0"):
+        with pytest.raises(ConfigError, match="invalid value for .torch_threads.: must be >= 0"):  # at resolve
             stage_threads(torch_threads=-1)
     finally:
         torch.set_num_threads(before)

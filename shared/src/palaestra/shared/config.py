@@ -139,6 +139,27 @@ def load_yaml(text: str | bytes, where: str = "config") -> Any:
         loader.dispose()
 
 
+# -- checks at resolve time: markers on fields (see the module docstring; the others are further down) -----
+_CHECK = "palaestra.check"
+
+
+class ValueCheck:
+    """Marker: ``function(value, owner)`` (a ``"module:function"``) returns an error message or None."""
+
+    def __init__(self, function: str):
+        self.function = function
+
+    def check(self, value: Any, owner: Any, key: str, root: Any) -> None:
+        message = import_string(self.function)(value, owner)
+        if message:
+            raise ConfigError(f"invalid value for '{key}': {message}")
+
+
+def value_check(function: str) -> dict[str, Any]:
+    """Field metadata: ``function(value, owner) -> message | None`` (a ``"module:function"``) checks the value."""
+    return {_CHECK: ValueCheck(function)}
+
+
 @dataclass
 class TrackingConfig:
     """Where MLflow records runs."""
@@ -179,7 +200,7 @@ class JobConfig:
     """Seed for Python, NumPy and torch."""
     output_dir: str = "outputs"
     """Where the job writes files that outlive the run (datasets, checkpoints)."""
-    torch_threads: int = 0
+    torch_threads: int = field(default=0, metadata=value_check("palaestra.shared.config:check_non_negative"))
     """CPU threads of torch in the job's process (0: torch's default). On a small or busy CPU, 1 is often fastest."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -295,7 +316,6 @@ def _keys_at(schema: type, dotted: str) -> list[str]:
 
 
 # -- checks at resolve time (markers on fields; see the module docstring) ----------------------------------------
-_CHECK = "palaestra.check"
 
 
 class RegistryName:
@@ -354,18 +374,6 @@ class OutputFile:
         confined_path(getattr(root, "output_dir", "."), value, key=key)
 
 
-class ValueCheck:
-    """Marker: ``function(value, owner)`` (a ``"module:function"``) returns an error message or None."""
-
-    def __init__(self, function: str):
-        self.function = function
-
-    def check(self, value: Any, owner: Any, key: str, root: Any) -> None:
-        message = import_string(self.function)(value, owner)
-        if message:
-            raise ConfigError(f"invalid value for '{key}': {message}")
-
-
 def registry_name(registry: Any) -> dict[str, Any]:
     """Field metadata: the field holds a name in `registry` (checked at resolve time, with did-you-mean)."""
     return {_CHECK: RegistryName(registry)}
@@ -379,11 +387,6 @@ def registry_kwargs(name_field: str) -> dict[str, Any]:
 def output_file() -> dict[str, Any]:
     """Field metadata: the field is a file name that must stay under the job's ``output_dir``."""
     return {_CHECK: OutputFile()}
-
-
-def value_check(function: str) -> dict[str, Any]:
-    """Field metadata: ``function(value, owner) -> message | None`` (a ``"module:function"``) checks the value."""
-    return {_CHECK: ValueCheck(function)}
 
 
 def check_non_negative(value: Any, owner: Any) -> str | None:

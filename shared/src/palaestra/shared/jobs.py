@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from palaestra.shared.config import ConfigError, JobConfig, read_yaml, resolve
+from palaestra.shared.config import ConfigError, JobConfig, read_yaml, resolve, value_check
 from palaestra.shared.registry import Registry, UnknownNameError
 from palaestra.shared.tracking import Tracker
 
@@ -102,8 +102,6 @@ def run_job(cfg: JobConfig, run_name: str | None = None, parent_run_id: str | No
     """Seed, open an MLflow run (nested if one is open, or under `parent_run_id`), run the job, return its summary."""
     spec = JOBS.get(cfg.job)
     seed_everything(cfg.seed)
-    if cfg.torch_threads < 0:
-        raise ConfigError(f"torch_threads must be >= 0 (0: torch's default), not {cfg.torch_threads}")
     if cfg.torch_threads > 0:
         import torch
 
@@ -168,7 +166,7 @@ class PipelineConfig(JobConfig):
     stages: dict[str, Any] = field(default_factory=dict)
     """Stage name -> a job config (inline mapping with a ``job`` key, or ``{config: path, overrides: [...]}``);
     ``${output_dir}`` in a stage is the pipeline's output directory."""
-    only: list[str] = field(default_factory=list)
+    only: list[str] = field(default_factory=list, metadata=value_check("palaestra.shared.jobs:check_only"))
     """Run only these stages (empty: all)."""
     config_dir: str = "."
     """Directory that stage ``config:`` paths are relative to (set to the pipeline file's own directory)."""
@@ -190,11 +188,14 @@ def pipeline(cfg: PipelineConfig, tracker: Tracker) -> dict:
     return {**results, "stages": rows}
 
 
+def check_only(only: list[str], owner: PipelineConfig) -> str | None:
+    """Every name in ``only`` is a stage of the pipeline."""
+    unknown = [name for name in only if name not in owner.stages]
+    return f"unknown stage(s) {unknown}; stages: {list(owner.stages)}" if unknown else None
+
+
 def stage_configs(cfg: PipelineConfig) -> dict[str, JobConfig]:
     """The resolved config of each stage to run, in order."""
-    unknown = [name for name in cfg.only if name not in cfg.stages]
-    if unknown:
-        raise ConfigError(f"unknown stage(s) {unknown} in 'only'; stages: {list(cfg.stages)}")
     return {
         name: _stage_config(cfg, name, stage) for name, stage in cfg.stages.items() if not cfg.only or name in cfg.only
     }
