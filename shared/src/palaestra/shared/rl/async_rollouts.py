@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from palaestra.shared.llm.base import DType, make_client
+from palaestra.shared.rl.batch import TrainBatch
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.loss import LossConfig, behaviour_weights
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutEngine, RolloutResult
@@ -135,6 +136,20 @@ def behaviour_tensors(trajs: list[Trajectory], shape: tuple[int, ...]) -> tuple[
         logps[row, : k - 1] = torch.tensor(lp, dtype=torch.float32)
         versions[row, : k - 1] = torch.tensor(seq.versions[1:], dtype=torch.long)
     return logps, versions
+
+
+def behaviour_data(
+    trajs: list[Trajectory], batch: TrainBatch, cfg: TrainConfig, step: int, old_logps: torch.Tensor | None
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """A step's sampler log-probs for ``loss.behaviour_correction`` (None when it is off; 0 off the model's
+    tokens) and its `async_metrics` (the learner at version `step`, before its update: `old_logps`)."""
+    behaviour, versions = behaviour_tensors(trajs, tuple(batch.loss_mask.shape))
+    metrics = async_metrics(step, versions, batch.loss_mask, cfg.rollout.max_staleness, cfg.loss, old_logps, behaviour)
+    if cfg.loss.behaviour_correction == "off":
+        return None, metrics
+    if torch.isnan(behaviour[batch.loss_mask > 0]).any():
+        raise ValueError("loss.behaviour_correction needs the rollout backend's log-probs (it returned none)")
+    return behaviour.nan_to_num(0.0), metrics
 
 
 def async_metrics(

@@ -114,7 +114,7 @@ from tqdm import tqdm
 from palaestra.shared.config import ConfigError
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages, reads_entropy
-from palaestra.shared.rl.async_rollouts import RolloutStream, async_metrics, background_engine, behaviour_tensors
+from palaestra.shared.rl.async_rollouts import RolloutStream, background_engine, behaviour_data
 from palaestra.shared.rl.batch import build_batch, think_entropy, token_advantages
 from palaestra.shared.rl.batch_rules import make_batch_rule
 from palaestra.shared.rl.config import TrainConfig
@@ -338,14 +338,9 @@ class Trainer:
             data.old_logps, data.entropies = learner.score(batch)
         if cfg.loss.kl_coef:
             data.ref_logps = self._reference_logps(batch)
-        if self.asynchronous:  # the sampler's log-probs and versions: the correction and its metrics
-            behaviour, versions = behaviour_tensors(trajs, tuple(batch.loss_mask.shape))
-            if cfg.loss.behaviour_correction != "off":
-                if torch.isnan(behaviour[batch.loss_mask > 0]).any():
-                    raise TrainingError("loss.behaviour_correction needs the rollout backend's log-probs")
-                data.behaviour_logps = behaviour.nan_to_num(0.0)
-            k, loss_cfg = cfg.rollout.max_staleness, cfg.loss
-            stale = async_metrics(self.step, versions, batch.loss_mask, k, loss_cfg, data.old_logps, behaviour)
+        stale: dict[str, float] = {}
+        if self.asynchronous:  # the sampler's log-probs and versions: the correction and async/ metrics
+            data.behaviour_logps, stale = behaviour_data(trajs, batch, cfg, self.step, data.old_logps)
         # 4. advantages
         entropy = data.entropies
         entropies = (None, None) if entropy is None else (think_entropy(entropy, batch, s) for s in SPANS)
@@ -383,7 +378,7 @@ class Trainer:
             "rollout/truncated": result.stats["truncated"],
             "rollout/trajectories": len(trajs),
             "rollout/response_tokens_mean": float(np.mean([t.num_response_tokens for t in trajs])),
-            **(stale if self.asynchronous else {}),
+            **stale,
         }
         self.tracker.log_metrics(metrics, step=self.step)
         if cfg.log_samples:
