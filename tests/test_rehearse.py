@@ -148,10 +148,20 @@ def test_aed_paper_config_rehearses(tmp_path):
     logged = metrics(result)
     victims = [name for name, stage in paper["stages"].items() if stage["job"] == "aed.victim"]
     assert len(result.checks) == len(victims) + 1 and all("reloaded" in line for line in result.checks)
-    assert "victim/return_last10" in logged
-    for scenario in paper["stages"]["attack"]["scenarios"]:  # every scenario of the paper is attacked
-        assert any(f"/{scenario}/" in key or key.startswith(f"{scenario}/") for key in logged), scenario
-    assert attack.rewards == "both" and attack.preference.judge == "llm" and attack.taxonomy == "both"
+    assert len(logged["victim/return_last10"]) == len(victims)
+    # AED's metrics (attack success, AV-responsible rate, diversity) per scenario, for both reward arms
+    (accident_type,) = attack.accident_types
+    expected = []
+    assert set(attack.scenarios) <= set(paper["stages"]["attack"]["scenarios"])
+    for scenario in attack.scenarios:
+        for arm in ("expert", "llm"):
+            expected += [f"aed/{scenario}/{accident_type}/{arm}/{key}" for key in ("asr", "responsible_rate")]
+        expected += [f"aed/{scenario}/distinct_types", f"aed/{scenario}/type_entropy"]
+    assert_logged(logged, expected)
+    assert logged["result/attack/aed/failed_tasks"] == [0.0]  # no task lost
+    kept = {k for k, _, _ in result.table} - set(result.scaled)
+    assert {"stages.attack.rewards", "stages.attack.taxonomy", "stages.attack.preference.judge"} <= kept
+    assert {"stages.attack.victim", "stages.attack.adversary_placement", "stages.attack.train.algo"} <= kept
 
 
 @pytest.mark.slow

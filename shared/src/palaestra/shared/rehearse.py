@@ -26,6 +26,7 @@ import contextlib
 import copy
 import importlib.util
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -260,6 +261,8 @@ def rehearse(config: str | Path, workdir: str | Path, overrides: list[str] | Non
     if paper.get("job") == "pipeline":
         paper.setdefault("config_dir", str(Path(config).parent))
     ctx = RehearsalContext(workdir=workdir, model=rehearsal_model(workdir), vllm=vllm_available())
+    if ctx.vllm:  # vLLM on CPU sizes its KV cache from this (GiB); the small model needs little
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     start = time.monotonic()
     with contextlib.ExitStack() as stack:
         if served_llm(paper):

@@ -1,12 +1,13 @@
 """How the AED jobs rehearse (`palaestra.shared.rehearse`): victims, then the attack, at a few hundred steps.
 
-``aed.victim``: the same algorithm on the same scenario, 256 timesteps (one PPO rollout). ``aed.attack``: every
-scenario, the victim kind and checkpoint, the placement, the taxonomy source (fixed and LLM-proposed), both
-reward arms, Eureka's loop, the LLM judge and preference fine-tuning, the baselines and the network kept;
-scaled: one fixed accident type per scenario (its first) and one proposed, one Eureka round of one sample,
-a few hundred training steps in two environment processes, two evaluation episodes, short LLM answers, one CPU
-per task, the local Ray instance. The served LLM is the rehearsal's local server (``palaestra serve`` over the
-small Qwen3-architecture model). The check loads every trained adversary back with stable-baselines3.
+``aed.victim``: the same algorithm on the same scenario, 256 timesteps (one PPO rollout), every scenario.
+``aed.attack``, kept: the victim kind and checkpoint, the placement, the taxonomy source (fixed and LLM-proposed),
+both reward arms, Eureka's loop, the LLM judge and preference fine-tuning, the baselines and the network. Scaled:
+one scenario (merge: the scenario placement's own case) with one fixed accident type (its first) and one
+proposed, one Eureka round of one sample, a few hundred training steps in two environment processes, two
+evaluation episodes, short LLM answers, one CPU per task, the local Ray instance (each task takes minutes on two
+cores). The served LLM is the rehearsal's local server (``palaestra serve`` over the small Qwen3-architecture
+model). The check loads every trained victim and adversary back with stable-baselines3.
 """
 
 from __future__ import annotations
@@ -28,9 +29,13 @@ def scale_attack(data: dict[str, Any], ctx: RehearsalContext) -> dict[str, Any]:
     from palaestra.aed.rewards import SCENARIO_TYPES
 
     scenarios = data.get("scenarios") or list(SCENARIO_TYPES)
-    types = data.get("accident_types") or [SCENARIO_TYPES[s][0] for s in scenarios]
+    # one scenario is attacked (merge where listed: the scenario placement's own case; every task is minutes on
+    # two cores), with its first type; the victims of all scenarios are still trained and reloaded
+    scenario = "merge" if "merge" in scenarios else scenarios[0]
+    types = [t for t in data.get("accident_types") or SCENARIO_TYPES[scenario] if t in SCENARIO_TYPES[scenario]]
     out: dict[str, Any] = {
-        "accident_types": sorted(set(types[: len(scenarios)])),
+        "scenarios": [scenario],
+        "accident_types": types[:1],
         "proposals.n_types": 1,
         "proposals.max_tokens": LLM_TOKENS,
         "eureka.rounds": 1,
