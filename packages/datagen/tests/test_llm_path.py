@@ -137,7 +137,7 @@ def _serve(handler):
     return server
 
 
-def _generate(tmp_path, url, n, envs):
+def _generate(tmp_path, url, n, envs, **overrides):
     from palaestra.datagen.generate import DataGenerationConfig, generate
     from palaestra.datagen.pipeline import ItemConfig, RolesConfig
     from palaestra.shared.llm.base import LLMConfig
@@ -153,6 +153,7 @@ def _generate(tmp_path, url, n, envs):
         roles=RolesConfig(tool_maker="llm", query_writer="llm", reasoner="llm", critic="llm", llm=llm),
         item=ItemConfig(max_turns=2, p_miss_param=0.25, p_miss_func=0.25),
         log_samples=False,
+        **overrides,
     )
     result = generate(cfg, Tracker(cfg.tracking))
     return cfg, result, json.loads((cfg.output_path.parent / "stats.json").read_text())
@@ -233,3 +234,43 @@ def test_a_model_per_role(tmp_path, teacher):
         second.shutdown()
     assert set(SecondModel.requests) == {"critic"} and SecondModel.requests["critic"] > 0
     assert "critic" not in ScriptedTeacher.requests and ScriptedTeacher.requests["reasoner"] > 0
+
+
+class SlowTeacher(ScriptedTeacher):
+    """The scripted teacher, 30 ms per answer, recording how many requests it had in flight at most."""
+
+    lock = threading.Lock()
+    in_flight = 0
+    most = 0
+
+    def do_POST(self) -> None:
+        import time
+
+        cls = type(self)
+        with cls.lock:
+            cls.in_flight += 1
+            cls.most = max(cls.most, cls.in_flight)
+        try:
+            time.sleep(0.03)
+            with cls.lock:  # the script's state (ops by index) is shared by the answers
+                super().do_POST()
+        finally:
+            with cls.lock:
+                cls.in_flight -= 1
+
+
+def test_items_at_once_keep_requests_in_flight(tmp_path):
+    """``items_at_once: 4``: a worker has several requests in flight; every kept sample still verifies and the
+    per-role counts still equal the server's."""
+    server = _serve(SlowTeacher)
+    SlowTeacher.in_flight = SlowTeacher.most = 0
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v1"
+        cfg, result, stats = _generate(tmp_path, url, 8, ["TicketAPI", "TradingBot"], items_at_once=4)
+    finally:
+        server.shutdown()
+    assert SlowTeacher.most >= 2
+    assert result["kept"] >= 4, stats["drops"]
+    for row in read_rows(cfg.output_path):
+        assert verify_row(row, get_env(row["provenance"]["env"])) == []
+    assert {r: u["requests"] for r, u in stats["llm_usage_by_role"].items()} == SlowTeacher.requests

@@ -24,7 +24,7 @@ from palaestra.datagen.envs import BFCL_CLASSES, get_env
 from palaestra.datagen.graph import ApiGraph
 from palaestra.datagen.pipeline import ItemConfig, RolesConfig, generate_item, make_roles
 from palaestra.datagen.run_stats import RunStats, audit_rows
-from palaestra.shared.config import ConfigError, JobConfig
+from palaestra.shared.config import ConfigError, JobConfig, value_check
 from palaestra.shared.jobs import format_headline, job
 from palaestra.shared.stats import wilson_interval
 from palaestra.shared.tracking import Tracker, scratch_dir
@@ -45,6 +45,9 @@ class DataGenerationConfig(JobConfig):
     """Parallel Ray tasks in flight (0: run in this process)."""
     items_per_task: int = 8
     """Items per Ray task."""
+    items_at_once: int = field(default=1, metadata=value_check("palaestra.shared.config:check_positive"))
+    """Items a worker generates at once (threads), so that many LLM requests are in flight per worker; for a
+    served model (``backend: openai``). Deterministic roles always go one at a time."""
     round: int = 0
     """Closed-loop round (provenance; `datagen.mine` sets it)."""
     graph: str | None = None
@@ -99,11 +102,19 @@ def run_chunk(payload: dict) -> list[dict]:
     """A Ray task: generate every item of a chunk (roles and clients built in the worker)."""
     graph = ApiGraph.from_dict(payload["graph"])
     roles, counter = make_roles(payload["roles"])
-    out = []
-    for item in payload["items"]:
-        result = generate_item(item, graph, roles, payload["item_cfg"], counter)
-        out.append({"id": item["id"], **result})
-    return out
+    at_once = payload.get("items_at_once", 1)
+    if counter is None or at_once <= 1:
+        return [
+            {"id": it["id"], **generate_item(it, graph, roles, payload["item_cfg"], counter)} for it in payload["items"]
+        ]
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item: dict) -> dict:  # its own roles and counts; the clients (thread-safe HTTP) are shared
+        item_roles, item_counter = make_roles(payload["roles"], counter.fork())
+        return {"id": item["id"], **generate_item(item, graph, item_roles, payload["item_cfg"], item_counter)}
+
+    with ThreadPoolExecutor(at_once) as pool:
+        return list(pool.map(one, payload["items"]))
 
 
 def run_generation(cfg: DataGenerationConfig, graph: ApiGraph, tracker: Tracker, step_offset: int = 0) -> RunStats:
@@ -118,7 +129,16 @@ def run_generation(cfg: DataGenerationConfig, graph: ApiGraph, tracker: Tracker,
         todo = [it for it in items if it["id"] not in writer.done]
         stats.resumed = len(items) - len(todo)
         chunks = [todo[i : i + cfg.items_per_task] for i in range(0, len(todo), cfg.items_per_task)]
-        payloads = [{"items": c, "graph": graph.to_dict(), "roles": cfg.roles, "item_cfg": cfg.item} for c in chunks]
+        payloads = [
+            {
+                "items": c,
+                "graph": graph.to_dict(),
+                "roles": cfg.roles,
+                "item_cfg": cfg.item,
+                "items_at_once": cfg.items_at_once,
+            }
+            for c in chunks
+        ]
         batch = max(1, 2 * cfg.workers)
         from tqdm import tqdm
 

@@ -119,6 +119,13 @@ class CountingClient:
         """Per role: requests, prompt / completion characters, and tokens where the server returns token ids."""
         self.drops: dict[str, int] = {}
 
+    def fork(self) -> CountingClient:
+        """A counter for one item: the same clients and the same failures-in-a-row (shared by the items a worker
+        generates at once), its own counts."""
+        other = CountingClient(self.client, self.params, self.max_consecutive_errors, self.per_role)
+        other.consecutive = self.consecutive
+        return other
+
     def chat(self, messages: list[dict], tools: list[dict] | None = None, role: str = "other") -> str:
         self.calls += 1
         use = self.by_role.setdefault(role, dict.fromkeys(USAGE_KEYS, 0))

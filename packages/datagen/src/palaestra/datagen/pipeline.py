@@ -101,10 +101,10 @@ def check_role_models(value: dict, owner) -> str | None:
     return f"unknown role(s) {unknown} (roles: {', '.join(ROLE_NAMES)})" if unknown else None
 
 
-def make_roles(cfg: RolesConfig) -> tuple[R.Roles, object | None]:
-    """Roles per config, and the `CountingClient` when any role is an LLM one."""
-    counter = None
-    if any(getattr(cfg, r) == "llm" for r in ROLE_NAMES):
+def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, object | None]:
+    """Roles per config, and the `CountingClient` when any role is an LLM one (`counter`, if given: a fork of a
+    worker's, for one of the items it generates at once)."""
+    if counter is None and any(getattr(cfg, r) == "llm" for r in ROLE_NAMES):
         from dataclasses import asdict
 
         from palaestra.datagen.llm_roles import CountingClient
