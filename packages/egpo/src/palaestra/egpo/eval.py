@@ -199,23 +199,25 @@ def run_oracle(envs: list[TextEnv], wrong: bool) -> list[dict]:
     return out
 
 
-def run_model(envs: list[TextEnv], client: Any, cfg: BfclEvalConfig) -> list[dict]:
-    from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
+def run_model(envs: list[TextEnv], client: Any, cfg: BfclEvalConfig, rollouts: Any = None) -> list[dict]:
+    """Play every entry once with `client` in this process, or on `rollouts` (the trainer's `eval_rollouts`: its
+    workers, backend and synced weights; an env played on a Ray worker comes back as its trajectory, and a
+    multi-turn entry's per-turn responses in its final info)."""
+    from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig
+    from palaestra.shared.rollout.workers import LocalRollouts
 
-    # a conversation longer than the model's context is cut (scored wrong), never sent
-    context = min(cfg.max_context_tokens, getattr(client, "context_length", None) or cfg.max_context_tokens)
-    engine = RolloutEngine(
-        client,
-        RolloutConfig(
-            group_size=1,
-            max_turns=cfg.max_model_calls,
-            max_tokens_per_turn=cfg.max_tokens_per_turn,
-            max_context_tokens=context,
-            temperature=cfg.temperature,
-        ),
+    # a conversation longer than the model's context is cut (scored wrong), never sent: the engine keeps to
+    # min(max_context_tokens, the model's context)
+    settings = RolloutConfig(
+        group_size=1,
+        max_turns=cfg.max_model_calls,
+        max_tokens_per_turn=cfg.max_tokens_per_turn,
+        max_context_tokens=cfg.max_context_tokens,
+        temperature=cfg.temperature,
     )
+    rollouts = rollouts if rollouts is not None else LocalRollouts(client, settings)
     specs = [EpisodeSpec(make_env=lambda e=env: e, seed=cfg.seed, group_id=str(i)) for i, env in enumerate(envs)]
-    result = engine.run(specs, seed=cfg.seed)
+    result = rollouts.run(specs, cfg.seed, settings)
     by_group = {t.group_id: t for t in result.trajectories}
     out = []
     for i, env in enumerate(envs):
@@ -229,7 +231,11 @@ def run_model(envs: list[TextEnv], client: Any, cfg: BfclEvalConfig) -> list[dic
         reward = sum(t.reward for t in traj.turns) if traj.terminated and not traj.failed else 0.0
         limit = traj.limit if not traj.terminated else None
         info = final if traj.terminated else {"error": traj.error or f"truncated ({traj.limit})"}
-        out.append({"outputs": [t.text for t in traj.turns], "reward": reward, "info": info, "limit": limit})
+        outputs = [t.text for t in traj.turns]
+        # per user turn: the env's own record (in this process, or in the final info from a worker); one list
+        # when the episode was cut on a worker before its end
+        turns = getattr(env, "responses", None) or final.get("responses") or [outputs]
+        out.append({"outputs": outputs, "reward": reward, "info": info, "limit": limit, "turn_outputs": turns})
     return out
 
 
@@ -272,8 +278,9 @@ def evaluate(cfg: BfclEvalConfig, tracker: Tracker) -> dict:
             client.close()
 
 
-def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker) -> dict:
-    """Run and score every category with `client` (None: the oracle of ``cfg.policy``); log to `tracker`."""
+def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker, rollouts: Any = None) -> dict:
+    """Run and score every category with `client` (None: the oracle of ``cfg.policy``), on `rollouts` when given
+    (the trainer's: its workers and synced weights); log to `tracker`."""
     tracker.set_tags(
         {
             "bfcl.version": BFCL_VERSION,  # bfcl/summary/*
@@ -288,11 +295,11 @@ def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker) -> 
         if client is None:
             results = run_oracle(envs, wrong=cfg.policy == "wrong")
         else:
-            results = run_model(envs, client, cfg)
+            results = run_model(envs, client, cfg, rollouts)
         records = [{"id": i, "category": category, **_record(r)} for i, r in zip(ids, results)]
-        for record, env in zip(records, envs):
+        for record, result, env in zip(records, results, envs):
             if isinstance(env, BFCLMultiTurnEnv):
-                record["turn_outputs"] = env.responses
+                record["turn_outputs"] = result.get("turn_outputs") or getattr(env, "responses", [[]])
         by_category[category] = records
         correct = sum(r["valid"] for r in records)
         accuracy[category], scores[category] = correct / max(len(records), 1), (correct, len(records))

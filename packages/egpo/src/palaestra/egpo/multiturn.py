@@ -160,6 +160,7 @@ class BFCLMultiTurnEnv(TextEnv):
             multi_turn_valid=valid,
             multi_turn_error=None if valid else self.result.get("error_type"),
             decoded=self.decoded,
+            responses=self.responses,  # per user turn, for BFCL's result files (also from a rollout worker)
         )
         self.close()
         reward = (1.0 / len(self.ground_truth) if self.reward_per_turn else 1.0) if valid else 0.0

@@ -212,8 +212,9 @@ class EGPOTrainConfig(TrainConfig):
 
 class BfclAtEnd:
     """egpo's eval hook: BFCL on the trained policy at the end of training (``eval.categories``), logged in the
-    run; before and during training the default evaluation when ``eval_tasks`` > 0. ``result`` keeps the BFCL
-    summary with its headline."""
+    run, played on the trainer's rollout workers (`Trainer.eval_rollouts`: vLLM where ``workers.llm`` says so,
+    holding the weights of the saved checkpoint); before and during training the default evaluation when
+    ``eval_tasks`` > 0. ``result`` keeps the BFCL summary with its headline."""
 
     def __init__(self, cfg: EGPOTrainConfig, tracker: Tracker):
         self.cfg, self.tracker = cfg, tracker
@@ -241,7 +242,8 @@ class BfclAtEnd:
             seed=cfg.seed,
             output_dir=f"{cfg.output_dir}/eval",
         )
-        self.result = evaluate_with_client(eval_cfg, trainer.client, self.tracker)
+        # on the trainer's rollout workers (vLLM where workers.llm says so), holding the weights of that checkpoint
+        self.result = evaluate_with_client(eval_cfg, trainer.client, self.tracker, trainer.eval_rollouts())
         return {**metrics, **{k: v for k, v in self.result.items() if isinstance(v, int | float)}}
 
 
