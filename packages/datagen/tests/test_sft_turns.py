@@ -105,6 +105,7 @@ def test_every_reasoning_block_survives_per_turn_but_not_whole(tokenizer, rows):
     assert per_turn == total  # each assistant message is one completion, its reasoning kept
 
 
+@pytest.mark.slow  # about 35 s on one core (TRL's import and trainer set-up)
 def test_one_trl_step_trains_exactly_the_completion(tokenizer, rows, tmp_path):
     torch = pytest.importorskip("torch")
     trl = pytest.importorskip("trl")
