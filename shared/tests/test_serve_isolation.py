@@ -10,9 +10,9 @@ import pytest
 
 from palaestra.shared.llm import LLMConfig, LLMError, SamplingParams, make_client
 from palaestra.shared.llm.base import Completion
-from palaestra.shared.llm.serve.app import ServeLimits
 from palaestra.shared.llm.serve.batcher import Job, MicroBatcher
 from palaestra.shared.llm.serve.launch import serve_in_thread
+from palaestra.shared.llm.serve.model import ServeLimits
 
 
 def post(url: str, body: dict | bytes, headers: dict | None = None, timeout: float = 60) -> tuple[int, dict]:

@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 
 from palaestra.shared.llm import LLMConfig, make_client
-from palaestra.shared.llm.serve.app import ServeLimits
 from palaestra.shared.llm.serve.launch import ServeProcess, exposure_warning, serve_in_thread
+from palaestra.shared.llm.serve.model import ServeLimits
 
 pytestmark = pytest.mark.server
 pytest.importorskip("fastapi")  # the serve extra

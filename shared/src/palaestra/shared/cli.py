@@ -139,7 +139,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from palaestra.shared.llm.base import LLMConfig
-    from palaestra.shared.llm.serve.app import ServeLimits
+    from palaestra.shared.llm.serve.model import ServeLimits
     from palaestra.shared.llm.serve.launch import serve
 
     limits = ServeLimits(max_queue=args.max_queue, max_request_tokens=args.max_request_tokens)

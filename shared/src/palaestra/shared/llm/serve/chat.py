@@ -6,8 +6,8 @@ import uuid
 from typing import Any
 
 from palaestra.shared.llm.serve import protocol as wire
-from palaestra.shared.llm.serve.app import RequestError
 from palaestra.shared.llm.serve.batcher import Job
+from palaestra.shared.llm.serve.model import RequestError
 from palaestra.shared.llm.serve.server import Server
 
 

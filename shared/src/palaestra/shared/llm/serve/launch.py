@@ -20,7 +20,8 @@ import urllib.request
 from contextlib import contextmanager
 
 from palaestra.shared.llm.base import LLMClient, LLMConfig, LLMError, make_client
-from palaestra.shared.llm.serve.app import ServeLimits, create_app, server_stack
+from palaestra.shared.llm.serve.app import create_app
+from palaestra.shared.llm.serve.model import ServeLimits, server_stack
 
 API_KEY_ENV = "PALAESTRA_API_KEY"
 """The environment variable ``palaestra serve`` reads its API key from when ``--api-key`` is not given."""

@@ -12,8 +12,8 @@ import time
 from fastapi import Request
 
 from palaestra.shared.llm.base import LLMClient, LLMError
-from palaestra.shared.llm.serve.app import RequestError, ServedModel, ServeLimits
 from palaestra.shared.llm.serve.batcher import Cancelled, Job, MicroBatcher
+from palaestra.shared.llm.serve.model import RequestError, ServedModel, ServeLimits
 from palaestra.shared.llm.serve.stream import TextStream
 
 
