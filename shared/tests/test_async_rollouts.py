@@ -224,3 +224,14 @@ def test_an_older_offer_never_rolls_the_weights_back():
     with policy.generating() as version:
         assert version == 2
     assert Client.loaded == [{"w": 2}]
+
+
+def test_no_rollout_starts_past_the_last_step(tmp_path):
+    cfg = config(tmp_path, steps=2, rollout=RolloutConfig(group_size=2, max_tokens_per_turn=3, max_staleness=2))
+    with Trainer(cfg) as tr:
+        tr.prepare()
+        drawn = []
+        draw = tr.stream.draw
+        tr.stream.draw = lambda step: drawn.append(step) or draw(step)
+        tr.train()
+    assert drawn == [0, 1]

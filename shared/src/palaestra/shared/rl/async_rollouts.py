@@ -6,8 +6,8 @@ returns when they end; `sync` pushes the weights between rollouts.
 
 Protocol with k > 0:
 
-1. Admission: `take(t)` first starts every step s <= t + k not started yet (its tasks ``draw(s)`` and
-   seed ``seed(s)``: the tasks and seeds of the synchronous run). So at most k + 1 steps of episodes are
+1. Admission: `take(t)` first starts every step s <= t + k of the run not started yet (its tasks
+   ``draw(s)`` and seed ``seed(s)``: the tasks and seeds of the synchronous run). So at most k + 1 steps of episodes are
    in flight, each step's mixture of task sources as drawn (the admission bound holds per source in
    that proportion); nothing is ever discarded for being stale.
 2. Overlap: `take(t)` then waits for step t only. While the learner updates on step t, steps t+1..t+k
@@ -61,9 +61,12 @@ class RolloutStream:
         draw: Callable[[int], list[EpisodeSpec]],
         seed: Callable[[int], int],
         local_engine: Callable[[], RolloutEngine] | None = None,
+        steps: int | None = None,
     ):
-        """`local_engine` builds the background engine over a copy of the policy (in-process rollouts, k > 0)."""
+        """`local_engine` builds the background engine over a copy of the policy (in-process rollouts, k > 0);
+        `steps`: the run's steps (none is started past the last one; None: no end)."""
         self.rollouts, self.k, self.draw, self.seed = rollouts, max_staleness, draw, seed
+        self.steps = steps
         self.inflight: dict[int, Any] = {}
         self.engine: RolloutEngine | None = None
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -81,7 +84,8 @@ class RolloutStream:
         """Step `step`'s rollout (started now if it is not in flight), after starting steps up to step + k."""
         if self.k == 0:
             return self.rollouts.run(self.draw(step), seed=self.seed(step))
-        for s in range(step, step + self.k + 1):
+        last = step + self.k + 1 if self.steps is None else max(step + 1, min(step + self.k + 1, self.steps))
+        for s in range(step, last):
             if s not in self.inflight:
                 self.inflight[s] = self._submit(s)
         handle = self.inflight.pop(step)

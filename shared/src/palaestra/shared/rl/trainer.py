@@ -256,7 +256,8 @@ class Trainer:
             self.rollouts.sync(None, self.step)
         seed = lambda step: cfg.seed * 100_003 + step  # noqa: E731
         engine = lambda: background_engine(cfg, self.policy_state(), self.step)  # noqa: E731
-        self.stream = RolloutStream(self.rollouts, cfg.rollout.max_staleness, self.draw_tasks, seed, engine)
+        k, steps = cfg.rollout.max_staleness, self.total_steps
+        self.stream = RolloutStream(self.rollouts, k, self.draw_tasks, seed, engine, steps)
 
     def close(self) -> None:
         """Stop the rollout workers (a later `train` starts them again)."""
