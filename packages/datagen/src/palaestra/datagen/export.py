@@ -191,7 +191,10 @@ def dataset_card(rows: list[dict], stats: dict, source: Path, files: list[str]) 
         " assistant text starts with `<think>...</think>`), `tools` (list of OpenAI tool schemas). Load with"
         ' `datasets.load_dataset("json", data_files="openai.jsonl")` and pass it to TRL\'s `SFTTrainer`.'
         " `sharegpt.jsonl`: `id`, `conversations` (human / gpt / function_call / observation), `tools`"
-        " (JSON string), LLaMA-Factory's function-calling form; reasoning before calls is only in the OpenAI file.",
+        " (JSON string), LLaMA-Factory's function-calling form; reasoning before calls is only in the OpenAI file."
+        " `sft_turns.jsonl`: one row per assistant message (`prompt`: its own history, earlier turns' reasoning"
+        " dropped as Qwen3's template drops it; `completion`: the message), for TRL's `SFTTrainer` with"
+        " `completion_only_loss=True`.",
         "",
         "## Counts",
         "",
