@@ -137,13 +137,17 @@ def weighted_tool(graph: ApiGraph, env: str, rng: random.Random, exclude: set[st
     return rng.choices(tools, weights=[graph.weight(env, t) * (FED_BONUS if t in fed else 1.0) for t in tools])[0]
 
 
-def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, counter=None) -> dict:
-    """``{"sample": row | None, "drop": reason | None, "stats": {...}}``; never raises for bad model output."""
-    rng = random.Random(item["seed"])
-    spec = get_env(item["env"])
-    env = ToolEnv(spec, spec.initial_state(item["scenario"]))
-    sampler_stats = SamplerStats()
-    chain_stats: dict = {}
+@dataclass
+class TurnPlan:
+    """An item's user turns: each turn's target tool, the last turn's kind, the function a miss_func turn withholds."""
+
+    targets: list[str]
+    last_kind: str
+    withheld: str | None
+
+
+def plan_turns(item: dict, graph: ApiGraph, env_name: str, cfg: ItemConfig, rng: random.Random) -> TurnPlan:
+    """How many turns, what kind the last one is (normal, miss_func, miss_param), and each turn's target."""
     n_turns = rng.randint(cfg.min_turns, cfg.max_turns)
     last_kind = "normal"
     roll = rng.random()
@@ -151,13 +155,113 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         last_kind = "miss_func"
     elif roll < cfg.p_miss_func + cfg.p_miss_param:
         last_kind = "miss_param"
-    targets = [item["target"]] + [weighted_tool(graph, spec.name, rng) for _ in range(n_turns - 1)]
+    targets = [item["target"]] + [weighted_tool(graph, env_name, rng) for _ in range(n_turns - 1)]
     if last_kind == "miss_func" and targets[-1] in targets[:-1]:
         last_kind = "normal"  # the withheld function must not be needed before its turn
-    withheld = targets[-1] if last_kind == "miss_func" else None
-    calls_at_start = counter.calls if counter else 0
-    causes_at_start = dict(counter.error_causes) if counter else {}
-    usage_at_start = {r: dict(u) for r, u in counter.by_role.items()} if counter else {}
+    return TurnPlan(targets, last_kind, targets[-1] if last_kind == "miss_func" else None)
+
+
+class UsageMark:
+    """The LLM counter's state when an item starts, so its outcome reports only what the item used."""
+
+    def __init__(self, counter=None) -> None:
+        self.counter = counter
+        self.calls = counter.calls if counter else 0
+        self.causes = dict(counter.error_causes) if counter else {}
+        self.usage = {r: dict(u) for r, u in counter.by_role.items()} if counter else {}
+
+    def since(self) -> dict:
+        c = self.counter
+        return {
+            "llm_calls": (c.calls - self.calls) if c else 0,
+            "llm_usage": {
+                r: {k: v - self.usage.get(r, {}).get(k, 0) for k, v in u.items()}
+                for r, u in (c.by_role if c else {}).items()
+            },
+            "llm_errors": {
+                cause: n - self.causes.get(cause, 0)
+                for cause, n in (c.error_causes if c else {}).items()
+                if n > self.causes.get(cause, 0)
+            },
+        }
+
+
+def omitted_input(tool, history: list[dict], rng: random.Random) -> list[str]:
+    """A miss_param turn's withheld input: one string value of the advanced tool (3+ characters) the user has not
+    said yet; empty when there is none (the turn becomes a normal one)."""
+    said = " ".join(m["content"] or "" for m in history)
+    strings = [
+        k
+        for k, v in tool.inputs.items()
+        if isinstance(v["value"], str) and len(v["value"]) >= 3 and v["value"].lower() not in said.lower()
+    ]
+    return [rng.choice(strings)] if strings else []
+
+
+def turn_tasks(kind: str, query: str, trace, tool, spec, omit: list[str], withheld: str | None, tools_now, all_tools,
+               exclude: set[str], rng: random.Random) -> list[TurnTask]:  # fmt: skip
+    """The chain's tasks for one user turn: one, or two for miss_param (ask, then the user's answer) and miss_func
+    (refuse, then the function is added)."""
+    if kind == "miss_param":
+        value = tool.inputs[omit[0]]["value"]
+        param = tool.inputs[omit[0]]["param"]
+        pspec = parameters(spec.doc(trace.steps[tool.inputs[omit[0]]["step"]].name)).get(param, {})
+        answer = rng.choice(ANSWERS).format(w=P.param_phrase(param, pspec), v=P.value_text(value))
+        return [
+            TurnTask(query, trace, tools_now(exclude), "miss_param", param),
+            TurnTask(answer, trace, tools_now(exclude), "param_given", param),
+        ]
+    if kind == "miss_func":
+        what = P.imperative(spec.doc(withheld))
+        return [
+            TurnTask(query, trace, tools_now({withheld}), "miss_func", what),
+            TurnTask("", trace, all_tools, "func_added", withheld, schema=spec.doc(withheld)),
+        ]
+    return [TurnTask(query, trace, tools_now(exclude))]
+
+
+def turn_entry(task: TurnTask, trace, tool, omit: list[str], withheld: str | None) -> dict:
+    """The row's record of one chain task: its kind, query, ground truth and what was missing."""
+    entry = {
+        "kind": task.kind,
+        "query": task.query if task.kind != "func_added" else "",
+        "ground_truth": trace.calls if task.expects_calls else [],
+        "hidden_steps": len(trace.hidden) if task.expects_calls else 0,
+    }
+    if task.kind in ("miss_param", "param_given"):
+        entry["missing"] = task.missing
+    if task.kind == "param_given":
+        entry["missing_value"] = tool.inputs[omit[0]]["value"]
+    if task.kind in ("miss_func", "func_added"):
+        entry["missing"] = withheld
+    return entry
+
+
+def trace_record(trace) -> dict:
+    """The row's record of one turn's sampled trace."""
+    keys = ("name", "arguments", "output", "feeds", "feed_keys", "prior_feeds", "selectors")
+    return {
+        "target": trace.target,
+        "target_hit": trace.target_hit,
+        "steps": [{k: getattr(s, k) for k in keys} for s in trace.steps],
+    }
+
+
+def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, counter=None) -> dict:
+    """``{"sample": row | None, "drop": reason | None, "stats": {...}}``; never raises for bad model output.
+
+    Steps: plan the turns (`plan_turns`); per turn, a directed trace (`sample_trace`), the advanced tool (tool
+    maker), the withheld input of a miss_param turn (`omitted_input`), the hard query (query writer), the chain's
+    tasks (`turn_tasks`) each through the guided chain, their records (`turn_entry`, `trace_record`); then the row
+    (`dataset.make_row`) and its grounding check."""
+    rng = random.Random(item["seed"])
+    spec = get_env(item["env"])
+    env = ToolEnv(spec, spec.initial_state(item["scenario"]))
+    sampler_stats = SamplerStats()
+    chain_stats: dict = {}
+    plan = plan_turns(item, graph, spec.name, cfg, rng)
+    withheld = plan.withheld
+    mark = UsageMark(counter)
     all_tools = R.openai_tools(spec)
     history: list[dict] = []
     turns: list[dict] = []
@@ -171,26 +275,12 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         return [x for x in all_tools if x["function"]["name"] not in hidden]
 
     def out(drop: str | None, sample=None, problems=()):
-        return {
-            "sample": sample,
-            "drop": drop,
-            "problems": list(problems),
-            "llm_calls": (counter.calls - calls_at_start) if counter else 0,
-            "llm_usage": {
-                r: {k: v - usage_at_start.get(r, {}).get(k, 0) for k, v in u.items()}
-                for r, u in (counter.by_role if counter else {}).items()
-            },
-            "llm_errors": {
-                c: n - causes_at_start.get(c, 0)
-                for c, n in (counter.error_causes if counter else {}).items()
-                if n > causes_at_start.get(c, 0)
-            },
-            "stats": {"sampler": {"calls": sampler_stats.calls, "flows": sampler_stats.flows}, "chain": chain_stats},
-        }
+        stats = {"sampler": {"calls": sampler_stats.calls, "flows": sampler_stats.flows}, "chain": chain_stats}
+        return {"sample": sample, "drop": drop, "problems": list(problems), **mark.since(), "stats": stats}
 
-    for t, target in enumerate(targets):
-        last = t == n_turns - 1
-        kind = last_kind if last else "normal"
+    for t, target in enumerate(plan.targets):
+        last = t == len(plan.targets) - 1
+        kind = plan.last_kind if last else "normal"
         exclude = {withheld} if withheld and not last else set()
         trace, _ = sample_trace(
             env, graph, target, rng, draw_length(rng), sampler_stats, exclude, seen_outputs, seen_arguments
@@ -204,36 +294,13 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         tool = roles.tool_maker.make(trace, spec, rng)
         if tool is None:
             return out(f"tool_maker:{getattr(roles.tool_maker, 'last_drop', None) or 'none'}")
-        omit = []
-        if kind == "miss_param":
-            said = " ".join(m["content"] or "" for m in history)
-            strings = [
-                k
-                for k, v in tool.inputs.items()
-                if isinstance(v["value"], str) and len(v["value"]) >= 3 and v["value"].lower() not in said.lower()
-            ]
-            omit = [rng.choice(strings)] if strings else []
-            kind = kind if omit else "normal"
+        omit = omitted_input(tool, history, rng) if kind == "miss_param" else []
+        if kind == "miss_param" and not omit:
+            kind = "normal"
         query = roles.query_writer.write(tool, trace, spec, rng, omit)
         if query is None or not query.text.strip():
             return out(f"query_writer:{getattr(roles.query_writer, 'last_drop', None) or 'empty'}")
-        if kind == "miss_param":
-            value = tool.inputs[omit[0]]["value"]
-            param = tool.inputs[omit[0]]["param"]
-            pspec = parameters(spec.doc(trace.steps[tool.inputs[omit[0]]["step"]].name)).get(param, {})
-            answer = rng.choice(ANSWERS).format(w=P.param_phrase(param, pspec), v=P.value_text(value))
-            tasks = [
-                TurnTask(query.text, trace, tools_now(exclude), "miss_param", param),
-                TurnTask(answer, trace, tools_now(exclude), "param_given", param),
-            ]
-        elif kind == "miss_func":
-            what = P.imperative(spec.doc(withheld))
-            tasks = [
-                TurnTask(query.text, trace, tools_now({withheld}), "miss_func", what),
-                TurnTask("", trace, all_tools, "func_added", withheld, schema=spec.doc(withheld)),
-            ]
-        else:
-            tasks = [TurnTask(query.text, trace, tools_now(exclude))]
+        tasks = turn_tasks(kind, query.text, trace, tool, spec, omit, withheld, tools_now, all_tools, exclude, rng)
         for task in tasks:
             result = guided_chain(roles, env, history, task, cfg.k_max, rng, cfg.max_steps, chain_stats)
             if result is None:
@@ -242,37 +309,8 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
             env = result.truth
             if task.kind == "func_added":
                 missed.append({"turn": len(turns), "functions": [withheld]})
-            entry = {
-                "kind": task.kind,
-                "query": task.query if task.kind != "func_added" else "",
-                "ground_truth": trace.calls if task.expects_calls else [],
-                "hidden_steps": len(trace.hidden) if task.expects_calls else 0,
-            }
-            if task.kind in ("miss_param", "param_given"):
-                entry["missing"] = task.missing
-            if task.kind == "param_given":
-                entry["missing_value"] = tool.inputs[omit[0]]["value"]
-            if task.kind in ("miss_func", "func_added"):
-                entry["missing"] = withheld
-            turns.append(entry)
-        traces.append(
-            {
-                "target": trace.target,
-                "target_hit": trace.target_hit,
-                "steps": [
-                    {
-                        "name": s.name,
-                        "arguments": s.arguments,
-                        "output": s.output,
-                        "feeds": s.feeds,
-                        "feed_keys": s.feed_keys,
-                        "prior_feeds": s.prior_feeds,
-                        "selectors": s.selectors,
-                    }
-                    for s in trace.steps
-                ],
-            }
-        )
+            turns.append(turn_entry(task, trace, tool, omit, withheld))
+        traces.append(trace_record(trace))
         advanced.append(tool.schema())
     from palaestra.datagen.dataset import make_row
     from palaestra.datagen.grounding import verify_row
