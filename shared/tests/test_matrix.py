@@ -135,7 +135,7 @@ def test_sequential_matrix_nests_runs_and_resumes(tmp_path, tracking, capsys, mo
     assert second.count("finished before") == 2 and "arm=a  2  10.5" in second
     for seed in (0, 1):
         assert len((tmp_path / "out" / f"seed-{seed}_arm-a" / "runs.jsonl").read_text().splitlines()) == 1
-    # a changed config is not the finished one: it runs again (overrides go before --matrix: after it, a word is an axis)
+    # a changed config is not the finished one: it runs again (overrides go before --matrix; after it, an axis)
     assert cli.main(["run", str(path), "scale=3", "--matrix", "seed=0,1", "arm=a"]) == 0
     third = capsys.readouterr().out
     assert "0: 10, 1: 13" in third
@@ -145,7 +145,7 @@ def test_sequential_matrix_nests_runs_and_resumes(tmp_path, tracking, capsys, mo
 @pytest.mark.slow
 def test_combinations_run_at_once_on_ray_and_resume(ray_local, tmp_path, tracking, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    path = probe_config(tmp_path, tracking, sleep_s=4.0)
+    path = probe_config(tmp_path, tracking, rendezvous_dir=str(tmp_path / "meet"), rendezvous_n=2)
     args = ["run", str(path), "--matrix", "seed=0", "arm=a,b"]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
@@ -155,7 +155,7 @@ def test_combinations_run_at_once_on_ray_and_resume(ray_local, tmp_path, trackin
         (line,) = (tmp_path / "out" / f"seed-0_arm-{arm}" / "runs.jsonl").read_text().splitlines()
         spans.append(json.loads(line))
     assert spans[0]["pid"] != spans[1]["pid"]  # two worker processes ...
-    assert max(s["start"] for s in spans) < min(s["end"] for s in spans)  # ... whose 4 s sleeps overlapped
+    assert max(s["start"] for s in spans) < min(s["end"] for s in spans)  # ... each waited for the other to start
     record = json.loads((tmp_path / "out" / "seed-0_arm-b" / "matrix_result.json").read_text())
     assert record["summary"]["score"] == 20.0
     assert cli.main(args) == 0  # a second invocation re-runs nothing

@@ -146,6 +146,10 @@ class ProbeConfig(JobConfig):
     scale: float = 1.0
     offset: float = 0.0
     sleep_s: float = 0.0
+    rendezvous_dir: str | None = None
+    """With `rendezvous_n`: leave a file here and wait (up to 120 s) until `rendezvous_n` runs have: proof that
+    they ran at once."""
+    rendezvous_n: int = 0
 
 
 def probe(cfg: ProbeConfig, tracker: Any) -> dict:
@@ -156,6 +160,15 @@ def probe(cfg: ProbeConfig, tracker: Any) -> dict:
 
     start = time.time()
     time.sleep(cfg.sleep_s)
+    if cfg.rendezvous_dir:
+        meeting = Path(cfg.rendezvous_dir)
+        meeting.mkdir(parents=True, exist_ok=True)
+        (meeting / f"{os.getpid()}-{time.time_ns()}").touch()
+        deadline = time.time() + 120
+        while len(list(meeting.iterdir())) < cfg.rendezvous_n:
+            if time.time() > deadline:
+                raise RuntimeError(f"only {len(list(meeting.iterdir()))} of {cfg.rendezvous_n} runs met")
+            time.sleep(0.2)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "runs.jsonl", "a") as f:
