@@ -6,7 +6,8 @@ A full "install alone into a fresh venv" run is in CI's per-package matrix
 - every subpackage depends on palaestra-shared (in a version range that holds shared's version) and on no sibling;
 - shared's core leaves out what not every user needs (extras), and every distribution has a README of its own;
 - every wheel builds and holds only its own subpackage, with its ``py.typed``;
-- every module of a subpackage imports with its siblings made unimportable.
+- every module of a subpackage imports with its siblings made unimportable;
+- every entry-point group of a distribution names its one `plugins` module, installed as declared, none broken.
 """
 
 import subprocess
@@ -120,3 +121,57 @@ print("ok")
 def test_imports_without_siblings(name):
     out = subprocess.run([sys.executable, "-c", BLOCK_SIBLINGS, name], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def _entry_point_groups(name: str) -> dict[str, dict[str, str]]:
+    return tomllib.loads((DISTS[name] / "pyproject.toml").read_text())["project"].get("entry-points", {})
+
+
+@pytest.mark.parametrize("name", list(DISTS))
+def test_every_entry_point_group_names_the_plugins_module(name):
+    """One home per distribution for what it adds to the registries: ``palaestra.<name>.plugins`` (issue 24)."""
+    groups = _entry_point_groups(name)
+    assert "palaestra.jobs" in groups, f"{name}: no palaestra.jobs entry point"
+    for group, entries in groups.items():
+        assert group.startswith("palaestra."), group
+        for ep_name, value in entries.items():
+            assert value == f"palaestra.{name}.plugins", f"{name}: [{group}] {ep_name} = {value!r}"
+    assert (DISTS[name] / "src" / "palaestra" / name / "plugins.py").is_file()
+    assert not (DISTS[name] / "src" / "palaestra" / name / "builtin_jobs.py").exists()
+
+
+@pytest.mark.parametrize("name", list(DISTS))
+def test_installed_entry_points_are_the_pyproject_ones(name):
+    """The installed metadata is not stale (after editing entry points: ``pip install --no-deps -e``)."""
+    from importlib.metadata import distribution
+
+    installed: dict[str, dict[str, str]] = {}
+    for ep in distribution(f"palaestra-{name}").entry_points:
+        if ep.group.startswith("palaestra."):
+            installed.setdefault(ep.group, {})[ep.name] = ep.value
+    assert installed == _entry_point_groups(name)
+
+
+def test_every_registry_loads_its_plugins_without_a_broken_one():
+    from palaestra.datagen.envs import API_ENVS
+    from palaestra.shared.jobs import JOBS
+    from palaestra.shared.llm.base import LLM_BACKENDS
+    from palaestra.shared.llm.tiny import TOKEN_SETS
+    from palaestra.shared.plan import EVAL_COSTS
+    from palaestra.shared.rewards import REWARDS
+    from palaestra.shared.rl.advantages import ADVANTAGES
+    from palaestra.shared.rl.batch_rules import BATCH_RULES
+    from palaestra.shared.rollout.env import ENVS
+    from palaestra.shared.rollout.tasks import TASKS
+
+    registries = [JOBS, ENVS, TASKS, LLM_BACKENDS, TOKEN_SETS, EVAL_COSTS, BATCH_RULES, ADVANTAGES, REWARDS, API_ENVS]
+    for reg in registries:
+        assert reg.broken_plugins() == {}, reg.kind
+    # one name per group from each distribution that adds to it (the groups its pyproject lists)
+    assert {"aed.attack", "aed.victim", "datagen.generate", "egpo.train", "mars.train", "rl.train"} <= set(JOBS.names())
+    assert "aed_scripted" in LLM_BACKENDS.names()
+    assert "mars_board_actions" in TOKEN_SETS.names()
+    assert {"mars_game", "bfcl_multi_turn"} <= set(ENVS.names())
+    assert {"mars_legal_moves", "fc_tasks"} <= set(TASKS.names())
+    assert "first_finished" in BATCH_RULES.names() and "mars.train" in EVAL_COSTS.names()
+    assert {"fc_binary", "fc_multi_turn"} <= set(REWARDS.names())

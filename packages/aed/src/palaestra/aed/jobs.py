@@ -371,9 +371,3 @@ def victim(cfg: VictimConfig, tracker: Tracker) -> dict:
     tracker.log_metrics({"victim/episodes": len(returns), "victim/return_last10": sum(tail) / len(tail)})
     tracker.log_artifact(path, "victim")
     return {"checkpoint": str(path), "cached": 0}
-
-
-from palaestra.shared.rehearse import REHEARSALS  # noqa: E402  (`palaestra rehearse`)
-
-REHEARSALS.register("aed.victim", "palaestra.aed.rehearsal:VICTIM")
-REHEARSALS.register("aed.attack", "palaestra.aed.rehearsal:ATTACK")

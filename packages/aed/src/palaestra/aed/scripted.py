@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 
-from palaestra.shared.llm.base import LLM_BACKENDS, Completion, LLMClient, LLMConfig
+from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig
 
 LONGITUDINAL = """def reward(state):
     rel = state["rel"]
@@ -150,6 +150,3 @@ class ScriptedDesigner(LLMClient):
             outs.append(Completion(text, [], None, [], "stop"))
         n = params.n if params is not None else 1
         return [o for o in outs for _ in range(n)]
-
-
-LLM_BACKENDS.register("aed_scripted", "palaestra.aed.scripted:ScriptedDesigner")

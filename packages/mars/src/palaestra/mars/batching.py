@@ -9,7 +9,7 @@ environments) of them (MARS: ceil(384 / 96) = 4); every finished episode sends o
 games (Kuhn poker) fill more of the batch than their share of environments.
 
 ``first_finished`` is that rule, `FirstFinished`: a batch rule of the shared trainer (registered in
-`BATCH_RULES` by `palaestra.mars.jobs`; ``mars.train`` builds ``Trainer(..., batch_rule=cfg.batch.rule)``). It
+`BATCH_RULES` by `palaestra.mars.plugins`; ``mars.train`` builds ``Trainer(..., batch_rule=cfg.batch.rule)``). It
 draws every slot's episodes, the rollout engine plays them in full (up to twice the rows kept), then it keeps
 the rows in the order they would have arrived, each environment
 timed by a clock: ``tokens`` (the episode's generated tokens: one environment waits for one response at a

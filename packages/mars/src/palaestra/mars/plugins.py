@@ -1,4 +1,9 @@
-"""What palaestra-mars adds to the shared registries (loaded through entry points, also in Ray workers).
+"""What palaestra-mars adds to the shared registries (every entry-point group names this module; loaded also in
+Ray workers).
+
+- jobs (`JOBS`): ``mars.train``, ``mars.eval``, ``mars.mas`` (their modules are
+  imported at the end of this one), and the rehearsal of ``mars.train``;
+- `tiny`'s token set ``mars_board_actions`` (`palaestra.mars.tiny_tokens`);
 
 - envs (`ENVS`): ``mars_game`` (self-play: every seat is an agent of the one
   policy) and ``mars_versus`` (the learner's seat against a fixed opponent:
@@ -88,3 +93,15 @@ def mars_legal_moves(
     for i, game in enumerate(games or ["tic_tac_toe"]):
         rows += legal_move_conversations(game, episodes, seed=seed * 31 + i, prompt=prompt, **options)
     return rows
+
+
+# The jobs, the `tiny` action tokens and the rehearsal (imported last: mars.train imports this module).
+from palaestra.mars import (  # noqa: E402
+    evaluate,  # noqa: F401  (registers mars.eval)
+    mas,  # noqa: F401  (registers mars.mas)
+    tiny_tokens,  # noqa: F401  (registers the `mars_board_actions` token set)
+    train,  # noqa: F401  (registers mars.train)
+)
+from palaestra.shared.rehearse import REHEARSALS  # noqa: E402
+
+REHEARSALS.register("mars.train", "palaestra.mars.rehearsal:TRAIN")  # `palaestra rehearse`

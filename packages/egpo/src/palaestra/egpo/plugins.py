@@ -1,4 +1,6 @@
-"""Jobs of palaestra-egpo (registered through the `palaestra.jobs` entry point): ``egpo.eval``, ``egpo.train``."""
+"""What palaestra-egpo registers through its entry points (every group names this module): the jobs ``egpo.eval``,
+``egpo.train``, the rewards ``fc_binary``/``fc_multi_turn``, the task source ``fc_tasks``, the env
+``bfcl_multi_turn`` and the rehearsal of ``egpo.train``."""
 
 import palaestra.egpo.eval  # noqa: F401  (registers `egpo.eval`)
 import palaestra.egpo.reward  # noqa: F401  (registers the `fc_binary` and `fc_multi_turn` rewards)

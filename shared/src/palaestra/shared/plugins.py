@@ -1,4 +1,5 @@
-"""The jobs palaestra-shared registers: ``pipeline``, ``llm.generate``, ``rl.train`` and ``rl.sft``."""
+"""What palaestra-shared registers through its entry point: the jobs ``pipeline``, ``llm.generate``, ``rl.train``
+and ``rl.sft``."""
 
 import palaestra.shared.jobs  # noqa: F401  (registers `pipeline`)
 import palaestra.shared.llm.generate_job  # noqa: F401  (registers `llm.generate`)
