@@ -10,7 +10,10 @@ from palaestra.shared.jobs import load_config
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"job": "aed.victim", "scenario": "higway"}, "invalid value for 'scenario': unknown scenario 'higway'; did you"),
+        (
+            {"job": "aed.victim", "scenario": "higway"},
+            "invalid value for 'scenario': unknown scenario 'higway'; did you",
+        ),
         ({"job": "aed.attack", "scenarios": ["merj"]}, "invalid value for 'scenarios': unknown scenario 'merj'"),
         ({"job": "aed.attack", "accident_types": ["rear"]}, "invalid value for 'accident_types': unknown accident"),
         ({"job": "aed.attack", "rewards": "expret"}, "invalid value for 'rewards'"),

@@ -139,8 +139,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from palaestra.shared.llm.base import LLMConfig
-    from palaestra.shared.llm.serve.model import ServeLimits
     from palaestra.shared.llm.serve.launch import serve
+    from palaestra.shared.llm.serve.model import ServeLimits
 
     limits = ServeLimits(max_queue=args.max_queue, max_request_tokens=args.max_request_tokens)
     config = LLMConfig(backend=args.backend, model=args.model, device=args.device)
