@@ -65,3 +65,25 @@ def test_entry_point_plugins_register_jobs():
     # palaestra-shared's own entry point registers llm.generate and pipeline on first lookup
     assert "pipeline" in JOBS.names()
     assert "llm.generate" in JOBS.names()
+
+
+def test_a_lazy_entry_is_replaced_by_what_its_module_registers(tmp_path, monkeypatch):
+    """A plugin names a job lazily ("module:attr"); importing the module registers the object itself (before or
+    after the lazy name), and `get` returns that object, not the attribute the string names."""
+    (tmp_path / "reg_holder_for_test.py").write_text("REG = None\n")
+    (tmp_path / "lazy_mod_for_test.py").write_text(
+        "from reg_holder_for_test import REG\n\n\n@REG.register('thing')\ndef impl():\n    return 1\n\n\n"
+        "impl_alias = 'not what get returns'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import reg_holder_for_test
+
+    reg: Registry = Registry("thing")
+    reg_holder_for_test.REG = reg
+    reg.register("thing", "lazy_mod_for_test:impl_alias")
+    got = reg.get("thing")  # imports the module, whose decorator registers `impl` in the lazy entry's place
+    assert callable(got) and got() == 1 and got.__module__ == "lazy_mod_for_test"
+    reg.register("thing", "lazy_mod_for_test:impl")  # the lazy name again, after the module: kept as is
+    assert reg.get("thing") is got
+    with pytest.raises(DuplicateNameError):  # a name from another module is still a clash
+        reg.register("thing", "other_module:impl")

@@ -71,7 +71,6 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.shared.registry import Registry
-from palaestra.shared.rl.logprobs import LOGIT_CHUNK_ELEMENTS
 
 GB = 1e9
 RUNTIME_RESERVE_GB = 3.0
@@ -194,6 +193,8 @@ def learner_memory(arch: ModelArch, shape: LearnerShape, on_gpu: bool = True) ->
         gathered = c * (arch.root_params() + 2 * arch.layer_params()) + 4 * arch.layer_params()
     else:
         gathered = c * p if c < shape.master_bytes else 0  # autocast's compute-dtype copies of the weights
+    from palaestra.shared.rl.logprobs import LOGIT_CHUNK_ELEMENTS  # here: torch is not needed to load the plan
+
     chunk = min(t * arch.vocab, LOGIT_CHUNK_ELEMENTS)
     mask_elements = t * min(shape.longest_row or t, t)
     converted = c * mask_elements * (1 if shape.gradient_checkpointing else arch.layers)

@@ -84,7 +84,11 @@ class Registry(Generic[T]):
 
     def _add(self, name: str, obj: T | str) -> None:
         existing = self._entries.get(name)
-        if existing is not None and existing is not obj and not _same_target(existing, obj):
+        if isinstance(existing, str) and _defined_in(obj, existing.split(":")[0]):
+            existing = None  # a lazy "module:attr" entry, replaced by what its module registers on import
+        elif isinstance(obj, str) and existing is not None and _defined_in(existing, obj.split(":")[0]):
+            return  # the lazy entry of what its module has already registered
+        if existing is not None and existing is not obj and existing != obj and not _same_target(existing, obj):
             raise DuplicateNameError(f"{self.kind} {name!r} is already registered ({existing!r})")
         self._entries[name] = obj
 
@@ -101,7 +105,9 @@ class Registry(Generic[T]):
             raise UnknownNameError(self.unknown_message(name))
         entry = self._entries[name]
         if isinstance(entry, str):
-            entry = import_string(entry)
+            imported = import_string(entry)
+            current = self._entries[name]  # importing may have registered the entry itself (a decorator)
+            entry = current if not isinstance(current, str) else imported
             self._entries[name] = entry
         return entry
 
@@ -147,6 +153,11 @@ class Registry(Generic[T]):
 def _same_target(a: object, b: object) -> bool:
     """A module imported twice (e.g. by path and by name) re-registers the same definition: allow that."""
     return _definition_site(a) is not None and _definition_site(a) == _definition_site(b)
+
+
+def _defined_in(obj: object, module: str) -> bool:
+    """Whether `obj` (a Job: its function) is defined in `module`."""
+    return not isinstance(obj, str) and getattr(getattr(obj, "run", obj), "__module__", None) == module
 
 
 def _definition_site(obj: object) -> tuple | None:

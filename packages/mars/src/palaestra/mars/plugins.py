@@ -1,8 +1,8 @@
 """What palaestra-mars adds to the shared registries (every entry-point group names this module; loaded also in
 Ray workers).
 
-- jobs (`JOBS`): ``mars.train``, ``mars.eval``, ``mars.mas`` (their modules are
-  imported at the end of this one), and the rehearsal of ``mars.train``;
+- jobs (`JOBS`): ``mars.train``, ``mars.eval``, ``mars.mas`` (lazily: their modules
+  are imported when a job is looked up), and the rehearsal of ``mars.train``;
 - `tiny`'s token set ``mars_board_actions`` (`palaestra.mars.tiny_tokens`);
 
 - envs (`ENVS`): ``mars_game`` (self-play: every seat is an agent of the one
@@ -95,13 +95,13 @@ def mars_legal_moves(
     return rows
 
 
-# The jobs, the `tiny` action tokens and the rehearsal (imported last: mars.train imports this module).
-from palaestra.mars import (  # noqa: E402
-    evaluate,  # noqa: F401  (registers mars.eval)
-    mas,  # noqa: F401  (registers mars.mas)
-    tiny_tokens,  # noqa: F401  (registers the `mars_board_actions` token set)
-    train,  # noqa: F401  (registers mars.train)
-)
+# The jobs register themselves when first looked up (their modules import the trainer: seconds, which every
+# lookup in a registry of these groups would otherwise pay); `tiny`'s action tokens and the rehearsal.
+from palaestra.mars import tiny_tokens  # noqa: E402,F401  (registers the `mars_board_actions` token set)
+from palaestra.shared.jobs import JOBS  # noqa: E402
 from palaestra.shared.rehearse import REHEARSALS  # noqa: E402
 
+JOBS.register("mars.train", "palaestra.mars.train:train_job")
+JOBS.register("mars.eval", "palaestra.mars.evaluate:eval_job")
+JOBS.register("mars.mas", "palaestra.mars.mas:mas_job")
 REHEARSALS.register("mars.train", "palaestra.mars.rehearsal:TRAIN")  # `palaestra rehearse`
