@@ -37,6 +37,22 @@ TRAINER_KEYS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def own_ray_instance():
+    """Each rehearsal starts its own Ray instance (``cluster.num_cpus`` 4: two learner ranks beside the rollout
+    workers); the 2-CPU instance earlier tests leave could not place its rollout worker. Put that one back after."""
+    ray = pytest.importorskip("ray")
+    from palaestra.shared import cluster
+    from palaestra.shared.testing import TEST_CLUSTER
+
+    was_up = ray.is_initialized()
+    ray.shutdown()
+    yield
+    ray.shutdown()
+    if was_up:
+        cluster.init(TEST_CLUSTER)
+
+
 def metrics(result: RehearsalResult) -> dict[str, list[float]]:
     """Every metric of the rehearsal's MLflow store (all its runs): key -> values."""
     db = Path(result.config.tracking.uri.removeprefix("sqlite:///"))

@@ -215,7 +215,7 @@ def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[st
         from palaestra.aed.judge import LLMJudge
         from palaestra.shared.llm import make_client
 
-        judge = LLMJudge(make_client(cfg.llm))
+        judge = LLMJudge(make_client(cfg.llm), max_tokens=cfg.preference.judge_max_tokens)
     labels = label_accidents(accidents, judge)
     n_pos = sum(labels)
     base = {

@@ -116,6 +116,8 @@ class PreferenceConfig:
     """Share of the accidents held out: the model's pair accuracy is reported on pairs among them."""
     min_accidents: int = 6
     """Fewer accidents than this (or only one kind): preference learning is skipped and said so."""
+    judge_max_tokens: int = 256
+    """Tokens the LLM judge may answer per comparison or label (``judge: llm``)."""
 
 
 @dataclass

@@ -5,9 +5,10 @@
 both reward arms, Eureka's loop, the LLM judge and preference fine-tuning, the baselines and the network. Scaled:
 one scenario (merge: the scenario placement's own case) with one fixed accident type (its first) and one
 proposed, one Eureka round of one sample, a few hundred training steps in two environment processes, two
-evaluation episodes, short LLM answers, one CPU per task, the local Ray instance (each task takes minutes on two
-cores). The served LLM is the rehearsal's local server (``palaestra serve`` over the small Qwen3-architecture
-model). The check loads every trained victim and adversary back with stable-baselines3.
+evaluation episodes, short LLM answers (the judge's too, over at most 8 pairs), one CPU per task, the local Ray
+instance (each task takes minutes on two cores). The served LLM is the rehearsal's local server (``palaestra
+serve`` over the small Qwen3-architecture model). The check loads every trained victim and adversary back with
+stable-baselines3.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def scale_attack(data: dict[str, Any], ctx: RehearsalContext) -> dict[str, Any]:
         "eureka.eval_episodes": 1,
         "eureka.max_tokens": LLM_TOKENS,
         "preference.finetune_timesteps": STEPS // 2,
+        "preference.judge_max_tokens": LLM_TOKENS,
+        "preference.max_pairs": 8,
         "train.timesteps": STEPS,
         "train.n_envs": min(int(data.get("train", {}).get("n_envs", 1)), 2),
         "eval_episodes": 2,

@@ -129,12 +129,32 @@ class RayRollouts:
         self.weights_ref: Any = None
         self.restarts = 0
         self.nccl: NcclWeightSync | None = None
+        free = self.ray.available_resources()
+        unplaceable = free.get("CPU", 0.0) < num_workers * num_cpus or free.get("GPU", 0.0) < num_workers * num_gpus
         self.workers = [self._start() for _ in range(num_workers)]
-        self.ray.get([w.pid.remote() for w in self.workers])  # fail here, not mid-step, if a model cannot load
+        self._wait_started(num_workers * num_cpus, num_workers * num_gpus, unplaceable)
         if weight_sync == WeightSync.nccl:
             from palaestra.shared.llm.vllm_backend import engine_dtype
 
             self.nccl = NcclWeightSync(self.workers, self.ray.get, engine_dtype(llm))
+
+    def _wait_started(self, cpus: float, gpus: float, short: bool, patience_s: float = 60.0) -> None:
+        """Wait until every worker has loaded its model (fail here, not mid-step, if one cannot). Workers that
+        Ray cannot place (`short`: the free CPUs/GPUs were short of their request, e.g. the learner ranks hold
+        them) would wait forever: if they are still waiting after `patience_s` and nothing was freed, say so."""
+        pending = [w.pid.remote() for w in self.workers]
+        while pending:
+            ready, pending = self.ray.wait(pending, num_returns=len(pending), timeout=patience_s)
+            self.ray.get(ready)
+            free = self.ray.available_resources()
+            if pending and short and free.get("CPU", 0.0) + free.get("GPU", 0.0) == 0:
+                total = self.ray.cluster_resources()
+                raise RuntimeError(
+                    f"{len(pending)} rollout worker(s) not placed after {patience_s:.0f} s: the workers ask for "
+                    f"{cpus:g} CPUs and {gpus:g} GPUs in all, and the Ray cluster (of {total.get('CPU', 0.0):g} "
+                    f"CPUs and {total.get('GPU', 0.0):g} GPUs) had less free (raise cluster.num_cpus / num_gpus, "
+                    "or lower workers.num_workers / num_cpus)"
+                )
 
     def _start(self):
         worker = self.actor_cls.remote(self.llm, self.cfg, 1)
