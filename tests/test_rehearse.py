@@ -10,7 +10,6 @@ rollout workers on vLLM; the tests marked ``vllm`` assert that they did.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from pathlib import Path
 
@@ -156,11 +155,6 @@ def test_mars_rehearsal_rolls_out_on_vllm(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("PALAESTRA_REHEARSE_AED"),
-    reason="over 20 minutes on 2 cores: AED's LLM judge answers 256 tokens per accident and cannot be scaled "
-    "(aed/judge.py LLMJudge max_tokens is not in AttackConfig); set PALAESTRA_REHEARSE_AED=1 to run it",
-)
 def test_aed_paper_config_rehearses(tmp_path):
     from palaestra.shared.jobs import stage_configs
 
