@@ -116,11 +116,11 @@ FIGURES = [
     Figure(
         "toy-rl-eval",
         "README.md",
-        "eval reward 0.30 ± 0.08 -> 0.95 ± 0.04",
+        "eval reward 0.19 ± 0.07 -> 0.84 ± 0.06",
         "experiments/shared/toy_rl.yaml",
         (),
         3,
-        "a343abf",
+        "60ab2f0",
         eval_before_after,
     ),
     Figure(
