@@ -59,6 +59,23 @@ class RehearsalContext:
     world_size: int = REHEARSAL_WORLD_SIZE
     """The sharded learner's ranks."""
 
+    def trainer_placement(self) -> dict[str, Any]:
+        """The keys every RL trainer's rehearsal sets alike: the small model on CPU, the learner at `world_size`
+        ranks of one CPU, one CPU rollout worker (vLLM where importable) in float32."""
+        return {
+            "llm.model": self.model,
+            "llm.device": "cpu",
+            "learner.world_size": self.world_size,
+            "learner.num_gpus": 0,
+            "learner.num_cpus": 1,
+            "workers.num_workers": 1,
+            "workers.num_gpus": 0,
+            "workers.num_cpus": 1,
+            "workers.llm.backend": "vllm" if self.vllm else "transformers",
+            "workers.llm.model": self.model,
+            "workers.llm.dtype": "float32",
+        }
+
 
 @dataclass(frozen=True)
 class Rehearsal:

@@ -49,6 +49,7 @@ file to the run's numbers whichever decoder wrote it (compact blocks without new
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,33 +89,38 @@ def category_size(category: str) -> int:
     return len(utils.load_dataset_entry(category, include_prereq=False, include_language_specific_hint=False))
 
 
+def _accuracy(scores: dict[str, tuple[int, int]]) -> Callable[[str], float]:
+    """A category's accuracy (0 where it did not run)."""
+    return lambda category: scores[category][0] / scores[category][1] if scores.get(category, (0, 0))[1] else 0.0
+
+
+def _count(scores: dict[str, tuple[int, int]], sizes: dict[str, int] | None) -> Callable[[str], int]:
+    """A category's entry count: what ran, else `sizes`, else BFCL's data."""
+    return lambda category: (
+        scores[category][1] if category in scores else (sizes or {}).get(category) or category_size(category)
+    )
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
 def bfcl_summary(scores: dict[str, tuple[int, int]], sizes: dict[str, int] | None = None) -> dict[str, float]:
     """BFCL v4's group and overall accuracies from ``{category: (correct, total)}`` (see the module docstring).
 
     `sizes` gives the entry count of categories that did not run (default: BFCL's data)."""
 
-    def acc(category: str) -> float:
-        correct, total = scores.get(category, (0, 0))
-        return correct / total if total else 0.0
-
-    def count(category: str) -> int:
-        if category in scores:
-            return scores[category][1]
-        return (sizes or {}).get(category) or category_size(category)
-
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values)
-
-    simple = mean([acc("simple_python"), acc("simple_java"), acc("simple_javascript")])
+    acc, count = _accuracy(scores), _count(scores, sizes)
+    simple = _mean([acc("simple_python"), acc("simple_java"), acc("simple_javascript")])
     groups = {
-        "non_live": mean([simple, acc("multiple"), acc("parallel"), acc("parallel_multiple")]),
+        "non_live": _mean([simple, acc("multiple"), acc("parallel"), acc("parallel_multiple")]),
         "live": sum(acc(c) * count(c) for c in LIVE_AST) / sum(count(c) for c in LIVE_AST),
-        "irrelevance": mean([acc("irrelevance"), acc("live_irrelevance")]),
-        "multi_turn": mean([acc(c) for c in MULTI_TURN]),
-        "agentic": mean(
+        "irrelevance": _mean([acc("irrelevance"), acc("live_irrelevance")]),
+        "multi_turn": _mean([acc(c) for c in MULTI_TURN]),
+        "agentic": _mean(
             [
-                mean([acc("web_search_base"), acc("web_search_no_snippet")]),
-                mean([acc("memory_kv"), acc("memory_vector"), acc("memory_rec_sum")]),
+                _mean([acc("web_search_base"), acc("web_search_no_snippet")]),
+                _mean([acc("memory_kv"), acc("memory_vector"), acc("memory_rec_sum")]),
             ]
         ),
     }
@@ -126,30 +132,19 @@ def bfcl_summary(scores: dict[str, tuple[int, int]], sizes: dict[str, int] | Non
 def bfcl_v3_summary(scores: dict[str, tuple[int, int]], sizes: dict[str, int] | None = None) -> dict[str, float]:
     """BFCL v3's group and overall accuracies from ``{category: (correct, total)}`` (see the module docstring)."""
 
-    def acc(category: str) -> float:
-        correct, total = scores.get(category, (0, 0))
-        return correct / total if total else 0.0
-
-    def count(category: str) -> int:
-        if category in scores:
-            return scores[category][1]
-        return (sizes or {}).get(category) or category_size(category)
-
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values)
-
-    simple = mean([acc("simple_python"), acc("simple_java"), acc("simple_javascript")])
+    acc, count = _accuracy(scores), _count(scores, sizes)
+    simple = _mean([acc("simple_python"), acc("simple_java"), acc("simple_javascript")])
     live_all = [*LIVE_AST, "live_irrelevance", "live_relevance"]
-    non_live = mean([simple, acc("multiple"), acc("parallel"), acc("parallel_multiple"), acc("irrelevance")])
+    non_live = _mean([simple, acc("multiple"), acc("parallel"), acc("parallel_multiple"), acc("irrelevance")])
     live = sum(acc(c) * count(c) for c in live_all) / sum(count(c) for c in live_all)
-    multi_turn = mean([acc(c) for c in MULTI_TURN])
+    multi_turn = _mean([acc(c) for c in MULTI_TURN])
     return {
-        "overall": mean([live, non_live, multi_turn]),
+        "overall": _mean([live, non_live, multi_turn]),
         "non_live": non_live,
         "live": live,
         "multi_turn": multi_turn,
-        "single_turn": mean([live, non_live]),
-        "irrelevance": mean([acc("irrelevance"), acc("live_irrelevance")]),
+        "single_turn": _mean([live, non_live]),
+        "irrelevance": _mean([acc("irrelevance"), acc("live_irrelevance")]),
         "relevance": acc("live_relevance"),
     }
 

@@ -119,17 +119,7 @@ def datagen_rows(root: Path, items: int = 4) -> str:
 
 def scale(data: dict[str, Any], ctx: RehearsalContext) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "llm.model": ctx.model,
-        "llm.device": "cpu",
-        "learner.world_size": ctx.world_size,
-        "learner.num_gpus": 0,
-        "learner.num_cpus": 1,
-        "workers.num_workers": 1,
-        "workers.num_gpus": 0,
-        "workers.num_cpus": 1,
-        "workers.llm.backend": "vllm" if ctx.vllm else "transformers",
-        "workers.llm.model": ctx.model,
-        "workers.llm.dtype": "float32",
+        **ctx.trainer_placement(),
         "rollout.group_size": 2,
         "rollout.max_turns": 3,
         "rollout.max_tokens_per_turn": 24,

@@ -24,17 +24,7 @@ CONTEXT = 4096
 def scale(data: dict[str, Any], ctx: RehearsalContext) -> dict[str, Any]:
     games = data.get("games", [])
     out: dict[str, Any] = {
-        "llm.model": ctx.model,
-        "llm.device": "cpu",
-        "learner.world_size": ctx.world_size,
-        "learner.num_gpus": 0,
-        "learner.num_cpus": 1,
-        "workers.num_workers": 1,
-        "workers.num_gpus": 0,
-        "workers.num_cpus": 1,
-        "workers.llm.backend": "vllm" if ctx.vllm else "transformers",
-        "workers.llm.model": ctx.model,
-        "workers.llm.dtype": "float32",
+        **ctx.trainer_placement(),
         "rollout.max_turns": 6,
         "rollout.max_tokens_per_turn": MAX_TOKENS,
         "rollout.max_context_tokens": CONTEXT,
