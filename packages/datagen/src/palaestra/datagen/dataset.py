@@ -37,7 +37,8 @@ reads it directly). Fields of a row:
   ``tries`` (tries the chain needed, summed over turns), ``checker``.
 
 `SampleWriter` appends one line per sample with flush + fsync, skips
-duplicates (normalized queries + ground-truth calls), and on open truncates a
+duplicates (normalized queries + ground-truth calls) and, given a threshold,
+near-duplicates (`neardup`: the same calls, nearly the same words), and on open truncates a
 torn last line left by a kill, so a resumed run neither loses, repeats nor
 corrupts anything. Finished item ids live in ``<file>.done`` (kept and dropped
 items alike), so a resumed run skips them.
@@ -50,6 +51,8 @@ import json
 import os
 import re
 from pathlib import Path
+
+from palaestra.datagen.neardup import NearDuplicates
 
 
 def _message(m: dict) -> dict:
@@ -103,7 +106,7 @@ def dedup_key(row: dict) -> str:
 class SampleWriter:
     """Append-only JSONL writer with dedup and crash-safe resume."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, near_duplicate_threshold: float | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.done_path = self.path.with_suffix(self.path.suffix + ".done")
@@ -111,6 +114,8 @@ class SampleWriter:
         self.done: set[str] = set()
         self.written = 0
         self.duplicates = 0
+        self.near_duplicates = 0
+        self.near = NearDuplicates(near_duplicate_threshold) if near_duplicate_threshold else None
         self._repair(self.path)
         self._repair(self.done_path)
         if self.path.exists():
@@ -119,6 +124,8 @@ class SampleWriter:
                     row = json.loads(line)
                     self.keys.add(dedup_key(row))
                     self.done.add(row["id"])
+                    if self.near is not None:
+                        self.near.add(row)
         if self.done_path.exists():
             self.done |= {line.strip() for line in self.done_path.read_text().splitlines() if line.strip()}
         self._f = open(self.path, "a")  # noqa: SIM115  (held open for the run; closed by close())
@@ -137,14 +144,19 @@ class SampleWriter:
             f.truncate(keep)
 
     def add(self, item_id: str, row: dict | None) -> bool:
-        """Write `row` (None for a dropped item) and mark `item_id` finished; False if a duplicate or none."""
+        """Write `row` (None for a dropped item) and mark `item_id` finished; False if a duplicate, a near-duplicate
+        or none."""
         wrote = False
         if row is not None:
             key = dedup_key(row)
             if key in self.keys:
                 self.duplicates += 1
+            elif self.near is not None and self.near.check(row) is not None:
+                self.near_duplicates += 1
             else:
                 self.keys.add(key)
+                if self.near is not None:
+                    self.near.add(row)
                 self._f.write(json.dumps(row, default=str) + "\n")
                 self._f.flush()
                 os.fsync(self._f.fileno())

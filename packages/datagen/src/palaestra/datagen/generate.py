@@ -52,6 +52,9 @@ class DataGenerationConfig(JobConfig):
     """Closed-loop round (provenance; `datagen.mine` sets it)."""
     graph: str | None = None
     """Start from this ``graph.json`` (weights from an earlier round) instead of mining a new graph."""
+    near_duplicate_threshold: float | None = 0.8
+    """Drop a sample whose calls (names per turn) equal a kept sample's and whose requests share at least this
+    Jaccard similarity of word trigrams with it (`neardup`; counted as ``near_duplicates``); null: off."""
     roles: RolesConfig = field(default_factory=RolesConfig)
     item: ItemConfig = field(default_factory=ItemConfig)
     log_samples: bool = True
@@ -125,7 +128,7 @@ def run_generation(cfg: DataGenerationConfig, graph: ApiGraph, tracker: Tracker,
     items = plan_items(cfg, graph)
     stats = RunStats(envs={e: get_env(e).tool_names for e in cfg.envs}, k_max=cfg.item.k_max)
     started = time.perf_counter()
-    with SampleWriter(cfg.output_path) as writer:
+    with SampleWriter(cfg.output_path, cfg.near_duplicate_threshold) as writer:
         todo = [it for it in items if it["id"] not in writer.done]
         stats.resumed = len(items) - len(todo)
         chunks = [todo[i : i + cfg.items_per_task] for i in range(0, len(todo), cfg.items_per_task)]
@@ -168,6 +171,7 @@ def run_generation(cfg: DataGenerationConfig, graph: ApiGraph, tracker: Tracker,
                         graph.merge_stats(r["stats"]["sampler"])
                     bar.update(len(chunk))
                 stats.duplicates = writer.duplicates
+                stats.near_duplicates = writer.near_duplicates
                 tracker.log_metrics(stats.progress_metrics(), step=step_offset + len(writer.done))
     stats.seconds = time.perf_counter() - started
     return stats
@@ -178,6 +182,8 @@ def generate(cfg: DataGenerationConfig, tracker: Tracker) -> dict:
     """HardGen + FunReason-MT: verified (multi-turn) tool-use samples from executable environments."""
     if cfg.num_samples < 0 or cfg.items_per_task < 1:
         raise ConfigError("num_samples must be >= 0 and items_per_task >= 1")
+    if cfg.near_duplicate_threshold is not None and not 0 < cfg.near_duplicate_threshold <= 1:
+        raise ConfigError(f"near_duplicate_threshold must be in (0, 1] or null, got {cfg.near_duplicate_threshold}")
     graph = (
         ApiGraph.from_dict(json.loads(Path(cfg.graph).read_text())) if cfg.graph else build_graph(cfg.envs, cfg.seed)
     )

@@ -26,6 +26,7 @@ class RunStats:
     kept: int = 0
     dropped: int = 0
     duplicates: int = 0
+    near_duplicates: int = 0
     resumed: int = 0
     drops: dict[str, int] = field(default_factory=dict)
     grounding_problems: dict[str, int] = field(default_factory=dict)
@@ -84,6 +85,7 @@ class RunStats:
             "kept": self.kept,
             "dropped": self.dropped,
             "duplicates": self.duplicates,
+            "near_duplicates": self.near_duplicates,
             "resumed_items": self.resumed,
             "calls_per_trace": self.calls / self.traces if self.traces else 0.0,
             "hidden_step_fraction": self.hidden / self.calls if self.calls else 0.0,
