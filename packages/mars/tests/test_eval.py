@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from palaestra.mars.evaluate import GameEvalConfig, evaluate
+from palaestra.mars.eval import GameEvalConfig, evaluate
 from palaestra.mars.games import make_game
 from palaestra.mars.play import play_episodes
 from palaestra.mars.players import MCTSPlayer, RandomPlayer
@@ -156,7 +156,7 @@ def test_eval_llm_policy_through_the_engine(tiny_llm):
 
 
 def test_eval_headline_prefers_pooled_seats_vs_random():
-    from palaestra.mars.evaluate import eval_headline
+    from palaestra.mars.eval import eval_headline
 
     def setting(prefix, k, n):
         lo, hi = wilson_interval(k, n)

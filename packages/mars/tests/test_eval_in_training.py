@@ -140,7 +140,7 @@ def test_an_mcts_opponent_travels_to_a_rollout_worker_and_plays_the_same_games()
 
 def test_a_checkpoint_opponent_samples_as_the_policy_does(tiny_llm):
     """A frozen LLM opponent (``opponents: [checkpoint]``) gets the evaluation's top_p, top_k and forced prefix."""
-    from palaestra.mars.evaluate import GameEvalConfig, make_player
+    from palaestra.mars.eval import GameEvalConfig, make_player
     from palaestra.mars.games import make_game
 
     class Recording:

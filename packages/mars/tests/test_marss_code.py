@@ -438,7 +438,7 @@ MARS_EQUILIBRIUM = {"cfr": "equilibrium", "ne": "equilibrium"}  # kuhn: cfr.pkl.
 
 
 def test_paper_config_evaluates_as_mars():
-    from palaestra.mars.evaluate import game_opponents
+    from palaestra.mars.eval import game_opponents
     from palaestra.mars.games import make_game
     from palaestra.mars.train import _eval_config
     from palaestra.shared.jobs import load_config
@@ -465,7 +465,7 @@ def test_paper_config_evaluates_as_mars():
 
 def test_mcts_levels_play_each_strength(tmp_path):
     """`mcts_levels` plays one opponent per simulation count (scripted random policy, a few games)."""
-    from palaestra.mars.evaluate import GameEvalConfig, evaluate
+    from palaestra.mars.eval import GameEvalConfig, evaluate
 
     cfg = GameEvalConfig(
         games=["tic_tac_toe", "kuhn_poker"],

@@ -74,7 +74,7 @@ def test_tiny_model_policy_is_a_distribution_with_bounded_exploitability():
 
 
 def test_evaluate_logs_the_exploitability_of_the_policy_under_test():
-    from palaestra.mars.evaluate import GameEvalConfig, evaluate
+    from palaestra.mars.eval import GameEvalConfig, evaluate
     from palaestra.shared.config import ConfigError
     from palaestra.shared.llm import LLMConfig, make_client
 

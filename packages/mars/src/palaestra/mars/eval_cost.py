@@ -1,6 +1,6 @@
 """How long one ``mars.train`` evaluation takes: the estimate ``palaestra plan`` prints (`EVAL_COSTS`).
 
-An evaluation (`palaestra.mars.evaluate`) plays ``eval.episodes`` episodes in each setting: every game of
+An evaluation (`palaestra.mars.eval`) plays ``eval.episodes`` episodes in each setting: every game of
 ``eval.games`` against each opponent that applies (`game_opponents`) in each seat of ``eval.seats``, and the
 cooperative games once in self-play. Per setting, with E episodes of a game of L moves:
 
@@ -29,7 +29,7 @@ set) is left out.
 
 from __future__ import annotations
 
-from palaestra.mars.evaluate import game_opponents
+from palaestra.mars.eval import game_opponents
 from palaestra.mars.games import make_game
 from palaestra.shared.plan import EvalCost, model_arch
 

@@ -102,6 +102,6 @@ from palaestra.shared.jobs import JOBS  # noqa: E402
 from palaestra.shared.rehearse import REHEARSALS  # noqa: E402
 
 JOBS.register("mars.train", "palaestra.mars.train:train_job")
-JOBS.register("mars.eval", "palaestra.mars.evaluate:eval_job")
+JOBS.register("mars.eval", "palaestra.mars.eval:eval_job")
 JOBS.register("mars.mas", "palaestra.mars.mas:mas_job")
 REHEARSALS.register("mars.train", "palaestra.mars.rehearsal:TRAIN")  # `palaestra rehearse`

@@ -32,7 +32,7 @@ from palaestra.mars import plugins  # noqa: F401  (registers the batch rule firs
 from palaestra.mars.batching import BatchRule, MarsBatch, check_batch
 from palaestra.mars.env import PromptStyle, Shaping
 from palaestra.mars.eval_table import compare, format_table
-from palaestra.mars.evaluate import GameEvalConfig, eval_headline, evaluate
+from palaestra.mars.eval import GameEvalConfig, eval_headline, evaluate
 from palaestra.mars.games import GAMES
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
