@@ -157,19 +157,32 @@ def test_every_registry_loads_its_plugins_without_a_broken_one():
     from palaestra.shared.jobs import JOBS
     from palaestra.shared.llm.base import LLM_BACKENDS
     from palaestra.shared.llm.tiny import TOKEN_SETS
-    from palaestra.shared.plan import EVAL_COSTS
+    from palaestra.shared.plan import EVAL_COSTS, JOB_PLANS
     from palaestra.shared.rewards import REWARDS
     from palaestra.shared.rl.advantages import ADVANTAGES
     from palaestra.shared.rl.batch_rules import BATCH_RULES
     from palaestra.shared.rollout.env import ENVS
     from palaestra.shared.rollout.tasks import TASKS
 
-    registries = [JOBS, ENVS, TASKS, LLM_BACKENDS, TOKEN_SETS, EVAL_COSTS, BATCH_RULES, ADVANTAGES, REWARDS, API_ENVS]
+    registries = [
+        JOBS,
+        ENVS,
+        TASKS,
+        LLM_BACKENDS,
+        TOKEN_SETS,
+        EVAL_COSTS,
+        JOB_PLANS,
+        BATCH_RULES,
+        ADVANTAGES,
+        REWARDS,
+        API_ENVS,
+    ]
     for reg in registries:
         assert reg.broken_plugins() == {}, reg.kind
     # one name per group from each distribution that adds to it (the groups its pyproject lists)
     assert {"aed.attack", "aed.victim", "datagen.generate", "egpo.train", "mars.train", "rl.train"} <= set(JOBS.names())
     assert "aed_scripted" in LLM_BACKENDS.names()
+    assert {"aed.attack", "aed.victim"} <= set(JOB_PLANS.names())
     assert "mars_board_actions" in TOKEN_SETS.names()
     assert {"mars_game", "bfcl_multi_turn"} <= set(ENVS.names())
     assert {"mars_legal_moves", "fc_tasks"} <= set(TASKS.names())

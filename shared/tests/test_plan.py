@@ -266,3 +266,37 @@ def test_paper_configs_count_the_measured_undercounts(config, learner_gb, capsys
     # the trainer's GPU while it copies the reference: two float32 copies of 4.02B parameters + the 3 GB reserve
     p = KNOWN_ARCHITECTURES["Qwen/Qwen3-4B"].params()
     assert f"= {(2 * 4 * p + 3e9) / GB:.2f} GB" in out and 35.0 < (2 * 4 * p + 3e9) / GB < 35.5
+
+
+def test_a_pipeline_is_planned_stage_by_stage_through_job_plans(tmp_path, capsys):
+    """A pipeline plans its RL stages (`plan`), a stage whose job registered a `JOB_PLANS` entry through that entry
+    (its CPU-hours summed over the stages, its fit counted), and says which stages have nothing to plan."""
+    from palaestra.shared.plan import JOB_PLANS, JobPlan
+
+    toy = ROOT / "experiments/shared/toy_rl.yaml"
+    stages = {
+        "gen": {"job": "llm.generate", "prompts": ["hi"]},
+        "rl": {"config": str(toy)},
+        "rl_again": {"config": str(toy)},
+    }
+    path = tmp_path / "pipe.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump({"job": "pipeline", "stages": stages}))
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "stage gen (llm.generate): nothing to plan" in out
+    assert out.count("plan: fits") == 3 and "stage rl_again (rl.train):" in out  # two stages, then the pipeline
+    assert "CPU-hours" not in out
+    JOB_PLANS.register("llm.generate", lambda cfg: JobPlan(f"{len(cfg.prompts)} prompt(s)", fits=False, cpu_hours=1.25))
+    try:
+        assert main(["plan", str(path), "stages.gen.prompts=[a,b]"]) == 1
+        out = capsys.readouterr().out
+        assert "stage gen (llm.generate):\n2 prompt(s)" in out
+        assert "all stages: 1.2 CPU-hours" in out and out.rstrip().endswith("pipeline plan: does not fit")
+        assert main(["plan", str(path), "only=[gen]"]) == 1  # alone in the pipeline: still planned
+    finally:
+        JOB_PLANS.unregister("llm.generate")
+    path.write_text(yaml.safe_dump({"job": "pipeline", "stages": {"gen": stages["gen"]}}))
+    assert main(["plan", str(path)]) == 2
+    assert "no stage of this pipeline" in capsys.readouterr().err

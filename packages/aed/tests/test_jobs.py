@@ -50,23 +50,40 @@ def test_paper_protocol_configs(name, scenarios):
     assert baselines == {(s, k, a) for s in scenarios for k in ("random", "passive") for a in (None, "proposed")}
 
 
-def test_plan_counts_cpu_hours_per_type_as_documented():
-    from palaestra.aed.plan import SECONDS_PER_STEP, describe
+def test_palaestra_plan_prints_the_paper_protocols_counts(capsys):
+    """`palaestra plan` (the shared CLI, through `JOB_PLANS`) prints paper.yaml's steps and CPU-hours per task,
+    counted here from the config's own settings, the victim stages and the Ray placement."""
+    from palaestra.aed.plan import SECONDS_PER_STEP
+    from palaestra.shared.cli import main
     from palaestra.shared.jobs import stage_configs
 
-    cfg = load_config(ROOT / "experiments" / "aed" / "paper.yaml")
-    attack = stage_configs(cfg)["attack"]
+    path = ROOT / "experiments" / "aed" / "paper.yaml"
+    stages = stage_configs(load_config(path))
+    attack = stages["attack"]
     horizon = 30  # highway's policy steps per episode
     e, p = attack.eureka, attack.preference
     evaluation = attack.eval_episodes * horizon
     expert = attack.train.timesteps + evaluation + p.finetune_timesteps + evaluation + attack.video_episodes * horizon
     llm = expert + e.rounds * e.samples * (e.timesteps + e.eval_episodes * horizon)
-    text = describe(cfg)
+    assert main(["plan", str(path)]) == 0
+    text = capsys.readouterr().out
     hours = llm * SECONDS_PER_STEP / 3600
     assert 14 < hours < 16  # the issue's estimate: about 15 CPU-hours per type at 50 ms per step
     assert f"| highway/rear_end/llm | {llm:,} | {hours:.2f} |" in text
     assert f"| highway/rear_end/expert | {expert:,} |" in text
-    assert "Ray: 52 tasks" in text and "each asking 8 CPUs" in text
+    assert f"| highway/proposed_1/proposed | {llm:,} |" in text  # an LLM-proposed type: LLM arm only
+    assert f"per type (all arms): highway/rear_end {(llm + expert) * SECONDS_PER_STEP / 3600:.1f} CPU-hours" in text
+    # per scenario: its fixed types x 2 arms, the proposed types, random and passive for either taxonomy
+    from palaestra.aed.rewards import SCENARIO_TYPES
+
+    n = sum(2 * len(SCENARIO_TYPES[s]) + attack.proposals.n_types + 4 for s in attack.scenarios)
+    assert f"Ray: {n} tasks" in text and f"each asking {attack.cpus_per_task:g} CPUs" in text and n == 52
+    victims = [s for s in stages.values() if s.job == "aed.victim"]
+    assert len(victims) == 4 and all(f"stage victim_{v.scenario} (aed.victim):" in text for v in victims)
+    total = sum(v.timesteps for v in victims) * SECONDS_PER_STEP / 3600
+    assert f"aed.victim highway: {victims[0].timesteps:,} steps" in text
+    attack_total = float(text.split("Total ")[1].split(" CPU-hours")[0])
+    assert f"all stages: {attack_total + total:.1f} CPU-hours" in text
 
 
 def test_preference_demo_attacks_the_victim_its_first_stage_caches():

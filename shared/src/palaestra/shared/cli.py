@@ -150,14 +150,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from palaestra.shared.jobs import load_config
-    from palaestra.shared.plan import plan
-    from palaestra.shared.rl.config import TrainConfig
+    from palaestra.shared.plan import plan_config
 
     cfg = load_config(args.config, args.overrides)
-    if not isinstance(cfg, TrainConfig):
-        raise ConfigError(f"{args.config}: plan needs an RL training config (job {cfg.job} is not one)")
     try:
-        report, fits = plan(cfg, gpu_gb=args.gpu_gb, gpus=args.gpus, cpus=args.cpus)
+        report, fits = plan_config(cfg, gpu_gb=args.gpu_gb, gpus=args.gpus, cpus=args.cpus)
     except ValueError as err:
         raise ConfigError(f"{args.config}: {err}") from None
     print(report)
@@ -200,7 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue", type=int, default=64, help="requests waiting or running at once (503 beyond)")
     serve.add_argument("--max-request-tokens", type=int, default=32768, help="prompts x n x max_tokens per request")
     serve.set_defaults(fn=cmd_serve)
-    plan = sub.add_parser("plan", help="per-device memory estimate of an RL config; exit 0 when it fits")
+    plan = sub.add_parser(
+        "plan",
+        help="per-device memory estimate of an RL config (CPU-hours of a job in plan.JOB_PLANS, a pipeline's "
+        "stages); exit 0 when it fits",
+    )
     plan.add_argument("config", help="path to the YAML config")
     plan.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
     plan.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU in GB (default 80)")

@@ -56,6 +56,11 @@ when ``eval_before``, every ``eval_every`` steps and at the end, as `Trainer.tra
 estimator gets a line saying so. ``cpus``: the Ray cluster's CPUs (``cluster.num_cpus``, else ``--cpus``), for
 CPU-bound evaluation work such as game-tree search.
 
+Other jobs: a config that is not RL training (AED's CPU-bound attack, its victim) plans through `JOB_PLANS`
+(keyed by job name; entry-point group ``palaestra.job_plans``): ``fn(cfg) -> JobPlan``, its report, whether it
+fits and its CPU-hours where it counts them (aed: ``aed.attack``, ``aed.victim``, `palaestra.aed.plan`). A
+pipeline is planned stage by stage (`plan_config`), with the CPU-hours of its stages summed.
+
 The figures are estimates (they ignore e.g. optimizer step temporaries and the
 allocator's caching beyond the reserve); they exist to catch a config that cannot
 fit by a wide margin before a cluster is booked.
@@ -364,3 +369,51 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str,
     lines += eval_lines(cfg, cfg.cluster.num_cpus or cpus)
     lines.append(f"plan: {'fits' if fits else 'does not fit'}")
     return "\n".join(lines), fits
+
+
+@dataclass
+class JobPlan:
+    """The plan of one job's config: its report, whether it fits, and its CPU-hours where the job counts them."""
+
+    text: str
+    fits: bool = True
+    cpu_hours: float | None = None
+
+
+JobPlanFn = Callable[[Any], JobPlan]
+JOB_PLANS: Registry[JobPlanFn] = Registry("job plan", "palaestra.job_plans")
+"""Job name -> ``fn(cfg) -> JobPlan``, for jobs whose configs are not RL training configs."""
+
+
+def plan_config(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str, bool]:
+    """The report of any plannable config and whether it fits: an RL `TrainConfig` (`plan`), a job registered in
+    `JOB_PLANS`, or a pipeline, stage by stage. A config with nothing to plan is a `ValueError`."""
+    from palaestra.shared.jobs import PipelineConfig, stage_configs
+    from palaestra.shared.rl.config import TrainConfig
+
+    if isinstance(cfg, TrainConfig):
+        return plan(cfg, gpu_gb=gpu_gb, gpus=gpus, cpus=cpus)
+    if cfg.job in JOB_PLANS:
+        p = JOB_PLANS.get(cfg.job)(cfg)
+        return p.text, p.fits
+    if not isinstance(cfg, PipelineConfig):
+        raise ValueError(f"plan needs an RL training config or a job in plan.JOB_PLANS (job {cfg.job} is not one)")
+    out, fits, hours, planned = [], True, 0.0, 0
+    for name, stage in stage_configs(cfg).items():
+        if isinstance(stage, TrainConfig):
+            text, ok = plan(stage, gpu_gb=gpu_gb, gpus=gpus, cpus=cpus)
+        elif stage.job in JOB_PLANS:
+            p = JOB_PLANS.get(stage.job)(stage)
+            text, ok, hours = p.text, p.fits, hours + (p.cpu_hours or 0.0)
+        else:
+            out.append(f"stage {name} ({stage.job}): nothing to plan")
+            continue
+        planned += 1
+        out += [f"stage {name} ({stage.job}):", text]
+        fits = fits and ok
+    if not planned:
+        raise ValueError("plan: no stage of this pipeline is an RL training config or a job in plan.JOB_PLANS")
+    if hours:
+        out.append(f"all stages: {hours:.1f} CPU-hours")
+    out.append(f"pipeline plan: {'fits' if fits else 'does not fit'}")
+    return "\n".join(out), fits

@@ -1,8 +1,9 @@
-"""The CPU budget and Ray placement of an ``aed.attack`` config, before anything runs.
+"""The CPU budget and Ray placement of an ``aed.attack`` or ``aed.victim`` config, before anything runs.
 
-``python -m palaestra.aed.plan experiments/aed/paper.yaml [key=value ...]`` resolves the config (a pipeline's
-``aed.victim`` and ``aed.attack`` stages too) and prints, per task (scenario, type, arm, baselines), the
-environment steps it takes and its CPU-hours at `SECONDS_PER_STEP`, then how the tasks sit on the Ray cluster.
+``palaestra plan experiments/aed/paper.yaml [key=value ...]`` resolves the config (a pipeline's ``aed.victim``
+and ``aed.attack`` stages too) and prints, per task (scenario, type, arm, baselines), the environment steps it
+takes and its CPU-hours at `SECONDS_PER_STEP`, then how the tasks sit on the Ray cluster. These plans reach the
+shared ``palaestra plan`` through its registry `palaestra.shared.plan.JOB_PLANS` (aed/plugins.py).
 
 Steps of one attack task (upper bounds: episodes may end before ``max_steps``):
 
@@ -19,8 +20,9 @@ is known only once the LLM has answered: the plan counts ``proposals.n_types`` p
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
+
+from palaestra.shared.plan import JobPlan
 
 SECONDS_PER_STEP = 0.05
 """CPU-seconds per environment step, simulation and SB3 learner together (highway-env runs about 50 steps/s in
@@ -88,35 +90,13 @@ def attack_plan(cfg) -> tuple[list[str], float]:
     return lines, total
 
 
-def describe(cfg) -> str:
-    """The plan of an ``aed.attack`` config, or of each ``aed.victim``/``aed.attack`` stage of a pipeline."""
-    from palaestra.shared.jobs import PipelineConfig, stage_configs
-
-    stages = stage_configs(cfg) if isinstance(cfg, PipelineConfig) else {cfg.job: cfg}
-    out, total = [], 0.0
-    for name, stage in stages.items():
-        if stage.job == "aed.victim":
-            hours = stage.timesteps * SECONDS_PER_STEP / 3600
-            out.append(f"stage {name} (aed.victim {stage.scenario}): {stage.timesteps:,} steps, {hours:.2f} CPU-hours")
-            total += hours
-        elif stage.job == "aed.attack":
-            lines, hours = attack_plan(stage)
-            out += [f"stage {name} (aed.attack):", *lines]
-            total += hours
-    out.append(f"all stages: {total:.1f} CPU-hours")
-    return "\n".join(out)
+def attack_job_plan(cfg) -> JobPlan:
+    """`JOB_PLANS` entry of ``aed.attack``: the task table, CPU-hours per type and the Ray placement."""
+    lines, hours = attack_plan(cfg)
+    return JobPlan("\n".join(lines), cpu_hours=hours)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from palaestra.shared.jobs import load_config
-
-    args = sys.argv[1:] if argv is None else argv
-    if not args:
-        print("usage: python -m palaestra.aed.plan CONFIG [key=value ...]", file=sys.stderr)
-        return 2
-    print(describe(load_config(args[0], args[1:])))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def victim_job_plan(cfg) -> JobPlan:
+    """`JOB_PLANS` entry of ``aed.victim``: its training steps and CPU-hours."""
+    hours = cfg.timesteps * SECONDS_PER_STEP / 3600
+    return JobPlan(f"aed.victim {cfg.scenario}: {cfg.timesteps:,} steps, {hours:.2f} CPU-hours", cpu_hours=hours)

@@ -1,10 +1,14 @@
 """What palaestra-aed registers through its entry points (every group names this module): the jobs ``aed.attack``
-and ``aed.victim``, their rehearsals, and the CPU stand-in LLM backend ``aed_scripted``."""
+and ``aed.victim``, their rehearsals, their plans for ``palaestra plan`` (`JOB_PLANS`: CPU-hours and Ray placement,
+`palaestra.aed.plan`), and the CPU stand-in LLM backend ``aed_scripted``."""
 
 import palaestra.aed.jobs  # noqa: F401  (registers `aed.attack`, `aed.victim`)
 from palaestra.shared.llm.base import LLM_BACKENDS
+from palaestra.shared.plan import JOB_PLANS
 from palaestra.shared.rehearse import REHEARSALS
 
 LLM_BACKENDS.register("aed_scripted", "palaestra.aed.scripted:ScriptedDesigner")
 REHEARSALS.register("aed.victim", "palaestra.aed.rehearsal:VICTIM")  # `palaestra rehearse`
 REHEARSALS.register("aed.attack", "palaestra.aed.rehearsal:ATTACK")
+JOB_PLANS.register("aed.attack", "palaestra.aed.plan:attack_job_plan")  # `palaestra plan`
+JOB_PLANS.register("aed.victim", "palaestra.aed.plan:victim_job_plan")
