@@ -34,7 +34,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "shared" / "toy_r
 
 def run(k: int, args) -> dict[str, list[float]]:
     """The measured steps' figures at staleness `k`."""
-    import palaestra.shared.rl.jobs  # noqa: F401  (registers rl.train)
+    import palaestra.shared.rl.train  # noqa: F401  (registers rl.train)
     from palaestra.shared.jobs import load_config
     from palaestra.shared.rl.trainer import Trainer
 

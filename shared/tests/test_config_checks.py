@@ -12,7 +12,7 @@ import pytest
 from palaestra.shared import cli
 from palaestra.shared.config import ConfigError, confined_path, read_yaml
 from palaestra.shared.jobs import load_config
-from palaestra.shared.llm.generate_job import LLMGenerateConfig
+from palaestra.shared.llm.generate import LLMGenerateConfig
 from palaestra.shared.rl.advantages import ADVANTAGES
 from palaestra.shared.rl.loss import LossConfig, Reduction
 
@@ -94,7 +94,7 @@ def test_confined_path(tmp_path):
 
 
 def test_generate_job_refuses_escaping_run_name(tmp_path):
-    from palaestra.shared.llm.generate_job import generate
+    from palaestra.shared.llm.generate import generate
     from palaestra.shared.tracking import Tracker
 
     cfg = LLMGenerateConfig(job="llm.generate", output_dir=str(tmp_path / "out"), prompts=["hi"])

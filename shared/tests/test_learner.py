@@ -173,7 +173,7 @@ def test_both_learners_have_the_learner_face():
     ],
 )
 def test_the_loop_settings_are_checked_when_the_config_resolves(override, message):
-    import palaestra.shared.rl.jobs  # noqa: F401  (registers rl.train)
+    import palaestra.shared.rl.train  # noqa: F401  (registers rl.train)
     from palaestra.shared.config import ConfigError
     from palaestra.shared.jobs import load_config
 

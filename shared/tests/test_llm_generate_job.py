@@ -8,7 +8,7 @@ import pytest
 
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import load_config, run_job
-from palaestra.shared.llm.generate_job import load_prompts
+from palaestra.shared.llm.generate import load_prompts
 
 
 def _config(tracking, tmp_path, **fields):

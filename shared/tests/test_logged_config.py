@@ -7,7 +7,7 @@ import mlflow
 import pytest
 import yaml
 
-import palaestra.shared.rl.jobs  # noqa: F401  (registers rl.train)
+import palaestra.shared.rl.train  # noqa: F401  (registers rl.train)
 from palaestra.shared.config import to_yaml
 from palaestra.shared.jobs import load_config, run_job
 from palaestra.shared.rewards import REWARDS

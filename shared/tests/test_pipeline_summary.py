@@ -65,7 +65,7 @@ def test_pipeline_ends_with_one_line_per_stage(tmp_path, tracking, capsys, monke
 
 
 def test_rl_train_headline():
-    from palaestra.shared.rl.jobs import train_headline
+    from palaestra.shared.rl.train import train_headline
 
     summary = {
         "eval_before_reward_mean": 0.30,

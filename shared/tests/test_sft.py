@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-import palaestra.shared.rl.jobs  # noqa: F401  (registers rl.sft)
+import palaestra.shared.rl.sft  # noqa: F401  (registers rl.sft)
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import load_config, run_job
 from palaestra.shared.llm import LLMConfig, make_client

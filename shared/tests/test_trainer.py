@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-import palaestra.shared.rl.jobs  # noqa: F401  (registers rl.train even when another builtin job fails to import)
+import palaestra.shared.rl.train  # noqa: F401  (registers rl.train)
 from palaestra.shared.config import TrackingConfig
 from palaestra.shared.jobs import load_config, run_job
 from palaestra.shared.rewards import REWARDS

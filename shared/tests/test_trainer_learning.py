@@ -12,7 +12,7 @@ TOY = Path(__file__).parents[2] / "experiments" / "shared" / "toy_rl.yaml"
 
 
 def test_toy_config_resolves():
-    import palaestra.shared.rl.jobs  # noqa: F401
+    import palaestra.shared.rl.train  # noqa: F401  (registers rl.train)
 
     cfg = load_config(TOY)
     assert cfg.job == "rl.train" and cfg.workers.num_workers == 2 and cfg.eval_tasks > 0
@@ -20,7 +20,7 @@ def test_toy_config_resolves():
 
 @pytest.mark.slow
 def test_reward_rises_on_the_toy_task(tmp_path):
-    import palaestra.shared.rl.jobs  # noqa: F401
+    import palaestra.shared.rl.train  # noqa: F401  (registers rl.train)
 
     cfg = load_config(
         TOY,

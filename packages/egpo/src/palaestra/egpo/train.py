@@ -28,8 +28,8 @@ from palaestra.egpo.tasks import FCTask, load_bfcl, load_jsonl
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.config import EnvSpec, EvalConfig, TaskSampling, TrainConfig
-from palaestra.shared.rl.jobs import train_headline
 from palaestra.shared.rl.loss import LossConfig
+from palaestra.shared.rl.train import train_headline
 from palaestra.shared.rollout.env import ENVS
 from palaestra.shared.rollout.tasks import TASKS
 from palaestra.shared.toolcall import ToolCall, format_calls

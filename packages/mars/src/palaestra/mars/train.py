@@ -31,15 +31,15 @@ from typing import Any
 from palaestra.mars import plugins  # noqa: F401  (registers the batch rule first_finished and the eval cost)
 from palaestra.mars.batching import BatchRule, MarsBatch, check_batch
 from palaestra.mars.env import PromptStyle, Shaping
-from palaestra.mars.eval_table import compare, format_table
 from palaestra.mars.eval import GameEvalConfig, eval_headline, evaluate
+from palaestra.mars.eval_table import compare, format_table
 from palaestra.mars.games import GAMES
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.config import EnvSpec, EvalConfig, TrainConfig
-from palaestra.shared.rl.jobs import train_headline
 from palaestra.shared.rl.loss import LossConfig
+from palaestra.shared.rl.train import train_headline
 from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.tracking import Tracker
 

@@ -21,8 +21,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from palaestra.shared.config import ConfigError, registry_kwargs, registry_name
+from palaestra.shared.config import ConfigError, JobConfig, registry_kwargs, registry_name
+from palaestra.shared.jobs import job
 from palaestra.shared.jsonl import read_jsonl
+from palaestra.shared.llm.base import LLMConfig
+from palaestra.shared.tracking import Tracker
 
 
 @dataclass
@@ -126,3 +129,28 @@ def run_sft(model, tokenizer, opts: SFTOptions, progress: bool = False, on_step=
             on_step(step + 1, loss.item())
     model.eval()
     return {"loss_first": losses[0], "loss_last": losses[-1]} if losses else {}
+
+
+@dataclass
+class SFTJobConfig(JobConfig):
+    """SFT of a model on chat data with tools (assistant tokens only)."""
+
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    sft: SFTOptions = field(default_factory=lambda: SFTOptions(steps=100))
+    save_dir: str | None = None
+    """Where the trained model goes as an HF directory (default ``<output_dir>/sft_model``)."""
+
+
+@job("rl.sft", SFTJobConfig)
+def rl_sft(cfg: SFTJobConfig, tracker: Tracker) -> dict:
+    """Supervised fine-tuning on chat data (loss on assistant tokens), saved as an HF model directory."""
+    import palaestra.shared.rollout.tasks  # noqa: F401  (built-in task sources)
+    from palaestra.shared.llm.base import make_client
+
+    client = make_client(cfg.llm)
+    on_step = lambda step, loss: tracker.log_metrics({"sft/loss": loss}, step=step)  # noqa: E731
+    metrics = run_sft(client.model, client.tokenizer, cfg.sft, progress=True, on_step=on_step)
+    out = Path(cfg.save_dir or Path(cfg.output_dir) / "sft_model")
+    client.model.save_pretrained(out)
+    client.tokenizer.save_pretrained(out)
+    return {**metrics, "model_dir": str(out)}
