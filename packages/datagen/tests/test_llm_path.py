@@ -34,6 +34,7 @@ class ScriptedTeacher(BaseHTTPRequestHandler):
     ops: dict[int, dict] = {}
     queries: dict[str, int] = {}
     requests: dict[str, int] = {}
+    judged: dict[str, int] = {}
 
     def log_message(self, *args) -> None:
         pass
@@ -48,9 +49,12 @@ class ScriptedTeacher(BaseHTTPRequestHandler):
             reply = self.query_writer(first)
         elif first.startswith("You review"):
             reply = {"content": "<think>A lookup is missing.</think>Hint: some inputs must be looked up first."}
+        elif first.startswith("You judge"):
+            reply = self.judge(first)
         else:
             reply = self.reasoner(messages, {t["function"]["name"] for t in body.get("tools") or []})
         prefixes = {"You design": "tool_maker", "You write": "query_writer", "You review": "critic"}
+        prefixes["You judge"] = "judge"
         role = next((r for p, r in prefixes.items() if first.startswith(p)), "reasoner")
         type(self).requests[role] = type(self).requests.get(role, 0) + 1
         message = {"role": "assistant", "content": reply.get("content"), "tool_calls": reply.get("tool_calls")}
@@ -71,6 +75,15 @@ class ScriptedTeacher(BaseHTTPRequestHandler):
         self.ops[k] = {"calls": calls, "inputs": [i for i in inputs if i and i != "none"]}
         obj = {"name": f"composite_op_{k}", "description": f"Runs the whole sequence in one go (op-{k})."}
         return {"content": f"<think>One tool.</think>Here you go:\n```json\n{json.dumps(obj)}\n```"}
+
+    def judge(self, text: str) -> dict:
+        """By script: a sample with one call scores 9, with two 3; with more the answer carries no score."""
+        n = sum(len(line.split("; ")) for line in re.findall(r"^  calls: (.+)$", text, re.M) if line != "(none)")
+        verdict = "none" if n >= 3 else ("low" if n == 2 else "high")
+        self.judged[verdict] = self.judged.get(verdict, 0) + 1
+        if verdict == "none":
+            return {"content": "<think>Hard to say.</think>I cannot tell."}
+        return {"content": json.dumps({"score": 3 if verdict == "low" else 9, "reason": "scripted"})}
 
     def query_writer(self, text: str) -> dict:
         k = int(re.search(r"\(op-(\d+)\)", text).group(1))
@@ -131,7 +144,7 @@ class JunkModel(ScriptedTeacher):
 
 
 def _serve(handler):
-    handler.ops, handler.queries, handler.requests = {}, {}, {}
+    handler.ops, handler.queries, handler.requests, handler.judged = {}, {}, {}, {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -199,6 +212,41 @@ def test_junk_answers_are_dropped_per_role(tmp_path):
         server.shutdown()
     assert result["kept"] == 0
     assert stats["drops"] == {"tool_maker:no_json": 6}
+
+
+def test_judge_filter_drops_low_scores(tmp_path, teacher):
+    """``roles.judge: llm`` with deterministic roles: the scripted judge scores each verified sample by its number
+    of calls (1: 9, 2: 3, more: no score); only samples with one call survive threshold 7, and stats.json counts
+    what the server judged."""
+    from palaestra.datagen.generate import DataGenerationConfig, generate
+    from palaestra.datagen.pipeline import ItemConfig, RolesConfig
+    from palaestra.shared.llm.base import LLMConfig
+    from palaestra.shared.tracking import Tracker
+
+    llm = LLMConfig(backend="openai", model="scripted", base_url=teacher, api_key="x", max_retries=0)
+    cfg = DataGenerationConfig(
+        num_samples=24,
+        workers=0,
+        envs=["TicketAPI", "MathAPI", "GorillaFileSystem"],
+        output_dir=str(tmp_path),
+        tracking=TrackingConfig(enabled=False),
+        roles=RolesConfig(judge="llm", judge_threshold=7, llm=llm),
+        item=ItemConfig(max_turns=2),
+        log_samples=False,
+    )
+    result = generate(cfg, Tracker(cfg.tracking))
+    stats = json.loads((cfg.output_path.parent / "stats.json").read_text())
+    j = ScriptedTeacher.judged
+    assert set(ScriptedTeacher.requests) == {"judge"}  # the other roles are deterministic
+    assert j.get("high", 0) > 0 and j.get("low", 0) > 0 and j.get("none", 0) > 0, j
+    assert stats["judge"]["judged"] == ScriptedTeacher.requests["judge"] == sum(j.values())
+    assert stats["drops"]["judge:low_score"] == stats["judge"]["dropped_low_score"] == j["low"]
+    assert stats["drops"]["judge:no_score"] == stats["judge"]["dropped_no_score"] == j["none"]
+    assert stats["judge"]["passed"] == j["high"] == result["kept"] + stats["duplicates"] + stats["near_duplicates"]
+    assert stats["judge"]["scores"] == {"3": j["low"], "9": j["high"]} | ({"none": j["none"]})
+    for row in read_rows(cfg.output_path):
+        assert sum(len(calls) for calls in row["ground_truth"]) == 1
+        assert row["verdict"]["judge_score"] == 9 and row["provenance"]["roles"]["judge"] == "llm"
 
 
 class SecondModel(ScriptedTeacher):

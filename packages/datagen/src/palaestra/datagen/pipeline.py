@@ -35,12 +35,21 @@ FED_BONUS = 3.0
 ANSWERS = ["The {w} is {v}.", "It's {v}.", "Use {v}.", "Sorry, I forgot: the {w} is {v}.", "{v}, please."]
 """The user's answer when the assistant asked for a missing value (a miss_param turn)."""
 ROLE_NAMES = ("tool_maker", "query_writer", "reasoner", "critic")
+MODEL_ROLES = (*ROLE_NAMES, "judge")
+"""Roles that can have their own model (``roles.models``)."""
 
 
 class RoleImpl(StrEnum):
     """Who plays a role: templates from schemas and the trace, or an LLM."""
 
     deterministic = "deterministic"
+    llm = "llm"
+
+
+class JudgeImpl(StrEnum):
+    """The judge filter: off, or an LLM (`judge`)."""
+
+    off = "off"
     llm = "llm"
 
 
@@ -56,6 +65,10 @@ class RolesConfig:
     """deterministic | llm."""
     critic: RoleImpl = RoleImpl.deterministic
     """deterministic | llm."""
+    judge: JudgeImpl = JudgeImpl.off
+    """off | llm: an LLM scores every verified sample (does the request determine its calls?), `judge`."""
+    judge_threshold: float = 7.0
+    """Judge scores (1-10) under this drop the sample as ``judge:low_score``."""
     naive_first_try: float = 0.3
     """Deterministic reasoner: chance to skip hidden steps on its first try (exercises the critic loop)."""
     llm: LLMConfig = field(default_factory=LLMConfig)
@@ -63,7 +76,8 @@ class RolesConfig:
     models: dict[str, LLMConfig] = field(
         default_factory=dict, metadata=value_check("palaestra.datagen.pipeline:check_role_models")
     )
-    """A model per role where it differs from ``llm`` (``{reasoner: {...}}``: a strong reasoner, a cheap writer)."""
+    """A model per role where it differs from ``llm`` (``{reasoner: {...}}``: a strong reasoner, a cheap writer;
+    ``judge`` too)."""
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, max_tokens=256))
     """Sampling for the LLM roles."""
     max_consecutive_errors: int = 5
@@ -97,14 +111,14 @@ def _client(llm_json: str):
 
 
 def check_role_models(value: dict, owner) -> str | None:
-    unknown = [k for k in value if k not in ROLE_NAMES]
-    return f"unknown role(s) {unknown} (roles: {', '.join(ROLE_NAMES)})" if unknown else None
+    unknown = [k for k in value if k not in MODEL_ROLES]
+    return f"unknown role(s) {unknown} (roles: {', '.join(MODEL_ROLES)})" if unknown else None
 
 
 def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, object | None]:
     """Roles per config, and the `CountingClient` when any role is an LLM one (`counter`, if given: a fork of a
     worker's, for one of the items it generates at once)."""
-    if counter is None and any(getattr(cfg, r) == "llm" for r in ROLE_NAMES):
+    if counter is None and any(getattr(cfg, r) == "llm" for r in MODEL_ROLES):
         from dataclasses import asdict
 
         from palaestra.datagen.llm_roles import CountingClient
@@ -122,6 +136,10 @@ def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, object | None]:
         "critic": (R.DeterministicCritic, L.LLMCritic),
     }
     chosen = {r: (pick[r][1](counter) if getattr(cfg, r) == "llm" else pick[r][0]()) for r in ROLE_NAMES}
+    if cfg.judge == "llm":
+        from palaestra.datagen.judge import LLMJudge
+
+        chosen["judge"] = LLMJudge(counter, cfg.judge_threshold)
     return R.Roles(**chosen), counter
 
 
@@ -253,7 +271,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     Steps: plan the turns (`plan_turns`); per turn, a directed trace (`sample_trace`), the advanced tool (tool
     maker), the withheld input of a miss_param turn (`omitted_input`), the hard query (query writer), the chain's
     tasks (`turn_tasks`) each through the guided chain, their records (`turn_entry`, `trace_record`); then the row
-    (`dataset.make_row`) and its grounding check."""
+    (`dataset.make_row`), its grounding check and the judge filter (`judge`, when on)."""
     rng = random.Random(item["seed"])
     spec = get_env(item["env"])
     env = ToolEnv(spec, spec.initial_state(item["scenario"]))
@@ -274,9 +292,10 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     def tools_now(hidden: set[str]) -> list[dict]:
         return [x for x in all_tools if x["function"]["name"] not in hidden]
 
-    def out(drop: str | None, sample=None, problems=()):
+    def out(drop: str | None, sample=None, problems=(), judge_score=None):
         stats = {"sampler": {"calls": sampler_stats.calls, "flows": sampler_stats.flows}, "chain": chain_stats}
-        return {"sample": sample, "drop": drop, "problems": list(problems), **mark.since(), "stats": stats}
+        judged = {"judge_score": judge_score} if judge_score is not None or drop == "judge:no_score" else {}
+        return {"sample": sample, "drop": drop, "problems": list(problems), **mark.since(), "stats": stats, **judged}
 
     for t, target in enumerate(plan.targets):
         last = t == len(plan.targets) - 1
@@ -322,4 +341,12 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     problems = verify_row(row, spec)
     if problems:
         return out(f"grounding_{problems[0]}", problems=problems)
+    if roles.judge is not None:  # the judge filter: only a verified sample is worth a judge's request
+        score = roles.judge.score(row)
+        if score is None:
+            return out("judge:no_score")
+        if score < roles.judge.threshold:
+            return out("judge:low_score", judge_score=score)
+        row["verdict"]["judge_score"] = score
+        return out(None, row, judge_score=score)
     return out(None, row)

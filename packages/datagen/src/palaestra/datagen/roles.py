@@ -305,9 +305,12 @@ class Roles:
     query_writer: Any
     reasoner: Any
     critic: Any
+    judge: Any = None
+    """The judge filter (`judge.LLMJudge`), or None when off."""
 
     def names(self) -> dict[str, str]:
-        return {k: getattr(self, k).name for k in ("tool_maker", "query_writer", "reasoner", "critic")}
+        names = {k: getattr(self, k).name for k in ("tool_maker", "query_writer", "reasoner", "critic")}
+        return names | ({"judge": self.judge.name} if self.judge is not None else {})
 
 
 def redact(text: str, values: list[Any], calls: list[str]) -> str:

@@ -7,8 +7,9 @@ first problem, ``grounding_problems`` counts every problem found), LLM calls
 per kept sample, requests and characters / tokens per role
 (``llm_usage_by_role``, and per kept sample: multiply by a target size for the expected load; tokens only where
 the server returns token ids, as vLLM and ``palaestra serve`` do), failed LLM requests (``llm_errors``, by cause
-in ``llm_error_causes``), throughput. `audit_rows` re-checks a finished file: the
-contamination check against BFCL's test entries, the groundedness verifier
+in ``llm_error_causes``), the judge filter's counts (``judge``: judged, passed,
+dropped under the threshold or without a score, samples per score), throughput.
+`audit_rows` re-checks a finished file: the contamination check against BFCL's test entries, the groundedness verifier
 on every kept row (``ungrounded_kept``), error responses among ground-truth
 steps (``error_response_steps``), and what the data teaches (``quality``: `quality.quality_figures`).
 """
@@ -37,6 +38,8 @@ class RunStats:
     """Per role: requests, prompt / completion characters and tokens (`llm_roles.CountingClient.by_role`)."""
     llm_errors: dict[str, int] = field(default_factory=dict)
     """Failed LLM requests by cause (`llm_roles.error_cause`)."""
+    judge_scores: dict[str, int] = field(default_factory=dict)
+    """Judge filter (`judge`): judged samples by score (``"none"``: no score in the answer)."""
     calls: int = 0
     traces: int = 0
     hidden: int = 0
@@ -58,6 +61,9 @@ class RunStats:
                 mine[k] = mine.get(k, 0) + v
         for cause, n in result.get("llm_errors", {}).items():
             self.llm_errors[cause] = self.llm_errors.get(cause, 0) + n
+        if "judge_score" in result:
+            key = "none" if result["judge_score"] is None else f"{result['judge_score']:g}"
+            self.judge_scores[key] = self.judge_scores.get(key, 0) + 1
         for problem in result.get("problems", []):
             self.grounding_problems[problem] = self.grounding_problems.get(problem, 0) + 1
         if result["sample"] is None:
@@ -109,6 +115,16 @@ class RunStats:
         for reason, n in self.drops.items():
             out[f"drop_{reason}"] = n
         out["drops"] = dict(sorted(self.drops.items()))
+        if self.judge_scores:
+            judged = sum(self.judge_scores.values())
+            low, none = self.drops.get("judge:low_score", 0), self.drops.get("judge:no_score", 0)
+            out["judge"] = {
+                "judged": judged,
+                "passed": judged - low - none,
+                "dropped_low_score": low,
+                "dropped_no_score": none,
+                "scores": dict(sorted(self.judge_scores.items(), key=lambda kv: float(kv[0].replace("none", "99")))),
+            }
         out["grounding_problems"] = dict(sorted(self.grounding_problems.items()))
         out["function_coverage_per_env"] = per_env
         return out
