@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-import palaestra.shared.rl.sft  # noqa: F401  (registers rl.sft)
+import palaestra.shared.rl.sft as sft  # (registers rl.sft)
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import load_config, run_job
 from palaestra.shared.llm import LLMConfig, make_client
-from palaestra.shared.rl.sft import SFTOptions, load_samples, sft_loss, tokenize
+from palaestra.shared.rl.sft import SFTOptions, load_samples, run_sft, sft_loss, tokenize
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
 CONVERSATION = {
@@ -109,3 +109,30 @@ def test_max_length_that_cuts_every_assistant_token_is_a_clear_error(tiny_llm):
     assert any(tokenize(tok, CONVERSATION, first + 1)[1])  # one assistant token left: trainable
     with pytest.raises(ConfigError, match=f"max_length {first} cuts every assistant token"):
         tokenize(tok, CONVERSATION, first)
+
+
+def test_warm_start_cache_loads_the_weights_training_gives(tmp_path, monkeypatch):
+    """A cached warm start equals training it afresh bit for bit (weights, metrics, the torch RNG after it);
+    other options miss the cache."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(CONVERSATION | {"tools": TOOLS}) for _ in range(3)))
+    opts = SFTOptions(steps=4, data_path=str(data), batch_size=2, lr=3e-3)
+
+    def trained(o: SFTOptions):
+        client = make_client(LLMConfig(model="tiny", device="cpu"))
+        torch.manual_seed(7)
+        metrics = run_sft(client.model, client.tokenizer, o)
+        return client.model.state_dict(), metrics, torch.rand(3)
+
+    fresh = trained(opts)  # no cache
+    cached = SFTOptions(**{**vars(opts), "cache_dir": str(tmp_path / "cache")})
+    first = trained(cached)
+    monkeypatch.setattr(sft, "_train", lambda *a: pytest.fail("a cached warm start trained again"))
+    second = trained(cached)
+    monkeypatch.undo()
+    assert len(list((tmp_path / "cache").iterdir())) == 1  # one key, stored once
+    for got in (first, second):
+        assert got[1] == fresh[1] and torch.equal(got[2], fresh[2])
+        assert all(torch.equal(got[0][k], v) for k, v in fresh[0].items())
+    trained(SFTOptions(**{**vars(cached), "lr": 1e-3}))
+    assert len(list((tmp_path / "cache").iterdir())) == 2

@@ -13,7 +13,11 @@ They are tokenized by the same chat template the rollouts use; the template's
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,10 @@ class SFTOptions:
     max_length: int = 2048
     """Longer samples are cut (their tail carries no loss)."""
     seed: int = 0
+    cache_dir: str | None = None
+    """Keep the trained weights here, keyed by everything that decides them (`warm_start_key`), and load them
+    instead of training again: the arms and runs of a matrix that share a warm start train it once. Exact: the
+    same key gives the same weights bit for bit on the same machine and torch build."""
 
 
 def load_samples(opts: SFTOptions) -> list[dict]:
@@ -101,9 +109,42 @@ def sft_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> to
     )
 
 
+def warm_start_key(model, samples: list[tuple[list[int], list[int]]], opts: SFTOptions) -> str:
+    """sha256 of what decides an SFT run's result: the starting weights (and which train), the tokenized
+    samples, the options and the torch build."""
+    h = hashlib.sha256(f"{torch.__version__} {opts.steps} {opts.batch_size} {opts.lr} {opts.seed}".encode())
+    for name, p in model.state_dict().items():
+        h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    h.update(" ".join(n for n, p in model.named_parameters() if p.requires_grad).encode())
+    h.update(json.dumps(samples).encode())
+    return h.hexdigest()[:32]
+
+
 def run_sft(model, tokenizer, opts: SFTOptions, progress: bool = False, on_step=None) -> dict[str, float]:
-    """Train `model` in place for ``opts.steps`` steps; returns first/last loss."""
+    """Train `model` in place for ``opts.steps`` steps; returns first/last loss. With ``opts.cache_dir`` a
+    warm start trained before with the same key is loaded instead (no per-step `on_step` calls then)."""
     samples = [tokenize(tokenizer, s, opts.max_length) for s in load_samples(opts)]
+    cached = Path(opts.cache_dir) / warm_start_key(model, samples, opts) if opts.cache_dir and opts.steps else None
+    if cached is not None and (cached / "metrics.json").is_file():
+        model.load_state_dict(torch.load(cached / "model.pt", map_location="cpu", weights_only=True))
+        model.eval()
+        print(f"sft: warm start loaded from {cached}", flush=True)
+        return json.loads((cached / "metrics.json").read_text())
+    metrics = _train(model, tokenizer.pad_token_id, samples, opts, progress, on_step)
+    if cached is not None:  # written under a temporary name, then renamed: parallel runs may race here
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), tmp / "model.pt")
+        (tmp / "metrics.json").write_text(json.dumps(metrics))
+        try:
+            tmp.rename(cached)
+        except OSError:  # another run stored the same key first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return metrics
+
+
+def _train(model, pad_id: int, samples, opts: SFTOptions, progress: bool, on_step) -> dict[str, float]:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=opts.lr)
     rng = random.Random(opts.seed)
@@ -117,7 +158,7 @@ def run_sft(model, tokenizer, opts: SFTOptions, progress: bool = False, on_step=
             order += epoch
         batch = [samples[i] for i in order[: opts.batch_size]]
         del order[: opts.batch_size]
-        loss = sft_loss(model, batch, tokenizer.pad_token_id)
+        loss = sft_loss(model, batch, pad_id)
         if not torch.isfinite(loss):
             raise RuntimeError(f"sft: non-finite loss ({loss.item()}) at step {step}")
         optimizer.zero_grad(set_to_none=True)
