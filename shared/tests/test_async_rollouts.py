@@ -235,3 +235,141 @@ def test_no_rollout_starts_past_the_last_step(tmp_path):
         tr.stream.draw = lambda step: drawn.append(step) or draw(step)
         tr.train()
     assert drawn == [0, 1]
+
+
+# -- the fixed version schedule and resume ---------------------------------------------------------------------
+def _fixed(tmp_path, name: str, k: int, **kw) -> TrainConfig:
+    rollout = RolloutConfig(group_size=2, max_tokens_per_turn=4, max_staleness=k, version_schedule="fixed")
+    loss = LossConfig(behaviour_correction="tis", logprob_temperature=1.0)
+    return config(tmp_path / name, rollout=rollout, loss=loss, steps=4, **kw)
+
+
+def _comparable(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not k.startswith("perf/")}  # wall times differ
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_fixed_schedule_resumes_bit_exact(tmp_path, k):
+    """4 steps straight vs 2 steps, a checkpoint (with the rollouts in flight), a new trainer resuming, 2 more:
+    the same metrics and weights, bit for bit. The schedule: step s samples with version max(0, s - k) only."""
+    with Trainer(_fixed(tmp_path, "straight", k)) as tr:
+        straight = [tr.train_step() for _ in range(4)]
+        final = copy.deepcopy(tr.model.state_dict())
+    for s, m in enumerate(straight):
+        tokens = m["rollout/response_tokens_mean"] * m["rollout/trajectories"]
+        assert m[f"async/tokens_lag_{min(s, k)}"] == tokens  # every token of step s: version max(0, s - k)
+    with Trainer(_fixed(tmp_path, "cut", k)) as tr:
+        first = [tr.train_step() for _ in range(2)]
+        saved = tr.save()
+    assert (saved / "rollouts_ahead.pkl").is_file()  # steps 2.. were in flight
+    with Trainer(_fixed(tmp_path, "cut", k, resume=True)) as tr:
+        tr.prepare()
+        assert tr.step == 2 and sorted(tr.stream.inflight) == list(range(2, 2 + k))
+        resumed = [tr.train_step() for _ in range(2)]
+        after = tr.model.state_dict()
+    assert [_comparable(m) for m in first + resumed] == [_comparable(m) for m in straight]
+    assert after.keys() == final.keys() and all(torch.equal(after[n], final[n]) for n in final)
+
+
+# -- admission control per task source, groups whole -------------------------------------------------------------
+class Uneven(TextEnv):
+    """A group's members end at different turns: the n-th env built plays n % 3 + 1 turns."""
+
+    built = 0
+
+    def reset(self, seed=None):
+        self.turns, self.turn = Uneven.built % 3 + 1, 0
+        Uneven.built += 1
+        return {}
+
+    def observe(self, agent):
+        return [{"role": "user", "content": f"turn {self.turn}"}]
+
+    def step(self, action):
+        self.turn += 1
+        return Step({"agent": float(self.turn)}, terminated=self.turn == self.turns)
+
+
+def test_admission_bounds_a_source_and_defers_without_discarding():
+    import functools
+
+    from palaestra.shared.rl.async_rollouts import RolloutStream, task_source
+    from palaestra.shared.rl.episodes import make_env
+    from palaestra.shared.rollout.engine import RolloutResult
+    from palaestra.shared.rollout.workers import LocalRollouts
+
+    def spec(step, i, source):
+        return EpisodeSpec(functools.partial(make_env, "task", {"source": source}), i, f"{step}-{i}")
+
+    # step 2 alone holds 3 tasks of `slow`, more than its bound of 2: it still starts when the learner takes it
+    mix = {0: ["slow", "fast"], 1: ["slow", "fast"], 2: ["slow"] * 3, 3: ["fast"], 4: ["slow", "slow"], 5: ["fast"]}
+
+    class Engine:
+        policy = None
+
+        def run(self, specs, seed):
+            return RolloutResult([], {"groups": [s.group_id for s in specs]})
+
+    draw = lambda step: [spec(step, i, src) for i, src in enumerate(mix[step])]  # noqa: E731
+    assert task_source(draw(0)[0]) == "slow" and task_source(EpisodeSpec(Talk, 0, "x")) == "Talk"
+    stream = RolloutStream(
+        LocalRollouts(make_client(LLMConfig(model="tiny")), RolloutConfig()),
+        max_staleness=3,
+        draw=draw,
+        seed=lambda step: step,
+        local_engine=Engine,
+        steps=6,
+        max_inflight={"slow": 2},
+    )
+    order, results = [], []
+    for step in range(6):
+        results.append(stream.take(step))
+        order.append(sorted(set(range(step + 1)) | set(stream.inflight)))  # the steps started so far
+    stream.close()
+    # an independent replay of the rule: in order, the steps up to t + 3 whose slow tasks fit beside those in flight
+    expected, flight, nxt = [], {}, 0
+    for t in range(6):
+        while nxt <= min(t + 3, 5):
+            need = mix[nxt].count("slow")
+            if nxt > t and need and sum(flight.values()) + need > 2:  # a step without slow tasks never waits
+                break
+            flight[nxt], nxt = need, nxt + 1
+        flight.pop(t)
+        expected.append(list(range(nxt)))
+    assert order == expected and order[0] == [0, 1] and order[1] == [0, 1]  # step 2 waits for its turn
+    # nothing discarded: every step's result is its own tasks, all of them
+    assert [r.stats["groups"] for r in results] == [[f"{s}-{i}" for i in range(len(mix[s]))] for s in range(6)]
+
+
+def test_a_group_comes_back_whole_when_its_last_member_ends(tmp_path):
+    """At staleness 1, each step's rollout holds every member of every group, also those that played more
+    turns than the others (the GRPO advantage is taken over the whole group)."""
+    cfg = config(tmp_path, envs=[EnvSpec("task", {"reward": "async_test_length"})], steps=2)
+    cfg.rollout = RolloutConfig(group_size=3, max_tokens_per_turn=3, max_turns=4, max_staleness=1)
+    with Trainer(cfg) as tr:
+        tr.prepare()
+        tr.stream.draw = lambda step: [EpisodeSpec(Uneven, seed=i, group_id=f"{step}-{i}") for i in range(2)]
+        taken = []
+        original = tr.stream.take
+        tr.stream.take = lambda step: taken.append(original(step)) or taken[-1]
+        tr.train()
+    for step, result in enumerate(taken):
+        turns: dict[str, list[int]] = {}
+        for t in result.trajectories:
+            turns.setdefault(t.group_id, []).append(len(t.turns))
+        assert sorted(turns) == [f"{step}-0", f"{step}-1"]
+        assert all(sorted(n) == [1, 2, 3] for n in turns.values())  # members that ended at turns 1, 2 and 3
+
+
+def test_admission_bounds_name_sources_of_the_mixture(tmp_path):
+    from palaestra.shared.rl.async_rollouts import check_admission
+
+    cfg = config(tmp_path, envs=[EnvSpec("task", {"source": "next_number", "reward": "async_test_length"})])
+    cfg.rollout.max_inflight = {"next_number": 4}
+    check_admission(cfg)
+    cfg.rollout.max_inflight = {"bfcl": 4}
+    with pytest.raises(ConfigError, match=r"names \['bfcl'\].*\['next_number'\]"):
+        check_admission(cfg)
+    cfg.rollout.max_inflight = {"next_number": 0}
+    with pytest.raises(ConfigError, match=">= 1"):
+        check_admission(cfg)

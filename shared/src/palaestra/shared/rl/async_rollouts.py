@@ -6,49 +6,92 @@ returns when they end; `sync` pushes the weights between rollouts.
 
 Protocol with k > 0:
 
-1. Admission: `take(t)` first starts every step s <= t + k of the run not started yet (its tasks
-   ``draw(s)`` and seed ``seed(s)``: the tasks and seeds of the synchronous run). So at most k + 1 steps of episodes are
-   in flight, each step's mixture of task sources as drawn (the admission bound holds per source in
-   that proportion); nothing is ever discarded for being stale.
+1. Admission: `take(t)` first starts, in order, the steps s <= t + k of the run not started yet (its tasks
+   ``draw(s)`` and seed ``seed(s)``: the tasks and seeds of the synchronous run). So at most k + 1 steps of
+   episodes are in flight; nothing is ever discarded for being stale. ``rollout.max_inflight`` bounds a task
+   source's tasks in flight (its name: the env's, or the ``task`` env's ``source``): a step ahead that would
+   exceed a bound waits, and it and the steps after it start at a later `take` (step t itself always starts).
 2. Overlap: `take(t)` then waits for step t only. While the learner updates on step t, steps t+1..t+k
-   generate: on the Ray workers (a concurrent actor pool: each worker runs its rollouts and takes weights
-   at once), or, for in-process rollouts, in one background thread over a copy of the policy (the
-   learner's own model changes during the update).
-3. Versions: the policy version is the learner's step count. After the update of step t, `sync` offers
-   version t + 1 to every rollout client; each loads it before its next generate call
-   (rollout/policy_version.py). An episode in flight, a multi-turn one half played, continues with the
-   new weights, and every token keeps the version that sampled it (`Turn.response_versions`). A token of
-   step s's rollout was sampled at version >= s - k, so its lag at the update of step s is at most k.
+   generate: on the Ray workers (each worker runs its rollouts and takes weights at once), or, for
+   in-process rollouts, in one background thread over a copy of the policy (the learner's own model changes
+   during the update).
+3. Versions: the policy version is the learner's step count. After the update of step t, `sync` hands
+   version t + 1 to the rollouts. ``rollout.version_schedule``:
+   - ``newest``: every rollout client loads it before its next generate call (rollout/policy_version.py).
+     An episode in flight, a multi-turn one half played, continues with the new weights, and every token
+     keeps the version that sampled it (`Turn.response_versions`). A token of step s's rollout was sampled
+     at version >= s - k, so its lag at the update of step s is at most k. Which call takes the new weights
+     depends on timing: runs are not reproducible.
+   - ``fixed``: a rollout samples all its tokens with the version that is newest when it starts (Ray:
+     `RayRollouts` ``pin_versions``; in-process: the background thread loads it before the rollout). Step
+     s starts at ``take(s - k)``, so it samples with version max(0, s - k) (later when admission control
+     defers it): the run is a function of its config, as the synchronous one.
 4. Groups: a step's result comes back when all its episodes ended, so a GRPO group is scored when its
    last member ends, never from a part of it.
 5. Workers that die: their shard runs again, whole and with the same seed, on a replacement that gets the
-   current weights (`RayRollouts.collect`): no episode lost or counted twice.
+   current weights (pinned: the shard's own) (`RayRollouts.collect`): no episode lost or counted twice.
 6. Correction: the loss may correct the behaviour-vs-learner gap per token (``loss.behaviour_correction``
    tis | mis, rl/loss.py) with the sampler's log-probs (`behaviour_tensors`); `async_metrics` reports the
    staleness histogram, the share of tokens truncated or masked, and the log-prob gap.
+7. Checkpoints: `save` waits for the rollouts in flight and writes their results into the checkpoint;
+   `restore` takes them back, so a resumed run trains on the same rollouts as the run that saved (with the
+   ``fixed`` schedule, bit for bit the uninterrupted run).
 
-The in-flight rollouts of a checkpoint are not saved: a resumed run starts them again from the resumed
-weights (bit-exact resume needs k = 0).
+In-process rollouts share torch's global random state with anything else that samples in this process
+(an evaluation between steps): with k > 0 and an evaluation hook such runs are not reproducible.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
+import pickle
+from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from palaestra.shared.config import ConfigError
 from palaestra.shared.llm.base import DType, make_client
 from palaestra.shared.rl.batch import TrainBatch
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.loss import LossConfig, behaviour_weights
-from palaestra.shared.rollout.engine import EpisodeSpec, RolloutEngine, RolloutResult
+from palaestra.shared.rollout.engine import EpisodeSpec, RolloutEngine, RolloutResult, VersionSchedule
 from palaestra.shared.rollout.trajectory import Trajectory
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
 
 Rollouts = LocalRollouts | RayRollouts
+AHEAD_FILE = "rollouts_ahead.pkl"
+"""The results of the rollouts in flight at a checkpoint (a step's directory)."""
+
+
+def task_source(spec: EpisodeSpec) -> str:
+    """The task source an episode draws from, as ``rollout.max_inflight`` names it: the env's registered name
+    (``functools.partial(make_env, name, kwargs)``, rl/episodes.py), or the ``task`` env's ``source``."""
+    make = spec.make_env
+    if isinstance(make, functools.partial) and len(make.args) == 2 and isinstance(make.args[0], str):
+        name, kwargs = make.args
+        return str(kwargs.get("source", name)) if name == "task" and isinstance(kwargs, dict) else name
+    return getattr(make, "__name__", type(make).__name__)
+
+
+def config_sources(cfg: TrainConfig) -> set[str]:
+    """The task sources of the run's env mixture (`task_source` of its specs)."""
+    return {str(e.kwargs.get("source", e.name)) if e.name == "task" else e.name for e in cfg.envs}
+
+
+def check_admission(cfg: TrainConfig) -> None:
+    """``rollout.max_inflight`` names sources of the mixture, with bounds >= 1."""
+    limits, known = cfg.rollout.max_inflight, config_sources(cfg)
+    unknown = sorted(set(limits) - known)
+    if unknown:
+        raise ConfigError(f"rollout.max_inflight names {unknown}, not task sources of envs (they are {sorted(known)})")
+    bad = {k: v for k, v in limits.items() if v < 1}
+    if bad:
+        raise ConfigError(f"rollout.max_inflight bounds must be >= 1 (got {bad})")
 
 
 class RolloutStream:
@@ -62,12 +105,19 @@ class RolloutStream:
         seed: Callable[[int], int],
         local_engine: Callable[[], RolloutEngine] | None = None,
         steps: int | None = None,
+        schedule: VersionSchedule = VersionSchedule.newest,
+        max_inflight: dict[str, int] | None = None,
     ):
         """`local_engine` builds the background engine over a copy of the policy (in-process rollouts, k > 0);
-        `steps`: the run's steps (none is started past the last one; None: no end)."""
+        `steps`: the run's steps (none is started past the last one; None: no end); `schedule`, `max_inflight`:
+        ``rollout.version_schedule`` and ``rollout.max_inflight``."""
         self.rollouts, self.k, self.draw, self.seed = rollouts, max_staleness, draw, seed
-        self.steps = steps
-        self.inflight: dict[int, Any] = {}
+        self.steps, self.schedule = steps, VersionSchedule(schedule)
+        self.limits = dict(max_inflight or {})
+        self.inflight: dict[int, Any] = {}  # step -> its handle (a future, a Ray handle, or its result)
+        self.drawn: dict[int, list[EpisodeSpec]] = {}  # drawn, not admitted yet
+        self.sources: dict[int, Counter[str]] = {}  # the bounded sources' tasks of each step in flight
+        self.pinned: tuple[dict[str, torch.Tensor], int] | None = None  # fixed, in-process: the newest weights
         self.engine: RolloutEngine | None = None
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
         if self.k > 0 and isinstance(rollouts, LocalRollouts):
@@ -82,41 +132,104 @@ class RolloutStream:
 
     def take(self, step: int) -> RolloutResult:
         """Step `step`'s rollout (started now if it is not in flight), after starting steps up to step + k."""
-        if self.k == 0:
+        if self.k == 0 and step not in self.inflight:
             return self.rollouts.run(self.draw(step), seed=self.seed(step))
         last = step + self.k + 1 if self.steps is None else max(step + 1, min(step + self.k + 1, self.steps))
         for s in range(step, last):
-            if s not in self.inflight:
-                self.inflight[s] = self._submit(s)
-        handle = self.inflight.pop(step)
+            if s in self.inflight:
+                continue
+            if s > step and not self._admits(s):
+                break  # steps start in order: this one and those after it wait for a later take
+            self.sources[s] = self._bounded(self._specs(s))
+            self.inflight[s] = self._submit(s)
+        self.sources.pop(step, None)
+        return self._result(self.inflight.pop(step))
+
+    def _specs(self, step: int) -> list[EpisodeSpec]:
+        if step not in self.drawn:
+            self.drawn[step] = self.draw(step)
+        return self.drawn[step]
+
+    def _bounded(self, specs: list[EpisodeSpec]) -> Counter[str]:
+        """The tasks of `specs` per source that ``max_inflight`` bounds."""
+        return Counter(name for name in map(task_source, specs) if name in self.limits)
+
+    def _admits(self, step: int) -> bool:
+        """Whether `step`'s tasks fit under every source's bound beside the steps in flight."""
+        if not self.limits:
+            return True
+        busy = sum(self.sources.values(), Counter())
+        wants = self._bounded(self._specs(step))
+        return all(busy[name] + n <= self.limits[name] for name, n in wants.items())
+
+    def _submit(self, step: int) -> Any:
+        specs, seed = self.drawn.pop(step), self.seed(step)
         if self.pool is not None:
+            assert self.engine is not None
+            pinned = self.pinned if self.schedule == VersionSchedule.fixed else None
+            return self.pool.submit(self._run_local, specs, seed, pinned)
+        assert isinstance(self.rollouts, RayRollouts)
+        return self.rollouts.submit(specs, seed)
+
+    def _run_local(self, specs: list[EpisodeSpec], seed: int, pinned: tuple | None) -> RolloutResult:
+        assert self.engine is not None
+        if pinned is not None:  # fixed: the weights newest at submission (the thread runs rollouts in order)
+            self.engine.policy.load_now(*pinned)
+        return self.engine.run(specs, seed)
+
+    def _result(self, handle: Any) -> RolloutResult:
+        if isinstance(handle, RolloutResult):
+            return handle
+        if isinstance(handle, concurrent.futures.Future):
             return handle.result()
         assert isinstance(self.rollouts, RayRollouts)
         return self.rollouts.collect(handle)
 
-    def _submit(self, step: int) -> Any:
-        specs, seed = self.draw(step), self.seed(step)
-        if self.pool is not None:
-            assert self.engine is not None
-            return self.pool.submit(self.engine.run, specs, seed)
-        assert isinstance(self.rollouts, RayRollouts)
-        return self.rollouts.submit(specs, seed)
-
     def sync(self, state: Callable[[], dict[str, torch.Tensor]], version: int) -> None:
         """The policy of `version` (its weights from `state()`, read only where a client needs a copy)."""
         if self.engine is not None:
-            self.engine.policy.offer(state(), version)  # loaded before the background engine's next call
+            # a copy: the learner updates its tensors in place while the background engine may still load them
+            weights = {name: t.detach().clone() for name, t in state().items()}
+            if self.schedule == VersionSchedule.fixed:
+                self.pinned = (weights, version)  # for the rollouts submitted from now on
+            else:
+                self.engine.policy.offer(weights, version)  # loaded before the background engine's next call
             self.rollouts.sync(None, version)
             return
         self.rollouts.sync(state() if self.needs_weights else None, version)
 
+    def drain(self) -> dict[int, RolloutResult]:
+        """Wait for the rollouts in flight; they stay in flight as their results, which this returns."""
+        for step in sorted(self.inflight):
+            self.inflight[step] = self._result(self.inflight[step])
+        return dict(self.inflight)
+
+    def save(self, directory: Path) -> None:
+        """Write the rollouts in flight (waited for) into a checkpoint's directory."""
+        ahead = self.drain()
+        if ahead:
+            with open(Path(directory) / AHEAD_FILE, "wb") as f:
+                pickle.dump(ahead, f)
+
+    def restore(self, directory: Path | None) -> None:
+        """Take back the rollouts in flight at the checkpoint `directory` (none there: nothing to take)."""
+        path = Path(directory) / AHEAD_FILE if directory is not None else None
+        if path is None or not path.is_file():
+            return
+        with open(path, "rb") as f:
+            ahead: dict[int, RolloutResult] = pickle.load(f)
+        self.inflight.update(ahead)
+        for step in ahead:
+            self.sources[step] = self._bounded(self.draw(step)) if self.limits else Counter()
+
     def close(self) -> None:
-        """Stop the background thread (the rollouts in flight are dropped: a resumed run starts them again)."""
+        """Stop the background thread (the rollouts in flight are dropped: a resumed run takes back those a
+        checkpoint saved, or starts them again)."""
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
-        if isinstance(self.rollouts, RayRollouts):
-            self.inflight.clear()
+        self.inflight.clear()
+        self.sources.clear()
 
 
 def background_engine(cfg: TrainConfig, state: dict[str, torch.Tensor], version: int) -> RolloutEngine:

@@ -114,7 +114,7 @@ from tqdm import tqdm
 from palaestra.shared.config import ConfigError
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages, reads_entropy
-from palaestra.shared.rl.async_rollouts import RolloutStream, background_engine, behaviour_data
+from palaestra.shared.rl.async_rollouts import RolloutStream, background_engine, behaviour_data, check_admission
 from palaestra.shared.rl.batch import build_batch, think_entropy, token_advantages
 from palaestra.shared.rl.batch_rules import make_batch_rule
 from palaestra.shared.rl.config import TrainConfig
@@ -237,6 +237,9 @@ class Trainer:
         if self.rollouts is not None:
             return
         cfg = self.cfg
+        k, steps = cfg.rollout.max_staleness, self.total_steps
+        fixed = k > 0 and cfg.rollout.version_schedule == "fixed"  # rl/async_rollouts.py
+        check_admission(cfg)
         if cfg.workers.num_workers > 0:
             w = cfg.workers
             llm = w.llm or cfg.llm
@@ -248,7 +251,8 @@ class Trainer:
                 w.num_cpus,
                 w.num_gpus,
                 weight_sync=w.weight_sync,
-                concurrent=cfg.rollout.max_staleness > 0,
+                concurrent=k > 0 and not fixed,
+                pin_versions=fixed,
             )
             self.rollouts.sync(self.policy_state(), self.step)
         else:
@@ -256,8 +260,10 @@ class Trainer:
             self.rollouts.sync(None, self.step)
         seed = lambda step: cfg.seed * 100_003 + step  # noqa: E731
         engine = lambda: background_engine(cfg, self.policy_state(), self.step)  # noqa: E731
-        k, steps = cfg.rollout.max_staleness, self.total_steps
-        self.stream = RolloutStream(self.rollouts, k, self.draw_tasks, seed, engine, steps)
+        ahead = (cfg.rollout.version_schedule, cfg.rollout.max_inflight)
+        self.stream = RolloutStream(self.rollouts, k, self.draw_tasks, seed, engine, steps, *ahead)
+        if self.resumed:  # the rollouts in flight at the checkpoint
+            self.stream.restore(checkpoint.latest(self.ckpt_dir))
 
     def close(self) -> None:
         """Stop the rollout workers (a later `train` starts them again)."""
@@ -436,9 +442,25 @@ class Trainer:
         """The policy's weights under the plain model's names (LoRA merged in) for the rollout workers."""
         return policy_state(self.model, self.cfg.lora.enabled)
 
+    def _checkpoint_extra(self) -> Callable[[Path], None]:
+        """A checkpoint's parts beyond the model and optimizer: the learner's (the ranks' shards; none before it
+        starts) and the rollouts in flight (rl/async_rollouts.py), waited for first: in-process ones sample
+        with torch's random state, which the checkpoint reads."""
+        learner, stream = self.learner, self.stream
+        if stream is not None:
+            stream.drain()
+
+        def extra(directory: Path) -> None:
+            if learner is not None:
+                learner.save(directory)
+            if stream is not None:
+                stream.save(directory)
+
+        return extra
+
     def save(self) -> Path:
-        # what the learner holds beyond this model and optimizer (the ranks' shards); none before it starts
-        extra = self.learner.save if self.learner is not None else None
+        # what the learner holds beyond this model and optimizer (the ranks' shards), and the rollouts in flight
+        extra = self._checkpoint_extra()
         path = checkpoint.save(self.ckpt_dir, self.step, self.model, self.tokenizer, self.optimizer, extra)
         checkpoint.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
         return path

@@ -47,6 +47,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from palaestra.shared.config import value_check
@@ -54,6 +55,13 @@ from palaestra.shared.llm.base import Completion, LLMClient, SamplingParams
 from palaestra.shared.rollout.env import TextEnv
 from palaestra.shared.rollout.policy_version import PolicyVersion
 from palaestra.shared.rollout.trajectory import Trajectory, Turn
+
+
+class VersionSchedule(StrEnum):
+    """Which weights a rollout running ahead of the learner samples with (``rollout.version_schedule``)."""
+
+    newest = "newest"
+    fixed = "fixed"
 
 
 @dataclass
@@ -86,6 +94,15 @@ class RolloutConfig:
     max_staleness: int = field(default=0, metadata=value_check("palaestra.shared.config:check_non_negative"))
     """Steps of rollouts that may run ahead of the learner (rl/async_rollouts.py): a token sampled by policy
     version v trains an update of step <= v + max_staleness. 0: the synchronous loop (rollout, update, sync)."""
+    version_schedule: VersionSchedule = VersionSchedule.newest
+    """With max_staleness > 0: which weights a rollout ahead of the learner samples with (rl/async_rollouts.py).
+    ``newest``: each generate call the newest weights offered, so an episode continues across an update;
+    ``fixed``: a step's rollout all with the version it started with (step s: max(0, s - max_staleness) when
+    the admission control defers nothing), a function of the config only: a resumed run is bit-exact."""
+    max_inflight: dict[str, int] = field(default_factory=dict)
+    """Admission control per task source (the env's name; the ``task`` env's ``source``): at most this many of
+    its tasks in flight, over the steps running ahead of the learner. A step that would exceed it starts
+    later (the step the learner takes always starts); nothing is discarded. Empty: no limit."""
 
 
 @dataclass

@@ -21,6 +21,11 @@ weights as training).
 weights (rollout/policy_version.py), which tags every generated token. With
 ``concurrent=True`` (rl/async_rollouts.py) a worker takes new weights while it
 runs (`RolloutWorker.offer_weights`): they load before its next generate call.
+With ``pin_versions=True`` (``rollout.version_schedule: fixed``) `sync` only keeps
+the weights; every rollout carries the version that is newest when it is
+submitted and samples with it throughout (a worker runs its rollouts in order,
+loading each one's weights when they differ from the ones it holds), also when
+its shard runs again on a replacement.
 ``submit`` starts a rollout and ``collect`` waits for it (``run`` is both).
 """
 
@@ -62,6 +67,7 @@ class RolloutWorker:
 
         torch.set_num_threads(torch_threads)
         self.startup_error: Exception | None = None
+        self.pinned_version: int | None = None  # the version of the last pinned rollout's weights, while held
         try:
             self.client = make_client(llm)
         except (LLMError, MissingExtraError, FileNotFoundError) as err:
@@ -71,7 +77,15 @@ class RolloutWorker:
             return
         self.engine = RolloutEngine(self.client, cfg)
 
-    def run(self, specs: list[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None) -> RolloutResult:
+    def run(
+        self, specs: list[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None, pinned: tuple | None = None
+    ) -> RolloutResult:
+        """`pinned`: (version, [weights' object ref]) this rollout samples with (loaded unless held already)."""
+        if pinned is not None and pinned[0] != self.pinned_version:
+            import ray
+
+            self.engine.policy.load_now(ray.get(pinned[1][0]), pinned[0])
+            self.pinned_version = pinned[0]
         return self.engine.run(specs, seed, cfg)
 
     def load_weights(self, state_dict: dict | None, version: int | None = None) -> bool:
@@ -86,6 +100,7 @@ class RolloutWorker:
     def offer_weights(self, state_dict: dict | None, version: int) -> bool:
         """Weights for the next generate call, also of a rollout running now (a concurrent actor)."""
         self.engine.policy.offer(state_dict, version)
+        self.pinned_version = None  # the weights held are no longer a pinned rollout's
         return True
 
     def weight_transfer(self, method: str, *args: Any) -> Any:
@@ -115,6 +130,7 @@ class RayRollouts:
         max_restarts_per_step: int = 3,
         weight_sync: WeightSync = WeightSync.object_store,
         concurrent: bool = False,
+        pin_versions: bool = False,
     ):
         from palaestra.shared import cluster as ray_cluster
 
@@ -124,6 +140,9 @@ class RayRollouts:
         options = {"max_concurrency": 4} if concurrent else {}
         self.actor_cls = self.ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, **options)(RolloutWorker)
         self.concurrent = concurrent
+        if pin_versions and (concurrent or weight_sync == WeightSync.nccl):
+            raise ValueError("pinned versions need sequential workers and weights through the object store")
+        self.pin_versions = pin_versions
         self.version: int | None = None
         self.max_restarts = max_restarts_per_step
         self.weights_ref: Any = None
@@ -168,6 +187,9 @@ class RayRollouts:
         if state_dict is None:
             return
         self.version = version
+        if self.pin_versions:  # the next submitted rollouts carry them
+            self.weights_ref = self.ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+            return
         if self.nccl is not None:
             self.nccl.send(state_dict)
             if version is not None:
@@ -186,18 +208,24 @@ class RayRollouts:
 
     def submit(
         self, specs: Sequence[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None
-    ) -> tuple[list[list[EpisodeSpec]], int, dict, list, RolloutConfig | None]:
+    ) -> tuple[list[list[EpisodeSpec]], int, dict, list, RolloutConfig | None, tuple | None]:
         """Start a rollout: one shard per worker, each with its own seed; `collect` waits for it. `cfg`: other
         settings for this rollout only (an evaluation's; None: the workers' own)."""
         shards = _split(list(specs), len(self.workers))
         workers = self.workers
-        pending = {workers[i].run.remote(shard, seed * 1009 + i, cfg): i for i, shard in enumerate(shards) if shard}
-        return shards, seed, pending, list(self.workers), cfg
+        # pinned: the weights' ref in a list, which Ray passes as it is (the worker fetches it only to load it)
+        pinned = (self.version, [self.weights_ref]) if self.pin_versions and self.weights_ref is not None else None
+        pending = {
+            workers[i].run.remote(shard, seed * 1009 + i, cfg, pinned): i for i, shard in enumerate(shards) if shard
+        }
+        return shards, seed, pending, list(self.workers), cfg, pinned
 
-    def collect(self, handle: tuple[list[list[EpisodeSpec]], int, dict, list, RolloutConfig | None]) -> RolloutResult:
+    def collect(
+        self, handle: tuple[list[list[EpisodeSpec]], int, dict, list, RolloutConfig | None, tuple | None]
+    ) -> RolloutResult:
         """The result of a `submit`: a shard whose worker died runs again, whole, on its replacement (its
-        episodes are neither lost nor counted twice)."""
-        shards, seed, pending, used, cfg = handle
+        episodes are neither lost nor counted twice; pinned, with the weights it was submitted with)."""
+        shards, seed, pending, used, cfg, pinned = handle
         results: list[RolloutResult | None] = [None] * len(shards)
         restarts = 0
         while pending:
@@ -214,7 +242,7 @@ class RayRollouts:
                 if self.workers[i] is used[i]:  # not yet replaced (by another rollout in flight)
                     self._replace(i)  # a fresh replica with the current weights
                 used[i] = self.workers[i]
-                pending[self.workers[i].run.remote(shards[i], seed * 1009 + i, cfg)] = i
+                pending[self.workers[i].run.remote(shards[i], seed * 1009 + i, cfg, pinned)] = i
         return _merge([r for r in results if r is not None], restarts)
 
     def _call_all(self, fn) -> None:
