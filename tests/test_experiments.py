@@ -11,8 +11,9 @@ import pytest
 
 from palaestra.shared.cli import main
 from palaestra.shared.config import read_yaml
-from palaestra.shared.jobs import JobConfig, PipelineConfig, load_config, stage_configs
+from palaestra.shared.jobs import JobConfig, load_config
 from palaestra.shared.matrix import combinations, split_matrix
+from palaestra.shared.pipeline import PipelineConfig, stage_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted((ROOT / "experiments").rglob("*.yaml"))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from palaestra.shared.config import to_dict
-from palaestra.shared.jobs import load_config, run_job, stage_configs
+from palaestra.shared.jobs import load_config, run_job
+from palaestra.shared.pipeline import stage_configs
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
 

@@ -156,7 +156,7 @@ def test_mars_rehearsal_rolls_out_on_vllm(tmp_path):
 
 @pytest.mark.slow
 def test_aed_paper_config_rehearses(tmp_path):
-    from palaestra.shared.jobs import stage_configs
+    from palaestra.shared.pipeline import stage_configs
 
     result = rehearse(AED, tmp_path / "aed")
     paper = yaml.safe_load(AED.read_text())

@@ -28,7 +28,7 @@ def test_paper_protocol_configs(name, scenarios):
     from palaestra.aed.attack import victim_checkpoint
     from palaestra.aed.jobs import attack_tasks
     from palaestra.aed.rewards import SCENARIO_TYPES
-    from palaestra.shared.jobs import stage_configs
+    from palaestra.shared.pipeline import stage_configs
 
     stages = stage_configs(load_config(ROOT / "experiments" / "aed" / f"{name}.yaml"))
     attack = stages["attack"]
@@ -55,7 +55,7 @@ def test_palaestra_plan_prints_the_paper_protocols_counts(capsys):
     counted here from the config's own settings, the victim stages and the Ray placement."""
     from palaestra.aed.plan import SECONDS_PER_STEP
     from palaestra.shared.cli import main
-    from palaestra.shared.jobs import stage_configs
+    from palaestra.shared.pipeline import stage_configs
 
     path = ROOT / "experiments" / "aed" / "paper.yaml"
     stages = stage_configs(load_config(path))
@@ -87,7 +87,7 @@ def test_palaestra_plan_prints_the_paper_protocols_counts(capsys):
 
 
 def test_preference_demo_attacks_the_victim_its_first_stage_caches():
-    from palaestra.shared.jobs import stage_configs
+    from palaestra.shared.pipeline import stage_configs
 
     stages = stage_configs(load_config(ROOT / "experiments" / "aed" / "preference_cpu.yaml"))
     victim, attack = stages["victim"], stages["attack"]
@@ -275,7 +275,7 @@ def test_scenarios_cpu_covers_every_scenario_with_its_default_types():
 
 def test_compare_cpu_trains_each_type_on_both_rewards():
     from palaestra.aed.jobs import attack_tasks
-    from palaestra.shared.jobs import stage_configs
+    from palaestra.shared.pipeline import stage_configs
 
     cfg = stage_configs(load_config(ROOT / "experiments" / "aed" / "compare_cpu.yaml"))["attack"]
     arms = sorted(

@@ -8,8 +8,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from palaestra.shared.jobs import load_config, run_job, stage_configs
+from palaestra.shared.jobs import load_config, run_job
 from palaestra.shared.matrix import file_combinations
+from palaestra.shared.pipeline import stage_configs
 
 EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments" / "egpo"
 

@@ -53,7 +53,7 @@ def test_experiment_configs_resolve(name):
         assert (cfg.mcts_simulations, cfg.mcts_uct_c, cfg.mcts_rollouts, cfg.mcts_solve) == (100, 2.0, 10, False)
         assert cfg.prompt == trained.prompt and cfg.temperature == trained.eval.temperature
     if name == "quickstart.yaml":
-        from palaestra.shared.jobs import stage_configs
+        from palaestra.shared.pipeline import stage_configs
 
         stages = stage_configs(cfg)
         assert stages["mars_selfplay"].job == "mars.train"

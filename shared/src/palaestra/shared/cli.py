@@ -84,7 +84,8 @@ def one_line_error(err: BaseException) -> str | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from palaestra.shared.config import read_yaml, to_yaml
-    from palaestra.shared.jobs import PipelineConfig, load_config, run_job, stage_configs, summary_table
+    from palaestra.shared.jobs import load_config, run_job, summary_table
+    from palaestra.shared.pipeline import PipelineConfig, stage_configs
 
     if args.matrix or "matrix" in read_yaml(args.config):
         from palaestra.shared import matrix

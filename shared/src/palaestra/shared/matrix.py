@@ -141,7 +141,8 @@ def combinations(
 ) -> tuple[JobConfig, list[Combination]]:
     """The config without the matrix, and every combination of the axes, resolved (so a bad one fails before
     any runs), each with its own ``output_dir`` under the config's."""
-    from palaestra.shared.jobs import PipelineConfig, load_config, stage_configs
+    from palaestra.shared.jobs import load_config
+    from palaestra.shared.pipeline import PipelineConfig, stage_configs
 
     if config_dir is not None and data.get("job") == "pipeline":
         data = {**data, "config_dir": config_dir}  # stage paths are relative to the file

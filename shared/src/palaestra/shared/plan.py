@@ -388,7 +388,7 @@ JOB_PLANS: Registry[JobPlanFn] = Registry("job plan", "palaestra.job_plans")
 def plan_config(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str, bool]:
     """The report of any plannable config and whether it fits: an RL `TrainConfig` (`plan`), a job registered in
     `JOB_PLANS`, or a pipeline, stage by stage. A config with nothing to plan is a `ValueError`."""
-    from palaestra.shared.jobs import PipelineConfig, stage_configs
+    from palaestra.shared.pipeline import PipelineConfig, stage_configs
     from palaestra.shared.rl.config import TrainConfig
 
     if isinstance(cfg, TrainConfig):

@@ -298,7 +298,7 @@ def rehearse(config: str | Path, workdir: str | Path, overrides: list[str] | Non
 
 
 def _checks(cfg: Any, summary: dict[str, Any]) -> list[str]:
-    from palaestra.shared.jobs import stage_configs
+    from palaestra.shared.pipeline import stage_configs
 
     if cfg.job != "pipeline":
         check = _rehearsal(cfg.job).check
