@@ -35,6 +35,8 @@ class ScriptedTeacher(BaseHTTPRequestHandler):
     queries: dict[str, int] = {}
     requests: dict[str, int] = {}
     judged: dict[str, int] = {}
+    slips = True
+    """Skip a step on some first tries (the critic's hint fixes it)."""
 
     def log_message(self, *args) -> None:
         pass
@@ -121,7 +123,7 @@ class ScriptedTeacher(BaseHTTPRequestHandler):
         done = sum(1 for m in messages[anchor:] if m["role"] == "tool")
         plan = list(op["calls"])
         hinted = "(Hint from a reviewer" in (latest["content"] or "")
-        if k % 3 == 1 and len(plan) >= 2 and not hinted and latest["role"] == "user":
+        if self.slips and k % 3 == 1 and len(plan) >= 2 and not hinted and latest["role"] == "user":
             plan = plan[1:]  # a capable model's slip on a first try: the critic's hint fixes it
         if done >= len(plan):
             return {"thinking": "All steps are done.", "content": "All done."}
@@ -247,6 +249,60 @@ def test_judge_filter_drops_low_scores(tmp_path, teacher):
     for row in read_rows(cfg.output_path):
         assert sum(len(calls) for calls in row["ground_truth"]) == 1
         assert row["verdict"]["judge_score"] == 9 and row["provenance"]["roles"]["judge"] == "llm"
+
+
+class SteadyTeacher(ScriptedTeacher):
+    """The scripted teacher without first-try slips: it solves each turn as the oracle reasoner does."""
+
+    slips = False
+
+
+def test_plan_counts_the_requests_a_scripted_run_makes(tmp_path, capsys):
+    """`palaestra plan` on an LLM config: the probe's requests per role equal what a scripted run of the same
+    items sends (one turn, no slips on either side, the judge on), and the tool maker's prompts are the same
+    text; the CLI prints the table."""
+    from palaestra.datagen.estimate import estimate_load
+    from palaestra.datagen.generate import DataGenerationConfig, generate
+    from palaestra.datagen.pipeline import ItemConfig, RolesConfig
+    from palaestra.shared.cli import main
+    from palaestra.shared.llm.base import LLMConfig
+    from palaestra.shared.tracking import Tracker
+
+    server = _serve(SteadyTeacher)
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    llm = LLMConfig(backend="openai", model="scripted", base_url=url, api_key="x", max_retries=0)
+    roles = RolesConfig(
+        tool_maker="llm", query_writer="llm", reasoner="llm", critic="llm", judge="llm", naive_first_try=0.0, llm=llm
+    )
+    item = ItemConfig(max_turns=1, p_miss_param=0.0, p_miss_func=0.0)
+    envs = ["TicketAPI", "TradingBot", "MessageAPI"]
+    cfg = DataGenerationConfig(
+        num_samples=12, workers=0, items_per_task=4, envs=envs, output_dir=str(tmp_path), roles=roles, item=item,
+        tracking=TrackingConfig(enabled=False), log_samples=False,
+    )  # fmt: skip
+    estimate = estimate_load(cfg)
+    try:
+        generate(cfg, Tracker(cfg.tracking))
+    finally:
+        server.shutdown()
+    stats = json.loads((cfg.output_path.parent / "stats.json").read_text())
+    assert estimate["probe_items"] == 12 and SteadyTeacher.requests["reasoner"] > 12  # some turns take 2+ calls
+    assert {r: u["requests"] for r, u in estimate["probe"].items()} == SteadyTeacher.requests
+    assert estimate["probe"]["tool_maker"]["prompt_chars"] == stats["llm_usage_by_role"]["tool_maker"]["prompt_chars"]
+    # scaled to a target size: twice the items, twice the requests
+    twice = estimate_load(DataGenerationConfig(**{**cfg.__dict__, "num_samples": 24}), probe_items=12)
+    assert twice["by_role"]["reasoner"]["requests"] == 2 * SteadyTeacher.requests["reasoner"]
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(
+        "job: datagen.generate\nnum_samples: 1000\nenvs: [MathAPI]\n"
+        "roles: {reasoner: llm, judge: llm, llm: {backend: openai, model: m, base_url: 'http://127.0.0.1:9/v1'}}\n"
+    )
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "LLM roles: reasoner, judge" in out and "expected LLM load for 1,000 items" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
+    assert set(rows) >= {"reasoner", "judge", "total"} and "tool_maker" not in rows
 
 
 class SecondModel(ScriptedTeacher):

@@ -35,6 +35,10 @@ def render_turns(row: dict) -> str:
     return "\n".join(lines)
 
 
+def judge_messages(row: dict) -> list[dict]:
+    return [{"role": "user", "content": prompt("judge", turns=render_turns(row))}]
+
+
 def parse_score(text: str) -> float | None:
     """The score of a judge's answer (1-10): a JSON object's ``score``, else "score: N"; None if neither."""
     obj = first_json_object(text)
@@ -58,12 +62,9 @@ class LLMJudge:
         self.threshold = threshold
         self.last_drop: str | None = None
 
-    def messages(self, row: dict) -> list[dict]:
-        return [{"role": "user", "content": prompt("judge", turns=render_turns(row))}]
-
     def score(self, row: dict) -> float | None:
         """The judge's score of `row`, or None (``last_drop`` says why)."""
-        score = parse_score(self.llm.chat(self.messages(row), role=self.role))
+        score = parse_score(self.llm.chat(judge_messages(row), role=self.role))
         if score is None:
             self.llm.drop(self, "no_score")
         return score

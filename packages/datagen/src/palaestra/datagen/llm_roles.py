@@ -67,6 +67,61 @@ def first_json_object(text: str) -> dict | None:
     return None
 
 
+# The messages each role sends (also what `estimate` counts for a run that has not happened yet).
+
+
+def tool_maker_messages(trace, base: AdvancedTool) -> list[dict]:
+    """The tool maker's request: the trace's calls with their outputs, and the composite tool's inputs."""
+    calls = "\n".join(
+        f"{i + 1}. {s.call} -> {json.dumps(s.output, default=str)[:300]}" for i, s in enumerate(trace.steps)
+    )
+    return [{"role": "user", "content": prompt("tool_maker", calls=calls, inputs=", ".join(base.inputs) or "none")}]
+
+
+def selector_criteria(trace) -> list[str]:
+    """The criteria that single out a record a step takes from a list ("the id of the one with the highest ...")."""
+    return [
+        f"the {words(s.feed_keys.get(p, p))} of the one with the {sel[1]} {words(sel[0])}"
+        for s in trace.steps
+        for p, sel in s.selectors.items()
+    ]
+
+
+def query_writer_messages(tool: AdvancedTool, trace, spec, noise: str, omit: list[str] = ()) -> list[dict]:
+    """The query writer's request: the goal, the steps the user asks for, what the assistant looks up, the
+    criteria and the values the user knows (all but the omitted ones)."""
+    values = [v for k, v in tool.inputs.items() if k not in omit]
+    hidden = set(trace.hidden)
+    steps = "\n".join(f"- {imperative(spec.doc(s.name))}" for i, s in enumerate(trace.steps) if i not in hidden)
+    looked_up = [words(s.feed_keys.get(p, p)) for s in trace.steps for p in s.feeds]
+    looked_up += [f"{words(k)} (an earlier answer's)" for s in trace.steps for k in s.prior_feeds.values()]
+    content = prompt(
+        "query_writer",
+        description=tool.description,
+        steps=steps or "- (none)",
+        hidden=", ".join(looked_up) or "none",
+        criteria="; ".join(selector_criteria(trace)) or "none",
+        noise=noise,
+        values="; ".join(f"{param_phrase(v['param'])} {value_text(v['value'])}" for v in values) or "none",
+    )
+    return [{"role": "user", "content": content}]
+
+
+def reasoner_messages(messages: list[dict]) -> list[dict]:
+    """The reasoner's request: its system prompt, then the conversation so far (the tools go beside it)."""
+    return [{"role": "system", "content": prompt("reasoner_system")}, *messages]
+
+
+def critic_messages(turn, attempt_calls, failure: dict) -> list[dict]:
+    """The critic's request: the turn's request, the failed try's calls and what went wrong (no ground truth)."""
+    calls = ", ".join(f"{c.name}({json.dumps(c.arguments)})" for c in attempt_calls) or "none"
+    summary = (
+        f"{len(failure.get('missing_tools', []))} expected result(s) missing; "
+        f"state {'differs' if failure.get('state_mismatch') else 'matches'}"
+    )
+    return [{"role": "user", "content": prompt("critic", query=turn.query, calls=calls, failure=summary)}]
+
+
 USAGE_KEYS = ("requests", "prompt_chars", "completion_chars", "prompt_tokens", "completion_tokens")
 
 
@@ -170,13 +225,7 @@ class LLMToolMaker:
 
     def make(self, trace, spec, rng: random.Random) -> AdvancedTool | None:
         base = self.fallback.make(trace, spec, rng)
-        calls = "\n".join(
-            f"{i + 1}. {s.call} -> {json.dumps(s.output, default=str)[:300]}" for i, s in enumerate(trace.steps)
-        )
-        text = self.llm.chat(
-            [{"role": "user", "content": prompt("tool_maker", calls=calls, inputs=", ".join(base.inputs) or "none")}],
-            role=self.role,
-        )
+        text = self.llm.chat(tool_maker_messages(trace, base), role=self.role)
         obj = first_json_object(text)
         if obj is None:
             return self.llm.drop(self, "no_json")
@@ -198,35 +247,8 @@ class LLMQueryWriter:
 
     def write(self, tool: AdvancedTool, trace, spec, rng: random.Random, omit: list[str] = ()) -> Query | None:
         values = {k: v for k, v in tool.inputs.items() if k not in omit}
-        hidden = set(trace.hidden)
-        steps = "\n".join(f"- {imperative(spec.doc(s.name))}" for i, s in enumerate(trace.steps) if i not in hidden)
-        looked_up = [words(s.feed_keys.get(p, p)) for s in trace.steps for p in s.feeds]
-        looked_up += [f"{words(k)} (an earlier answer's)" for s in trace.steps for k in s.prior_feeds.values()]
-        criteria = [
-            f"the {words(s.feed_keys.get(p, p))} of the one with the {sel[1]} {words(sel[0])}"
-            for s in trace.steps
-            for p, sel in s.selectors.items()
-        ]
-        text = self.llm.chat(
-            [
-                {
-                    "role": "user",
-                    "content": prompt(
-                        "query_writer",
-                        description=tool.description,
-                        steps=steps or "- (none)",
-                        hidden=", ".join(looked_up) or "none",
-                        criteria="; ".join(criteria) or "none",
-                        noise=rng.choice(NOISE),
-                        values="; ".join(
-                            f"{param_phrase(v['param'])} {value_text(v['value'])}" for v in values.values()
-                        )
-                        or "none",
-                    ),
-                }
-            ],
-            role=self.role,
-        )
+        criteria = selector_criteria(trace)
+        text = self.llm.chat(query_writer_messages(tool, trace, spec, rng.choice(NOISE), omit), role=self.role)
         text = answer_text(text)
         if not (10 <= len(text) <= 2000):
             return self.llm.drop(self, "length")
@@ -248,8 +270,7 @@ class LLMReasoner:
         self.llm = llm
 
     def act(self, messages, tools, turn, try_index, rng) -> str:
-        system = {"role": "system", "content": prompt("reasoner_system")}
-        return self.llm.chat([system, *messages], tools=tools, role=self.role)
+        return self.llm.chat(reasoner_messages(messages), tools=tools, role=self.role)
 
 
 class LLMCritic:
@@ -261,15 +282,7 @@ class LLMCritic:
         self.last_drop: str | None = None
 
     def critique(self, turn, attempt_calls, failure, rng) -> str:
-        calls = ", ".join(f"{c.name}({json.dumps(c.arguments)})" for c in attempt_calls) or "none"
-        summary = (
-            f"{len(failure.get('missing_tools', []))} expected result(s) missing; "
-            f"state {'differs' if failure.get('state_mismatch') else 'matches'}"
-        )
-        text = self.llm.chat(
-            [{"role": "user", "content": prompt("critic", query=turn.query, calls=calls, failure=summary)}],
-            role=self.role,
-        )
+        text = self.llm.chat(critic_messages(turn, attempt_calls, failure), role=self.role)
         hint = answer_text(text)[:600]
         if not hint:
             self.llm.drop(self, "empty")
