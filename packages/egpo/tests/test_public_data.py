@@ -141,6 +141,87 @@ def test_contamination_check_before_training(tmp_path, capsys):
     assert sft[0]["messages"][-1]["role"] == "assistant" and "<tool_call>" in sft[0]["messages"][-1]["content"]
 
 
+class _NoTraining:
+    """The trainer's place in ``egpo.train``, doing nothing: the check runs before it."""
+
+    def __init__(self, cfg, tracker, eval_hook=None):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def prepare(self):
+        pass
+
+    def train(self):
+        return {"steps": 0}
+
+
+@needs_bfcl
+def test_every_training_set_is_checked_and_logged_in_the_training_run(tmp_path, tracking, monkeypatch):
+    """egpo.train runs the public sets (hits dropped), another task source, datagen's multi-turn rows and the SFT
+    set through BFCL's contamination check before training, and logs what it found in the run (MLflow artifact
+    ``data/contamination.json`` and metrics)."""
+    from mlflow.tracking import MlflowClient
+
+    from palaestra.egpo.bfcl import load_category
+    from palaestra.egpo.tasks import load_bfcl
+    from palaestra.shared.jobs import load_config, run_job
+
+    # BFCL's own entries as training sets: every question of 8 words or more is a hit by definition
+    rows = []
+    for entry, truth in load_category("multi_turn_base", 2):
+        turns = [{"kind": "normal", "query": q[0]["content"] if q else ""} for q in entry["question"]]
+        row = {"turns": turns, "ground_truth": truth, "initial_config": json.dumps(entry["initial_config"]),
+               "involved_classes": entry["involved_classes"], "tools": json.dumps(entry["function"])}  # fmt: skip
+        rows.append(row)
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    simple = load_bfcl("simple_python", 3)
+    assert all(len(t.messages[-1]["content"].split()) >= 8 for t in simple)
+    xlam = {"path": str(DATA / "xlam_function_calling_60k.json"), "name": "xlam"}
+    apigen = {"path": str(DATA / "apigen-mt_5k.json"), "name": "apigen"}
+    cfg = load_config(
+        {
+            "job": "egpo.train",
+            "output_dir": str(tmp_path / "out"),
+            "envs": [
+                {"name": "task", "kwargs": {"source": "public_fc_tasks", "source_kwargs": {"sources": [xlam]}}},
+                {"name": "task", "kwargs": {"source": "fc_tasks", "source_kwargs": {"bfcl_category": "simple_python",
+                                                                                     "limit": 3}}},
+                {"name": "datagen_multi_turn", "kwargs": {"path": str(tmp_path / "rows.jsonl")}},
+                {"name": "bfcl_multi_turn", "kwargs": {}},
+            ],
+            "sft_warmup": {"steps": 1, "source": "public_fc_tasks",
+                           "source_kwargs": {"sources": [apigen], "contamination": "report", "with_answers": True}},
+            "tracking": vars(tracking),
+        }
+    )  # fmt: skip
+    monkeypatch.setattr("palaestra.shared.rl.trainer.Trainer", _NoTraining)
+    out = run_job(cfg)
+    client = MlflowClient(tracking.uri)
+    local = client.download_artifacts(out["run_id"], "data/contamination.json", str(tmp_path))
+    sets = json.loads(Path(local).read_text())
+    public = sets["envs.0.task"]
+    assert (public["action"], public["checked"], public["contaminated"], public["kept"]) == ("drop", 4, 1, 3)
+    assert public["sources"]["xlam"]["examples"][0]["id"] == "xlam/3"  # simple_python's first question, verbatim
+    assert (sets["envs.1.task"]["action"], sets["envs.1.task"]["checked"], sets["envs.1.task"]["contaminated"]) == (
+        "report",
+        3,
+        3,
+    )
+    rows_report = sets["envs.2.datagen_multi_turn"]
+    assert rows_report["checked"] == 2 and rows_report["contaminated"] == 2
+    assert "not checked" in sets["envs.3.bfcl_multi_turn"]["note"]
+    assert (sets["sft_warmup"]["action"], sets["sft_warmup"]["contaminated"]) == ("report", 0)
+    metrics = client.get_run(out["run_id"]).data.metrics
+    assert metrics["data/envs.0.task/contaminated"] == 1 and metrics["data/envs.1.task/checked"] == 3
+    run = run_job(load_config({"job": "egpo.train", "contamination_check": False, "tracking": vars(tracking)}))
+    assert not [a.path for a in client.list_artifacts(run["run_id"], "data")]
+
+
 @needs_bfcl
 @pytest.mark.skipif(not importlib.util.find_spec("palaestra.datagen"), reason="datagen not installed")
 def test_same_verdicts_as_datagens_query_check():

@@ -309,7 +309,8 @@ def public_fc_tasks(
     FunReason-MT's, APIGen-MT's think tool) where the task has it, instead of the one-line reference thought.
     ``min_args``, ``max_tools``, ``think_args``: as in ``fc_tasks``.
 
-    The samples are built once per process and set of arguments: the trainer builds a task env per episode."""
+    The samples are built once per process and set of arguments: the trainer builds a task env per episode.
+    `public_fc_report` gives what the check found for the same arguments."""
     stamps = [_stamp(str(spec.get("path", ""))) for spec in sources]  # a local file rewritten is read again
     key = json.dumps([sources, stamps, contamination, report_path, with_answers, max_tools, think_args,
                       source_thoughts, min_args, seed], sort_keys=True, default=str)  # fmt: skip
@@ -317,10 +318,18 @@ def public_fc_tasks(
         _SAMPLES[key] = _public_fc_tasks(
             sources, contamination, report_path, with_answers, max_tools, think_args, source_thoughts, min_args, seed
         )
-    return _SAMPLES[key]
+    return _SAMPLES[key][0]
 
 
-_SAMPLES: dict[str, list[dict]] = {}
+_SAMPLES: dict[str, tuple[list[dict], dict[str, Any]]] = {}
+
+
+def public_fc_report(**source_kwargs: Any) -> dict[str, Any]:
+    """The contamination report (per source: checked, contaminated, kept, examples) of ``public_fc_tasks`` called
+    with these arguments; builds the samples if this process has not yet (they are cached for the trainer)."""
+    samples = public_fc_tasks(**source_kwargs)
+    report = next(r for s, r in _SAMPLES.values() if s is samples)
+    return {**report, "samples": len(samples)}
 
 
 def _stamp(path: str) -> list[int]:
@@ -339,7 +348,7 @@ def _public_fc_tasks(
     source_thoughts: bool,
     min_args: int,
     seed: int,
-) -> list[dict]:
+) -> tuple[list[dict], dict[str, Any]]:
     from palaestra.egpo.tasks import canonical_calls
     from palaestra.egpo.train import subset_tools
 
@@ -373,7 +382,7 @@ def _public_fc_tasks(
         tasks = [t for t in tasks if given[t.id] and min(given[t.id]) >= min_args]
     if max_tools:
         tasks = [subset_tools(t, max_tools, seed) for t in tasks]
-    return [_sample(t, with_answers, think_args, source_thoughts) for t in tasks]
+    return [_sample(t, with_answers, think_args, source_thoughts) for t in tasks], report
 
 
 def _sample(task: FCTask, with_answer: bool, think_args: bool, source_thoughts: bool) -> dict:

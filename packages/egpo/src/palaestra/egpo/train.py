@@ -208,6 +208,9 @@ class EGPOTrainConfig(TrainConfig):
     advantages: list[AdvantageStep] = field(default_factory=_egpo_advantages)
     loss: LossConfig = field(default_factory=lambda: LossConfig(kl_coef=0.001))
     eval: EvalAfterConfig = field(default_factory=EvalAfterConfig)
+    contamination_check: bool = True
+    """Run every training set through BFCL's contamination check before training and log what it found as the
+    artifact ``data/contamination.json`` (`palaestra.egpo.bfcl_contamination.check_training_sets`)."""
 
 
 class BfclAtEnd:
@@ -247,11 +250,37 @@ class BfclAtEnd:
         return {**metrics, **{k: v for k, v in self.result.items() if isinstance(v, int | float)}}
 
 
+def log_contamination(cfg: EGPOTrainConfig, tracker: Tracker) -> dict[str, Any]:
+    """BFCL's contamination check of every training set (`check_training_sets`), logged in the run: the artifact
+    ``data/contamination.json``, metrics ``data/<set>/contaminated`` and ``/checked``, and one line per set."""
+    from palaestra.egpo.bfcl_contamination import check_training_sets
+
+    try:
+        sets = check_training_sets(cfg)
+    except ImportError as err:  # bfcl-eval (BFCL's test questions) is an optional install
+        print(f"egpo.train: WARNING: training sets not checked for BFCL contamination: {err}", flush=True)
+        tracker.log_dict({"not_checked": str(err)}, "data/contamination.json")
+        return {}
+    tracker.log_dict(sets, "data/contamination.json")
+    metrics = {}
+    for label, report in sets.items():
+        if "checked" in report:
+            metrics[f"data/{label}/checked"] = float(report["checked"])
+            metrics[f"data/{label}/contaminated"] = float(report["contaminated"])
+        found = f"{report.get('contaminated', 0)} of {report['checked']}" if "checked" in report else "-"
+        print(f"egpo.train: BFCL contamination check, {label} ({report['source']}): {found} "
+              f"({report['action']})", flush=True)  # fmt: skip
+    tracker.log_metrics(metrics)
+    return sets
+
+
 @job("egpo.train", EGPOTrainConfig)
 def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
     """EGPO (or GRPO, by the advantage list) on function-calling tasks through the shared trainer."""
     from palaestra.shared.rl.trainer import Trainer
 
+    if cfg.contamination_check:
+        log_contamination(cfg, tracker)
     bfcl = BfclAtEnd(cfg, tracker) if cfg.eval.categories else None
     with Trainer(cfg, tracker, eval_hook=bfcl) as trainer:
         if cfg.task_sampling == TaskSampling.epochs and cfg.epochs:
