@@ -6,6 +6,12 @@ Layout under ``<output_dir>/checkpoints``::
                             (+ sharded/: the sharded learner's torch.distributed.checkpoint files) + manifest.json
     reference/              the frozen reference model (when KL is on), saved once at the start; manifest.json
 
+With a ``policies`` section (rl/policies.py) each policy has its subdirectory::
+
+    step_000010/            trainer_state.pt (step, RNG states) + manifest.json
+      <name>/               the policy's model (an HF directory with its tokenizer) + optimizer.pt
+    policies/<name>/reference/   its frozen reference (when KL is on)
+
 A checkpoint is written to a temporary directory and renamed, so a crash never
 leaves a half-written ``step_*`` behind.
 
@@ -58,6 +64,43 @@ def save(root: Path, step: int, model, tokenizer, optimizer, extra: Callable[[Pa
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final
+
+
+def save_policies(root: Path, step: int, policies: dict[str, tuple[Any, Any, Any]]) -> Path:
+    """Write step `step` of several policies under `root`: ``{name: (model, tokenizer, optimizer)}``, each in
+    its subdirectory; the step and RNG states once, in ``trainer_state.pt``."""
+    final = root / f"step_{step:06d}"
+    tmp = root / f".tmp_step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, (model, tokenizer, optimizer) in policies.items():
+        model.save_pretrained(tmp / name)
+        tokenizer.save_pretrained(tmp / name)
+        torch.save({"optimizer": optimizer.state_dict()}, tmp / name / "optimizer.pt")
+    torch.save({"step": step, "rng": rng_state(), "policies": list(policies)}, tmp / "trainer_state.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "policies": list(policies)}))
+    write_manifest(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def load_policies(path: Path, policies: dict[str, tuple[Any, Any]]) -> int:
+    """Restore every policy's weights and optimizer (``{name: (model, optimizer)}``) and the RNG states from
+    `path` (checked against its manifest first); return its step. A policy the checkpoint lacks is an error."""
+    verify(path)
+    with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
+        state = torch.load(path / "trainer_state.pt", weights_only=True)
+    saved = state.get("policies")
+    if saved is None or set(saved) != set(policies):
+        raise CheckpointError(
+            f"{path}: holds policies {saved or 'none (a single-policy checkpoint)'}, the run has {list(policies)}"
+        )
+    for name, (model, optimizer) in policies.items():
+        load_weights(path / name, model)
+        optimizer.load_state_dict(torch.load(path / name / "optimizer.pt", weights_only=True)["optimizer"])
+    set_rng_state(state["rng"])
+    return int(state["step"])
 
 
 def latest(root: Path) -> Path | None:

@@ -225,6 +225,21 @@ EVAL_SAMPLING = tuple(f.name for f in dataclasses.fields(EvalConfig))
 
 
 @dataclass
+class PolicySpec:
+    """One of several policies trained in one run (rl/policies.py): the agents it plays and what it has of its
+    own; every unset section is the run's (``llm``, ``lora``, ``optim``, ``learner``)."""
+
+    agents: list[str] = field(default_factory=list)
+    """The agents (mars seats ``player_0``/``player_1``, a multi-agent system's roles) whose turns this policy
+    samples and trains on; empty: every agent no other policy names (at most one policy may leave it empty)."""
+    llm: LLMConfig | None = None
+    """Its own model (the transformers backend); None: the run's ``llm`` (a model of its own all the same)."""
+    lora: LoraConfig | None = None
+    optim: OptimConfig | None = None
+    learner: LearnerConfig | None = None
+
+
+@dataclass
 class TrainConfig(JobConfig):
     """RL fine-tuning of an LLM policy on text environments (GRPO, EGPO, MARS and mixtures)."""
 
@@ -271,6 +286,12 @@ class TrainConfig(JobConfig):
     task_sampling: TaskSampling = TaskSampling.replacement
     """replacement (each task an env by weight and a random reset seed) | epochs (every task of every env once
     per epoch, reshuffled per epoch, as verl's dataloader; rl/task_sampling.py)."""
+    policies: dict[str, PolicySpec] = field(
+        default_factory=dict, metadata=value_check("palaestra.shared.rl.policies:check_policies")
+    )
+    """Several policies trained together, by name (rl/policies.py): each plays its ``agents``, with its own
+    weights, optimizer, learner, reference, advantages (its own rows), metrics (``policy/<name>/...``) and
+    checkpoint. Empty: one policy plays every agent (self-play)."""
     epochs: int = field(default=0, metadata=value_check("palaestra.shared.rl.config:check_epochs"))
     """With ``task_sampling: epochs``, > 0: the run is ceil(epochs x tasks / tasks_per_step) steps instead of
     ``steps`` (the EGPO paper: 5). 0: ``steps`` steps."""

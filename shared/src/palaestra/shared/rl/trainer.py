@@ -95,6 +95,11 @@ train/grad_norm, perf/tokens_per_s (generated tokens per rollout second),
 perf/step_s, perf/rollout_s, rollout/failed, rollout/truncated,
 rollout/trajectories, rollout/response_tokens_mean.
 
+Several policies (``policies:``, rl/policies.py): each agent's turns are sampled by its policy's model,
+and steps 2-5 run per policy on its own agents' trajectories (its advantages, update, schedule), its
+metrics under ``policy/<name>/...``; every policy is saved and resumed (its checkpoint subdirectory).
+Without the section one policy plays every agent, exactly as before.
+
 Small models on CPU: the RL learning rate wants to be far below the SFT one
 (Adam moves every weight by about lr per step); see experiments/shared/toy_rl.yaml.
 """
@@ -111,7 +116,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from palaestra.shared.config import ConfigError
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages, reads_entropy
 from palaestra.shared.rl.async_rollouts import RolloutStream, background_engine, behaviour_data, check_admission
@@ -120,8 +124,9 @@ from palaestra.shared.rl.batch_rules import make_batch_rule
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.episodes import eval_specs, reward_summary
 from palaestra.shared.rl.learner import Learner, LocalLearner
-from palaestra.shared.rl.optim import make_optimizer, optimizer_steps, step_learning_rate
-from palaestra.shared.rl.policy import check_learner, load_policy, policy_state, think_token_ids
+from palaestra.shared.rl.optim import optimizer_steps, step_learning_rate
+from palaestra.shared.rl.policies import Policy, agent_clients, build_policies, split_by_policy, warm_start_from
+from palaestra.shared.rl.policy import check_learner, policy_state, think_token_ids
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.task_sampling import TaskSampler
 from palaestra.shared.rl.update import NonFiniteLoss, StepData
@@ -151,25 +156,52 @@ class Trainer:
                 f"the learner needs llm.backend=transformers (got {cfg.llm.backend!r}); put vllm under workers.llm"
             )
         check_learner(cfg)
-        if cfg.learner.world_size > 1 and cfg.lora.enabled:
-            raise ConfigError("learner.world_size > 1 does not support LoRA (lora.enabled); use world_size 1")
         self.cfg, self.tracker = cfg, tracker or Tracker(cfg.tracking)
-        self.client, self.model, self.compute_dtype = load_policy(cfg)  # float32 master weights
+        # model (float32 master weights) and optimizer of every policy (rl/policies.py); one without `policies`
+        self.policies: list[Policy] = build_policies(cfg)
         self.tokenizer = self.client.tokenizer
         self.device = next(self.model.parameters()).device
         self.ckpt_dir = Path(cfg.output_dir) / "checkpoints"
         self.step = 0
-        self.optimizer = make_optimizer((p for p in self.model.parameters() if p.requires_grad), cfg.optim)
         self.think_ids = think_token_ids(self.tokenizer)
         self.tasks = TaskSampler(cfg)  # task_sampling: with replacement, or epochs (rl/task_sampling.py)
         self.batch_rule = make_batch_rule(batch_rule, cfg, self.tasks)  # draws tasks, keeps rows (rl/batch_rules.py)
-        self.ref_model: torch.nn.Module | None = None
-        self.learner: Learner | None = None  # started by `prepare`: LocalLearner, or the ranks (rl/distributed.py)
         self.rollouts: LocalRollouts | RayRollouts | None = None
         self.stream: RolloutStream | None = None  # each step's rollout, up to rollout.max_staleness ahead
         self.eval_hook = eval_hook or (_default_eval if cfg.eval_tasks else None)
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self.resumed: bool | None = None  # None: not prepared yet
+
+    # -- the first policy (the only one without `policies`): what evaluations and packages read ---------------
+    @property
+    def client(self):
+        return self.policies[0].client
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.policies[0].model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.policies[0].optimizer
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.policies[0].compute_dtype
+
+    @property
+    def ref_model(self) -> torch.nn.Module | None:
+        return self.policies[0].ref_model
+
+    @property
+    def learner(self) -> Learner | None:
+        """Started by `prepare`: LocalLearner, or the ranks (rl/distributed.py)."""
+        return self.policies[0].learner
+
+    @property
+    def several(self) -> bool:
+        """A ``policies`` section: per-policy checkpoints (also with one policy)."""
+        return bool(self.cfg.policies)
 
     # -- lifecycle ----------------------------------------------------------
     def prepare(self) -> None:
@@ -185,7 +217,9 @@ class Trainer:
     def resume(self) -> bool:
         """With ``resume: true``, restore weights, optimizer, RNG states and step from the newest checkpoint."""
         latest = checkpoint.latest(self.ckpt_dir) if self.cfg.resume else None
-        if latest is not None:
+        if latest is not None and self.several:
+            self.step = checkpoint.load_policies(latest, {p.name: (p.model, p.optimizer) for p in self.policies})
+        elif latest is not None:
             self.step = checkpoint.load(latest, self.model, self.optimizer)
         return latest is not None
 
@@ -195,18 +229,22 @@ class Trainer:
             return {}
         metrics = run_sft(self.model, self.tokenizer, self.cfg.sft_warmup, progress=True)
         self.tracker.log_metrics({f"sft/{k}": v for k, v in metrics.items()}, step=0)
+        for p in self.policies[1:]:  # several policies start from the one warm start (rl/policies.py)
+            warm_start_from(p, self.policies[0], lambda q: run_sft(q.model, q.client.tokenizer, q.cfg.sft_warmup))
         return metrics
 
     def init_reference(self) -> None:
         """Freeze a copy of the current model as the KL reference (saved once; a resumed run loads it).
         With LoRA the reference is the model with its adapters off: nothing to keep."""
-        if not self.cfg.loss.kl_coef or self.cfg.lora.enabled or self.ref_model is not None:
-            return
-        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        if self.resumed:
-            checkpoint.load_reference(self.ckpt_dir, self.ref_model)
-        else:
-            checkpoint.save_reference(self.ckpt_dir, self.ref_model)
+        for p in self.policies:
+            if not self.cfg.loss.kl_coef or p.cfg.lora.enabled or p.ref_model is not None:
+                continue
+            p.ref_model = copy.deepcopy(p.model).eval().requires_grad_(False)
+            root = self.ckpt_dir / "policies" / p.name if self.several else self.ckpt_dir  # its reference/
+            if self.resumed:
+                checkpoint.load_reference(root, p.ref_model)
+            else:
+                checkpoint.save_reference(root, p.ref_model)
 
     def start_learner(self) -> None:
         """The learner (rl/learner.py): `LocalLearner` on this process's model, or with ``learner.world_size``
@@ -217,11 +255,13 @@ class Trainer:
             return
         cfg = self.cfg
         if cfg.learner.world_size <= 1:
-            self.learner = LocalLearner(cfg, self.model, self.optimizer, self.compute_dtype, self.ref_model)
+            for p in self.policies:  # each policy its learner, with its own optimizer and learner settings
+                p.learner = LocalLearner(p.cfg, p.model, p.optimizer, p.compute_dtype, p.ref_model)
             return
         from palaestra.shared.rl.distributed import DistributedLearner
 
-        self.learner = DistributedLearner(
+        policy = self.policies[0]  # the sharded learner: one policy (rl/policies.py `build_policies`)
+        policy.learner = DistributedLearner(
             cfg,
             initial_state=self.model.state_dict(),
             reference=self.ref_model is not None,
@@ -230,8 +270,8 @@ class Trainer:
         )
         latest = checkpoint.latest(self.ckpt_dir)
         if self.resumed and latest is not None:
-            self.learner.load(latest)
-        self.ref_model = None  # the ranks hold the reference (it stays saved under checkpoints/reference)
+            policy.learner.load(latest)
+        policy.ref_model = None  # the ranks hold the reference (it stays saved under checkpoints/reference)
 
     def start_rollouts(self) -> None:
         if self.rollouts is not None:
@@ -256,7 +296,7 @@ class Trainer:
             )
             self.rollouts.sync(self.policy_state(), self.step)
         else:
-            self.rollouts = LocalRollouts(self.client, cfg.rollout)
+            self.rollouts = LocalRollouts(self.client, cfg.rollout, agent_clients(self.policies))
             self.rollouts.sync(None, self.step)
         seed = lambda step: cfg.seed * 100_003 + step  # noqa: E731
         engine = lambda: background_engine(cfg, self.policy_state(), self.step)  # noqa: E731
@@ -273,9 +313,10 @@ class Trainer:
         if self.rollouts is not None:
             self.rollouts.close()
             self.rollouts = None
-        if self.learner is not None:
-            self.learner.close()
-            self.learner = None
+        for p in self.policies:
+            if p.learner is not None:
+                p.learner.close()
+                p.learner = None
 
     def __enter__(self) -> Trainer:
         return self
@@ -327,7 +368,8 @@ class Trainer:
         self.prepare()
         cfg, t0 = self.cfg, time.perf_counter()
         # 1. rollout
-        self.model.eval()
+        for p in self.policies:
+            p.model.eval()
         assert self.rollouts is not None and self.stream is not None  # prepare() started them
         result = self.batch_rule.select(self.step, self.stream.take(self.step))
         check_failures(result, cfg.rollout.max_failed_share)  # warns; raises past the share
@@ -335,16 +377,50 @@ class Trainer:
         if not trajs:
             raise TrainingError(f"step {self.step}: no usable trajectories ({result.stats})")
         t_rollout = time.perf_counter() - t0
+        # 2.-5. per policy, on its own agents' trajectories (one policy: all of them)
+        updated = [(p, self.update_policy(p, rows)) for p, rows in split_by_policy(self.policies, trajs)]
+        for p in self.policies:
+            p.model.eval()
+        self.step += 1
+        # 6. weight sync (version: the learner's step count)
+        self.stream.sync(self.policy_state, self.step)
+        # 7. metrics
+        step_s = time.perf_counter() - t0
+        if len(self.policies) == 1:
+            metrics = dict(updated[0][1])
+        else:  # each policy's under policy/<name>/..., the reward over every trajectory as before
+            metrics = {f"policy/{p.name}/{k}": v for p, m in updated for k, v in m.items()}
+            metrics["train/reward_mean"] = float(np.mean([t.total_reward for t in trajs]))
+        metrics |= {
+            "perf/tokens_per_s": result.stats["generated_tokens"] / max(t_rollout, 1e-9),
+            "perf/step_s": step_s,
+            "perf/rollout_s": t_rollout,
+            "rollout/failed": result.stats["failed"],
+            "rollout/failed_episodes": result.stats["failed_episodes"],
+            "rollout/truncated": result.stats["truncated"],
+            "rollout/trajectories": len(trajs),
+            "rollout/response_tokens_mean": float(np.mean([t.num_response_tokens for t in trajs])),
+        }
+        self.tracker.log_metrics(metrics, step=self.step)
+        if cfg.log_samples:
+            lines = [f"[{t.agent}] r={t.total_reward:+.3f} {t.turns[-1].text!r}" for t in trajs[: cfg.log_samples]]
+            self.tracker.log_text("\n".join(lines), f"samples/step_{self.step:06d}.txt")
+        return metrics
+
+    def update_policy(self, policy: Policy, trajs: list) -> dict[str, float]:
+        """Steps 2-5 of the loop for `policy` on `trajs` (its agents'): old log-probs and entropies, reference
+        log-probs, the advantage pipeline on these rows alone, its learner's update at its own scheduled rate.
+        Returns the step's train/... metrics of this policy."""
+        cfg, learner = policy.cfg, policy.learner
+        assert learner is not None  # prepare() started it
         # 2. old log-probs and entropies (3. reference log-probs)
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.think_ids)
-        learner = self.learner
-        assert learner is not None  # prepare() started it
         # old, ref, entropies None: on-policy, the update's own
         data = StepData(batch, advantages=torch.empty(0), step=self.step, steps=self.total_steps)
         if self.needs_scoring(len(batch)):
             data.old_logps, data.entropies = learner.score(batch)
         if cfg.loss.kl_coef:
-            data.ref_logps = self._reference_logps(batch)
+            data.ref_logps = learner.score(batch, with_entropy=False, ref=True)[0]  # LoRA: adapters off
         stale: dict[str, float] = {}
         if self.asynchronous:  # the sampler's log-probs and versions: the correction and async/ metrics
             data.behaviour_logps, stale = behaviour_data(trajs, batch, cfg, self.step, data.old_logps)
@@ -363,35 +439,16 @@ class Trainer:
             raise TrainingError(
                 f"{e}; stopping. Last good checkpoint: {last or 'none (no checkpoint saved yet)'}"
             ) from None
-        self.model.eval()
-        self.step += 1
-        # 6. weight sync (version: the learner's step count)
-        self.stream.sync(self.policy_state, self.step)
-        # 7. metrics
-        step_s = time.perf_counter() - t0
         flat_adv = np.concatenate(values)
-        metrics = {
+        return {
             "train/reward_mean": float(np.mean([t.total_reward for t in trajs])),
             "train/advantage_mean": float(flat_adv.mean()),
             "train/advantage_std": float(flat_adv.std()),
             **adv_in.stats,  # what advantage steps report of their effect (entropy_clipped: adv/entropy_*)
             "train/lr": lr,
             **{f"train/{k}": v for k, v in updates.items()},
-            "perf/tokens_per_s": result.stats["generated_tokens"] / max(t_rollout, 1e-9),
-            "perf/step_s": step_s,
-            "perf/rollout_s": t_rollout,
-            "rollout/failed": result.stats["failed"],
-            "rollout/failed_episodes": result.stats["failed_episodes"],
-            "rollout/truncated": result.stats["truncated"],
-            "rollout/trajectories": len(trajs),
-            "rollout/response_tokens_mean": float(np.mean([t.num_response_tokens for t in trajs])),
             **stale,
         }
-        self.tracker.log_metrics(metrics, step=self.step)
-        if cfg.log_samples:
-            lines = [f"[{t.agent}] r={t.total_reward:+.3f} {t.turns[-1].text!r}" for t in trajs[: cfg.log_samples]]
-            self.tracker.log_text("\n".join(lines), f"samples/step_{self.step:06d}.txt")
-        return metrics
 
     def evaluate(self) -> dict[str, float]:
         """Mean reward per trajectory over fixed tasks, with a 95% confidence interval (normal approximation),
@@ -422,11 +479,6 @@ class Trainer:
     def asynchronous(self) -> bool:
         """Rollouts ahead of the learner or a behaviour correction: the step reads the sampler's log-probs."""
         return self.cfg.rollout.max_staleness > 0 or self.cfg.loss.behaviour_correction != "off"
-
-    def _reference_logps(self, batch) -> torch.Tensor:
-        """The frozen reference's log-probs (LoRA: the base model, adapters off)."""
-        assert self.learner is not None
-        return self.learner.score(batch, with_entropy=False, ref=True)[0]
 
     # -- tasks, weights, checkpoints -------------------------------------------
     @property
@@ -461,7 +513,11 @@ class Trainer:
     def save(self) -> Path:
         # what the learner holds beyond this model and optimizer (the ranks' shards), and the rollouts in flight
         extra = self._checkpoint_extra()
-        path = checkpoint.save(self.ckpt_dir, self.step, self.model, self.tokenizer, self.optimizer, extra)
+        if self.several:  # one subdirectory per policy (rl/policies.py)
+            parts = {p.name: (p.model, p.client.tokenizer, p.optimizer) for p in self.policies}
+            path = checkpoint.save_policies(self.ckpt_dir, self.step, parts)
+        else:
+            path = checkpoint.save(self.ckpt_dir, self.step, self.model, self.tokenizer, self.optimizer, extra)
         checkpoint.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
         return path
 

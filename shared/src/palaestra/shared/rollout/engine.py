@@ -36,11 +36,16 @@ Versions: every response token is tagged with the policy version that sampled it
 (`Turn.response_versions`), the version the engine's `PolicyVersion` holds at that
 generate call; weights offered while episodes run are loaded before the next call
 (rollout/policy_version.py), so a multi-turn episode may span versions.
+
+Several policies (rl/policies.py): ``route(agent)`` names the client that samples each agent's turns; a
+generate call then goes out per client (in the order their agents first wait), each client with its own
+version, chat tokens and response prefix. Without a route every agent plays on the engine's client.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import time
 import warnings
@@ -192,14 +197,28 @@ class _Episode:
         self.done = True
 
 
-class RolloutEngine:
-    """Drives episodes against `client`; `run` returns their trajectories and counts."""
+@dataclass
+class _Sampler:
+    """One client the engine samples from: its weights' version, chat tokens and response prefix."""
 
-    def __init__(self, client: LLMClient, cfg: RolloutConfig):
+    client: LLMClient
+    policy: PolicyVersion
+    chat: ChatTokens
+    prefix_ids: list[int] = field(default_factory=list)
+
+
+class RolloutEngine:
+    """Drives episodes against `client` (or, with `route`, each agent's own client); `run` returns their
+    trajectories and counts."""
+
+    def __init__(self, client: LLMClient, cfg: RolloutConfig, route: Callable[[str], LLMClient] | None = None):
         self.client = client
         self.policy = PolicyVersion(client)
         """The version of the client's weights; the learner's weight sync offers new ones through it."""
         self.chat = ChatTokens(client)
+        self.route = route
+        self.samplers: dict[int, _Sampler] = {id(client): _Sampler(client, self.policy, self.chat)}
+        """Every client sampled so far by id (the engine's own first); `route`'s are added as agents need them."""
         self._configure(cfg)
 
     def _configure(self, cfg: RolloutConfig) -> None:
@@ -209,6 +228,19 @@ class RolloutEngine:
         self.max_context = min(cfg.max_context_tokens, model_context) if model_context else cfg.max_context_tokens
         prefix = cfg.response_prefix
         self.prefix_ids = self.client.tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
+        self.samplers = {k: self._with_prefix(s) for k, s in self.samplers.items()}
+
+    def _with_prefix(self, sampler: _Sampler) -> _Sampler:
+        prefix = self.cfg.response_prefix
+        ids = sampler.client.tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
+        return dataclasses.replace(sampler, prefix_ids=ids)
+
+    def sampler(self, agent: str) -> _Sampler:
+        """The client (with its version, chat tokens, prefix) that samples `agent`'s turns."""
+        client = self.client if self.route is None else self.route(agent)
+        if id(client) not in self.samplers:
+            self.samplers[id(client)] = self._with_prefix(_Sampler(client, PolicyVersion(client), ChatTokens(client)))
+        return self.samplers[id(client)]
 
     def configured(self, cfg: RolloutConfig) -> RolloutEngine:
         """This engine (its client, weights and policy version) playing with other settings, e.g. an evaluation's
@@ -232,14 +264,16 @@ class RolloutEngine:
             waiting = [(ep, req) for ep in episodes if not ep.done for req in [self._prepare(ep)] if req]
             if not waiting:
                 break
-            t0 = time.perf_counter()
-            with self.policy.generating() as version:
-                completions = self._generate([prompt for _, (_, prompt) in waiting], seed * 1_000_003 + calls)
-            gen_s += time.perf_counter() - t0
-            calls += 1
-            for (ep, (agent, prompt)), completion in zip(waiting, completions):
-                gen_tokens += len(completion.token_ids)
-                self._guard(ep, functools.partial(self._act, ep, agent, prompt, completion, version))
+            for sampler, items in self._by_sampler(waiting):
+                t0 = time.perf_counter()
+                with sampler.policy.generating() as version:
+                    prompts = [prompt for _, (_, prompt) in items]
+                    completions = self._generate(prompts, seed * 1_000_003 + calls, sampler.client)
+                gen_s += time.perf_counter() - t0
+                calls += 1
+                for (ep, (agent, prompt)), completion in zip(items, completions):
+                    gen_tokens += len(completion.token_ids)
+                    self._guard(ep, functools.partial(self._act, ep, agent, prompt, completion, version))
         trajs = [t for ep in episodes for t in ep.trajs.values()]
         stats = {
             "episodes": len(episodes),
@@ -254,6 +288,16 @@ class RolloutEngine:
         }
         return RolloutResult(trajs, stats)
 
+    def _by_sampler(self, waiting: list) -> list[tuple[_Sampler, list]]:
+        """The waiting requests grouped by the client that samples them (one group without a route)."""
+        if self.route is None:
+            return [(self.samplers[id(self.client)], waiting)]
+        groups: dict[int, tuple[_Sampler, list]] = {}
+        for item in waiting:
+            sampler = self.sampler(item[1][0])
+            groups.setdefault(id(sampler.client), (sampler, []))[1].append(item)
+        return list(groups.values())
+
     # -- one episode ------------------------------------------------------
     def _reset(self, ep: _Episode) -> None:
         info = ep.env.reset(seed=ep.spec.seed)
@@ -266,12 +310,13 @@ class RolloutEngine:
             agent = ep.env.current_agent
             messages = ep.env.observe(agent)
             traj = ep.traj(agent)
+            sampler = self.sampler(agent)
             if agent not in ep.prompts:
-                prompt = self.chat.first(messages, ep.env.tools(agent))
+                prompt = sampler.chat.first(messages, ep.env.tools(agent))
             else:
                 last = traj.turns[-1]
-                prompt = self.chat.extend(last.prompt_ids, last.response_ids, messages)
-            prompt = prompt + self.prefix_ids
+                prompt = sampler.chat.extend(last.prompt_ids, last.response_ids, messages)
+            prompt = prompt + sampler.prefix_ids
         except Exception as err:  # the env broke: this episode is lost, the rollout goes on
             ep.fail(err)
             return None
@@ -288,7 +333,7 @@ class RolloutEngine:
         cut = len(ids) > room
         if cut:  # a prefix of a sample is a sample: keep the tokens that fit
             ids, logprobs, finish = ids[:room], (logprobs[:room] if logprobs else logprobs), "context"
-            text = self.client.tokenizer.decode(ids, skip_special_tokens=True)
+            text = self.sampler(agent).client.tokenizer.decode(ids, skip_special_tokens=True)
         turn = Turn(agent, prompt, ids, list(logprobs) if logprobs else None, text=text, finish_reason=finish)
         turn.response_versions = [version] * len(ids)
         ep.traj(agent).turns.append(turn)
@@ -323,7 +368,7 @@ class RolloutEngine:
             ep.fail(err)
 
     # -- batched generation -------------------------------------------------
-    def _generate(self, prompts: list[list[int]], seed: int) -> list[Completion]:
+    def _generate(self, prompts: list[list[int]], seed: int, client: LLMClient | None = None) -> list[Completion]:
         params = SamplingParams(
             temperature=self.cfg.temperature,
             top_p=self.cfg.top_p,
@@ -335,8 +380,8 @@ class RolloutEngine:
         n = _uniform_run_length(prompts)
         if n > 1:  # every prompt repeats n times in a row: one prompt, n samples
             params.n = n
-            return self.client.generate(prompts[::n], params)
-        return self.client.generate(prompts, params)
+            return (client or self.client).generate(prompts[::n], params)
+        return (client or self.client).generate(prompts, params)
 
 
 class RolloutFailures(RuntimeError):

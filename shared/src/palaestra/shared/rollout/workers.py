@@ -31,7 +31,7 @@ its shard runs again on a replacement.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from palaestra.shared.config import ClusterConfig
@@ -44,8 +44,9 @@ from palaestra.shared.rollout.vllm_weight_sync import NcclWeightSync, WeightSync
 class LocalRollouts:
     """Rollouts in this process, on the learner's own client."""
 
-    def __init__(self, client: LLMClient, cfg: RolloutConfig):
-        self.engine = RolloutEngine(client, cfg)
+    def __init__(self, client: LLMClient, cfg: RolloutConfig, route: Callable[[str], LLMClient] | None = None):
+        # route: each agent's client when several policies play (rl/policies.py); they too share their models
+        self.engine = RolloutEngine(client, cfg, route)
 
     def run(self, specs: Sequence[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None) -> RolloutResult:
         return self.engine.run(specs, seed, cfg)
@@ -53,7 +54,8 @@ class LocalRollouts:
     def sync(self, state_dict: dict | None, version: int | None = None) -> None:
         # the engine's client holds the learner's model itself: only the version moves
         if version is not None:
-            self.engine.policy.load_now(None, version)
+            for sampler in list(self.engine.samplers.values()):
+                sampler.policy.load_now(None, version)
 
     def close(self) -> None:
         pass
@@ -177,7 +179,8 @@ class RayRollouts:
 
     def _start(self):
         worker = self.actor_cls.remote(self.llm, self.cfg, 1)
-        if self.weights_ref is not None:
+        # pinned: each rollout brings its weights (the current ones would be newer than a rerun shard's)
+        if self.weights_ref is not None and not self.pin_versions:
             self.ray.get(worker.load_weights.remote(self.weights_ref, self.version))
         return worker
 

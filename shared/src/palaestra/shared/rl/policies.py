@@ -1,0 +1,147 @@
+"""Several policies in one run: each plays some agents (seats, roles) and trains on their turns alone.
+
+A ``policies:`` section (`TrainConfig.policies`, `PolicySpec` in rl/config.py) names the policies, the
+agents each plays, and what each has of its own; every unset section is the run's::
+
+    policies:
+      first:  {agents: [player_0]}                       # the run's llm, optim, learner, lora
+      second: {agents: [player_1], optim: {lr: 1.0e-4}}  # its own optimizer settings
+
+Each policy is a `Policy`: its model (separate weights, float32 master copy), optimizer, learner, frozen
+reference and checkpoint subdirectory. The rollout engine samples every agent's turn from its policy's
+client (`agent_clients`: rollout/engine.py routes by agent); the trainer (rl/trainer.py) then splits the
+step's trajectories by agent (`split_by_policy`) and runs the advantage pipeline, the update and the
+learning-rate schedule per policy on its own rows, logging ``policy/<name>/...`` metrics.
+
+No section: one policy (named ``policy``) plays every agent, as self-play always did; its checkpoints and
+metrics keep their single-policy layout and names. A section with one policy trains exactly the same
+(the same weights and metrics bit for bit); its checkpoints take the per-policy layout.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from palaestra.shared.config import ConfigError
+from palaestra.shared.llm.base import LLMClient
+from palaestra.shared.rl.config import TrainConfig, check_learner_llm
+from palaestra.shared.rl.optim import make_optimizer
+from palaestra.shared.rl.policy import load_policy
+from palaestra.shared.rollout.trajectory import Trajectory
+
+DEFAULT = "policy"
+"""The one policy's name when the config has no ``policies`` section."""
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+@dataclass
+class Policy:
+    """One trained policy: the agents it plays, its config (the run's with its own sections) and its parts."""
+
+    name: str
+    cfg: TrainConfig
+    agents: tuple[str, ...]
+    client: LLMClient
+    model: torch.nn.Module
+    compute_dtype: torch.dtype
+    optimizer: torch.optim.Optimizer
+    ref_model: torch.nn.Module | None = None
+    learner: Any = None  # rl/learner.py `Learner`, started by the trainer's `prepare`
+
+
+def check_policies(value: dict, owner: TrainConfig) -> str | None:
+    """Config check of ``policies``: safe names, no agent named twice, at most one catch-all, and each own
+    model one the learner can train."""
+    seen: dict[str, str] = {}
+    catch_all = [name for name, spec in value.items() if not spec.agents]
+    if len(catch_all) > 1:
+        return f"policies {', '.join(catch_all)} all leave agents empty; at most one may play the agents not named"
+    for name, spec in value.items():
+        if not _NAME.match(name):
+            return f"policy name {name!r}: letters, digits, '_' and '-' only (it names a checkpoint directory)"
+        for agent in spec.agents:
+            if agent in seen:
+                return f"agent {agent!r} is in policies {seen[agent]} and {name}; each agent has one policy"
+            seen[agent] = name
+        if spec.llm is not None and (problem := check_learner_llm(spec.llm, owner)):
+            return f"{name}.llm: {problem}"
+    return None
+
+
+def policy_config(cfg: TrainConfig, name: str) -> TrainConfig:
+    """The run's config with policy `name`'s own sections in place of the run's (a shallow copy: the other
+    sections are the run's own objects)."""
+    spec = cfg.policies[name]
+    out = copy.copy(cfg)
+    for section in ("llm", "lora", "optim", "learner"):
+        own = getattr(spec, section)
+        if own is not None:
+            setattr(out, section, own)
+    return out
+
+
+def build_policies(cfg: TrainConfig) -> list[Policy]:
+    """Every policy of the run with its model and optimizer built (in the section's order; no section: one)."""
+    names = list(cfg.policies) or [DEFAULT]
+    if cfg.policies and cfg.learner.world_size > 1:
+        raise ConfigError("policies: a policies section needs learner.world_size 1 (the sharded learner holds one)")
+    if len(names) > 1 and cfg.rollout.max_staleness > 0:
+        raise ConfigError("policies: several policies need rollout.max_staleness 0 (the synchronous loop)")
+    if len(names) > 1 and cfg.workers.num_workers > 0:
+        raise ConfigError("policies: several policies roll out in the learner's process: set workers.num_workers 0")
+    out = []
+    for name in names:
+        pcfg = policy_config(cfg, name) if cfg.policies else cfg
+        if pcfg.learner.world_size > 1 and pcfg.lora.enabled:
+            raise ConfigError("learner.world_size > 1 does not support LoRA (lora.enabled); use world_size 1")
+        client, model, compute_dtype = load_policy(pcfg)  # float32 master weights
+        optimizer = make_optimizer((p for p in model.parameters() if p.requires_grad), pcfg.optim)
+        agents = tuple(cfg.policies[name].agents) if cfg.policies else ()
+        out.append(Policy(name, pcfg, agents, client, model, compute_dtype, optimizer))
+    return out
+
+
+def policy_of(policies: Sequence[Policy], agent: str) -> Policy:
+    """The policy that plays `agent`: the one naming it, else the one naming no agents."""
+    for p in policies:
+        if agent in p.agents:
+            return p
+    for p in policies:
+        if not p.agents:
+            return p
+    named = ", ".join(f"{p.name}: {list(p.agents)}" for p in policies)
+    raise ConfigError(f"agent {agent!r} has no policy (policies: {named}); add it to one policy's agents")
+
+
+def agent_clients(policies: Sequence[Policy]) -> Callable[[str], LLMClient] | None:
+    """For the rollout engine: the client that samples each agent's turns (its policy's); None (every agent on
+    the engine's own client) when one policy plays every agent."""
+    if len(policies) == 1 and not policies[0].agents:
+        return None
+    return lambda agent: policy_of(policies, agent).client
+
+
+def split_by_policy(policies: Sequence[Policy], trajs: Sequence[Trajectory]) -> list[tuple[Policy, list[Trajectory]]]:
+    """The trajectories of each policy's agents, in the policies' order (a policy with none is left out); the
+    trajectories keep their order. One policy of every agent: all of them."""
+    if len(policies) == 1 and not policies[0].agents:
+        return [(policies[0], list(trajs))]
+    rows: dict[str, list[Trajectory]] = {p.name: [] for p in policies}
+    for t in trajs:
+        rows[policy_of(policies, t.agent).name].append(t)
+    return [(p, rows[p.name]) for p in policies if rows[p.name]]
+
+
+def warm_start_from(policy: Policy, first: Policy, sft: Callable[[Policy], Any]) -> None:
+    """Give `policy` the first policy's warm start: its weights where the two have the same model and adapters
+    (the same start exactly), else `sft` run on `policy`'s own model."""
+    if policy.cfg.llm == first.cfg.llm and policy.cfg.lora == first.cfg.lora:
+        policy.model.load_state_dict(first.model.state_dict())
+    else:
+        sft(policy)

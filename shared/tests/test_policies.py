@@ -1,0 +1,212 @@
+"""Several policies in one run (rl/policies.py) on the tiny model: one declared policy is today's self-play bit
+for bit; two policies' updates equal two single-policy runs on the same rows; per-policy resume is exact;
+each agent's turns are sampled by its own policy's client; bad sections fail clearly."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from palaestra.shared.config import ConfigError, TrackingConfig, check_fields
+from palaestra.shared.rl import checkpoint
+from palaestra.shared.rl.advantages import AdvantageStep
+from palaestra.shared.rl.config import EnvSpec, OptimConfig, PolicySpec, TrainConfig
+from palaestra.shared.rl.loss import LossConfig
+from palaestra.shared.rl.trainer import Trainer
+from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine, RolloutFailures, RolloutResult
+from palaestra.shared.rollout.env import ENVS, Step, TextEnv
+
+torch.set_num_threads(1)
+
+
+class Duel(TextEnv):
+    """Two seats alternate for 4 moves; a digit answer earns its seat 0.05, the last mover +1 and the other -1."""
+
+    agents = ["p0", "p1"]
+    env_type = "duel"
+
+    def reset(self, seed=None):
+        self.t = 0
+        return {}
+
+    @property
+    def current_agent(self):
+        return self.agents[self.t % 2]
+
+    def observe(self, agent):
+        return [{"role": "user", "content": f"move {self.t}"}]
+
+    def step(self, action):
+        mover = self.agents[self.t % 2]
+        self.t += 1
+        reward = 0.05 if action.strip()[:1].isdigit() else 0.0
+        if self.t == 4:
+            return Step(rewards={mover: 1.0 + reward, self.agents[self.t % 2]: -1.0}, terminated=True)
+        return Step(rewards={mover: reward})
+
+
+@pytest.fixture(autouse=True)
+def duel_env():
+    ENVS.register("test_policies_duel", Duel)
+    yield
+    ENVS.unregister("test_policies_duel")
+
+
+def config(tmp_path, **kw) -> TrainConfig:
+    base = dict(
+        envs=[EnvSpec("test_policies_duel")],
+        job="rl.train",
+        output_dir=str(tmp_path / "out"),
+        tracking=TrackingConfig(enabled=False),
+        rollout=RolloutConfig(group_size=2, max_tokens_per_turn=4, temperature=1.0),
+        advantages=[AdvantageStep("turn_level", {"gamma": 1.0}), AdvantageStep("agent_norm")],
+        loss=LossConfig(epsilon=0.2, dual_clip=1.4, kl_coef=0.1),
+        optim=OptimConfig(lr=1e-3),
+        steps=2,
+        tasks_per_step=2,
+        checkpoint_every=0,
+        ppo_epochs=2,
+        minibatch_size=3,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def timeless(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not k.startswith("perf/")}
+
+
+TWO = {"a": PolicySpec(agents=["p0"]), "b": PolicySpec(agents=["p1"], optim=OptimConfig(lr=3e-4))}
+
+
+def test_one_declared_policy_is_self_play_bit_for_bit(tmp_path):
+    plain, declared = (
+        Trainer(config(tmp_path / "plain")),
+        Trainer(config(tmp_path / "one", policies={"solo": PolicySpec()})),
+    )
+    runs = []
+    for trainer in (plain, declared):
+        with trainer:
+            runs.append([timeless(trainer.train_step()) for _ in range(2)])
+    assert runs[0] == runs[1]
+    assert same(weights(plain.model), weights(declared.model))
+    fresh = Trainer(config(tmp_path / "fresh"))
+    assert not same(weights(plain.model), weights(fresh.model))  # the two steps did train
+
+
+def test_two_policies_update_as_two_single_policy_runs_on_the_same_rows(tmp_path):
+    two = Trainer(config(tmp_path / "two", policies=TWO))
+    two.prepare()
+    seen: list[RolloutResult] = []
+    select = two.batch_rule.select
+    two.batch_rule.select = lambda step, result: seen.append(select(step, result)) or seen[-1]
+    before = weights(two.policies[0].model)
+    metrics = [two.train_step() for _ in range(2)]
+    two.close()
+    assert {t.agent for r in seen for t in r.trajectories} == {"p0", "p1"}
+    for policy, agent, optim in (
+        (two.policies[0], "p0", OptimConfig(lr=1e-3)),
+        (two.policies[1], "p1", TWO["b"].optim),
+    ):
+        alone = Trainer(config(tmp_path / agent, optim=optim))
+        alone.prepare()
+        rows = [RolloutResult([t for t in r.trajectories if t.agent == agent], r.stats) for r in seen]
+        alone.batch_rule.select = lambda step, result, rows=rows: rows[step]  # the same rows, this seat's alone
+        single = [alone.train_step() for _ in range(2)]
+        alone.close()
+        assert same(weights(policy.model), weights(alone.model)), policy.name
+        assert same(policy.optimizer.state_dict()["state"][0], alone.optimizer.state_dict()["state"][0])
+        for m, s in zip(metrics, single):
+            assert {k: m[f"policy/{policy.name}/{k}"] for k in timeless(s) if k.startswith("train/")} == {
+                k: v for k, v in s.items() if k.startswith("train/")
+            }
+    # both moved from the one start, differently
+    a, b = weights(two.policies[0].model), weights(two.policies[1].model)
+    assert not same(a, before) and not same(b, before) and not same(a, b)
+    rewards = [t.total_reward for t in seen[-1].trajectories]
+    assert metrics[-1]["train/reward_mean"] == pytest.approx(np.mean(rewards))
+
+
+def test_two_policies_resume_exactly(tmp_path):
+    straight = Trainer(config(tmp_path / "a", policies=TWO, steps=4))
+    straight.train()
+    first = Trainer(config(tmp_path / "b", policies=TWO, steps=2))
+    first.train()
+    step_dir = checkpoint.latest(tmp_path / "b" / "out" / "checkpoints")
+    assert step_dir.name == "step_000002" and (step_dir / "a" / "optimizer.pt").is_file() and (step_dir / "b").is_dir()
+    assert (tmp_path / "b" / "out" / "checkpoints" / "policies" / "b" / "reference").is_dir()
+    resumed = Trainer(config(tmp_path / "b", policies=TWO, steps=4, resume=True))
+    resumed.train()
+    assert resumed.step == 4
+    for p, q in zip(straight.policies, resumed.policies):
+        assert same(weights(p.model), weights(q.model)), p.name
+        sp, sq = p.optimizer.state_dict()["state"], q.optimizer.state_dict()["state"]
+        assert all(torch.equal(sp[i]["exp_avg_sq"], sq[i]["exp_avg_sq"]) for i in sp)
+    # a run with other policies refuses the checkpoint
+    other = Trainer(config(tmp_path / "b", policies={"a": PolicySpec(agents=["p0"]), "c": PolicySpec()}, resume=True))
+    with pytest.raises(checkpoint.CheckpointError, match="holds policies"):
+        other.resume()
+
+
+class Recording:
+    """A client that records the prompts it is asked to complete (everything else is the wrapped client's)."""
+
+    def __init__(self, client):
+        self.inner, self.prompts = client, []
+
+    def generate(self, prompts, params):
+        self.prompts += [list(p) for p in prompts] * params.n
+        return self.inner.generate(prompts, params)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_each_agent_is_sampled_by_its_route(tiny_llm):
+    first, second = Recording(tiny_llm), Recording(tiny_llm)
+    cfg = RolloutConfig(group_size=2, max_tokens_per_turn=4)
+    specs = [EpisodeSpec(Duel, seed=i, group_id=str(i)) for i in range(3)]
+    routed = RolloutEngine(first, cfg, route=lambda agent: second if agent == "p1" else first).run(specs, seed=3)
+    for agent, client in (("p0", first), ("p1", second)):
+        prompts = [list(turn.prompt_ids) for t in routed.trajectories if t.agent == agent for turn in t.turns]
+        assert len(prompts) == 3 * 2 * 2  # tasks x group x turns per seat
+        assert sorted(client.prompts) == sorted(prompts)
+    # with every agent routed to the engine's own client, the rollout is the one without a route
+    plain = RolloutEngine(tiny_llm, cfg).run(specs, seed=3)
+    same_client = RolloutEngine(tiny_llm, cfg, route=lambda agent: tiny_llm).run(specs, seed=3)
+    ids = lambda r: [[turn.response_ids for turn in t.turns] for t in r.trajectories]  # noqa: E731
+    assert ids(plain) == ids(same_client)
+
+
+@pytest.mark.parametrize(
+    ("policies", "message"),
+    [
+        ({"a": PolicySpec(agents=["p0"]), "b": PolicySpec(agents=["p0"])}, "agent 'p0' is in policies a and b"),
+        ({"a": PolicySpec(), "b": PolicySpec()}, "at most one may play the agents not named"),
+        ({"a/b": PolicySpec()}, "policy name 'a/b'"),
+    ],
+)
+def test_bad_policies_sections_fail_clearly(tmp_path, policies, message):
+    with pytest.raises(ConfigError, match=message):
+        check_fields(config(tmp_path, policies=policies))
+
+
+def test_an_agent_without_a_policy_stops_the_step(tmp_path):
+    trainer = Trainer(config(tmp_path, policies={"a": PolicySpec(agents=["p0"])}))
+    with pytest.raises(RolloutFailures, match="ConfigError: agent 'p1' has no policy"), trainer:
+        trainer.train_step()
+
+
+def test_several_policies_refuse_settings_they_do_not_support(tmp_path):
+    workers = dataclasses.replace(config(tmp_path).workers, num_workers=1)
+    with pytest.raises(ConfigError, match="workers.num_workers 0"):
+        Trainer(config(tmp_path, policies=TWO, workers=workers))
