@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from palaestra.aed.adversary import AdversarySpec, TrainSettings
 from palaestra.aed.eureka import design_reward, extract_code
-from palaestra.aed.train import AdversarySpec, TrainSettings
 from palaestra.shared.llm.base import Completion, LLMClient
 
 SPEC = AdversarySpec("highway", "rear_end", overrides={"vehicles_count": 6}, max_steps=4)
@@ -66,8 +66,8 @@ def test_deeply_nested_candidate_fails_alone_and_the_valid_round_is_kept():
 def test_an_llm_reward_dropped_mid_training_is_reported():
     from dataclasses import replace
 
-    from palaestra.aed.attack import reward_provenance
-    from palaestra.aed.train import build_model, train_adversary
+    from palaestra.aed.adversary import build_model, train_adversary
+    from palaestra.aed.attack_task import reward_provenance
 
     slow = "def reward(state):\n    n = 0\n    while state['t'] >= 0:\n        n = n + 1\n    return 0.0\n"
     model = build_model(replace(SPEC, reward_code=slow), TINY, seed=0)
@@ -81,7 +81,7 @@ def test_an_llm_reward_dropped_mid_training_is_reported():
 def test_learning_curve_carries_rates_and_reward_components():
     from dataclasses import replace
 
-    from palaestra.aed.train import build_model, train_adversary
+    from palaestra.aed.adversary import build_model, train_adversary
 
     code = "def reward(state):\n    return {'near': -0.01 * state['rel']['dist'], 'one': 1.0}\n"
     model = build_model(replace(SPEC, reward_code=code), TINY, seed=0)

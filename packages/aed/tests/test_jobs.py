@@ -25,8 +25,8 @@ def test_experiment_configs_resolve(name):
 def test_paper_protocol_configs(name, scenarios):
     """paper.yaml (and compare_cpu.yaml at CPU size): an RL victim per scenario from its aed.victim stage, expert
     and LLM arms on every fixed type, LLM-proposed types beside them, preference filtering, both baselines."""
-    from palaestra.aed.attack import victim_checkpoint
-    from palaestra.aed.jobs import attack_tasks
+    from palaestra.aed.attack import attack_tasks
+    from palaestra.aed.attack_task import victim_checkpoint
     from palaestra.aed.rewards import SCENARIO_TYPES
     from palaestra.shared.pipeline import stage_configs
 
@@ -264,7 +264,7 @@ def test_llm_proposed_types_train_on_their_llm_rewards(ray_local, tracking, tmp_
 
 
 def test_scenarios_cpu_covers_every_scenario_with_its_default_types():
-    from palaestra.aed.jobs import attack_tasks
+    from palaestra.aed.attack import attack_tasks
     from palaestra.aed.rewards import SCENARIO_TYPES
 
     tasks = attack_tasks(load_config(ROOT / "experiments" / "aed" / "scenarios_cpu.yaml"))
@@ -274,7 +274,7 @@ def test_scenarios_cpu_covers_every_scenario_with_its_default_types():
 
 
 def test_compare_cpu_trains_each_type_on_both_rewards():
-    from palaestra.aed.jobs import attack_tasks
+    from palaestra.aed.attack import attack_tasks
     from palaestra.shared.pipeline import stage_configs
 
     cfg = stage_configs(load_config(ROOT / "experiments" / "aed" / "compare_cpu.yaml"))["attack"]

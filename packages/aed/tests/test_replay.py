@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from palaestra.aed.adversary import AdversarySpec
 from palaestra.aed.evaluation import evaluate
 from palaestra.aed.replay import main, replay
-from palaestra.aed.train import AdversarySpec
 
 SPEC = AdversarySpec("highway", "rear_end", overrides={"vehicles_count": 12}, max_steps=20)
 

@@ -1,296 +1,313 @@
-"""One accident type's attack, as a Ray task: reward design, training, evaluation, preference fine-tuning, video.
-
-`attack_task` runs inside a Ray worker and logs into its own MLflow child run
-(created by the driver with ``Tracker.child_run_id``, joined here with
-``Tracker.attach``). It returns a JSON-able summary; the driver aggregates.
-The random-adversary baseline is the same task with ``kind="random"``, the
-passive one (adversaries always IDLE: the victim's own accidents) ``kind="passive"``.
-"""
+"""The ``aed.attack`` job: one adversarial policy per (scenario, accident type), trained in parallel as Ray tasks
+(`palaestra.aed.attack_task`), each in its own MLflow child run; plus random and passive adversary baselines
+measured in the same run. A task whose worker dies is retried by Ray; a type that fails is reported and the
+others are kept. Its config (`AttackConfig`) and the tasks it runs (`attack_tasks`, also planned by
+`palaestra.aed.plan`)."""
 
 from __future__ import annotations
 
-import inspect
-import os
-from dataclasses import asdict, replace
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from palaestra.shared.tracking import Tracker, scratch_dir
+from palaestra.aed.adversary import TrainSettings
+from palaestra.aed.scenarios import AdversaryPlacement
+from palaestra.shared.config import ConfigError, JobConfig, value_check
+from palaestra.shared.jobs import job
+from palaestra.shared.llm.base import LLMConfig
+from palaestra.shared.tracking import Tracker
 
 
-def attack_task(task: dict[str, Any]) -> dict[str, Any]:
-    from palaestra.shared.jobs import seed_everything
+class JudgeKind(StrEnum):
+    """Who labels accidents and compares pairs for preference learning."""
 
-    cfg, scenario, kind = task["cfg"], task["scenario"], task["kind"]
-    _test_faults(cfg, task)
-    seed_everything(cfg.seed)
-    import torch
-
-    torch.set_num_threads(1)
-    with Tracker.attach(cfg.tracking, task.get("run_id")) as tracker:
-        arm = task.get("arm")
-        rewards = "llm" if arm == "proposed" else arm or cfg.rewards  # a proposed type has no expert reward
-        sandboxed = bool(task.get("taxonomy")) or (kind == "attack" and rewards == "llm")
-        isolation = _log_isolation(tracker) if sandboxed else None
-        if kind in ("random", "passive"):
-            out = _baseline(cfg, scenario, kind, tracker, task.get("taxonomy"))
-        else:
-            out = _attack_type(cfg, scenario, task["accident_type"], tracker, task.get("taxonomy"), rewards)
-        out["arm"] = arm
-        return {**out, "sandbox_isolation": isolation} if isolation is not None else out
+    rules = "rules"
+    llm = "llm"
 
 
-def _log_isolation(tracker: Tracker) -> dict[str, Any]:
-    """The sandbox isolation on this worker, as tags of the run (``aed.sandbox.<layer>``); a missing layer is
-    a loud warning (`sandbox.report_isolation`) and the tag ``aed.sandbox.missing``."""
-    from palaestra.aed.sandbox import probe_isolation, report_isolation
+class TaxonomySource(StrEnum):
+    """Where the accident types come from (``both``: the fixed types, and the LLM-proposed ones beside them)."""
 
-    isolation = probe_isolation()
-    missing = report_isolation(isolation, "aed sandbox")
-    tracker.set_tags({f"aed.sandbox.{k}": str(v) for k, v in isolation.items()})
-    tracker.set_tags({"aed.sandbox.missing": ",".join(missing) or "none"})
-    if missing:
-        print(f"[aed] WARNING: sandbox isolation layers missing on this worker: {', '.join(missing)}")
-    return isolation
+    expert = "expert"
+    llm = "llm"
+    both = "both"
 
 
-def victim_checkpoint(cfg, scenario: str) -> str | None:
-    """The RL victim of `scenario`: ``victim_checkpoint`` with ``{scenario}`` replaced (one victim per scenario)."""
-    return cfg.victim_checkpoint.replace("{scenario}", scenario) if cfg.victim_checkpoint else None
+class VictimKind(StrEnum):
+    """The AV under test: the rule-based IDM or a frozen RL policy."""
+
+    idm = "idm"
+    rl = "rl"
 
 
-def _spec(cfg, scenario: str, accident_type: str, taxonomy: list[dict] | None = None):
-    from palaestra.aed.train import AdversarySpec
+class RewardSource(StrEnum):
+    """Who writes the adversaries' rewards (``both``: the paper's comparison of the two)."""
 
-    return AdversarySpec(
-        scenario=scenario,
-        accident_type=accident_type,
-        victim=cfg.victim,
-        victim_checkpoint=victim_checkpoint(cfg, scenario),
-        num_adversaries=cfg.num_adversaries,
-        overrides=dict(cfg.env_overrides),
-        max_steps=cfg.max_steps,
-        placement=str(cfg.adversary_placement),
-        taxonomy=taxonomy,
+    expert = "expert"
+    llm = "llm"
+    both = "both"
+
+
+def check_scenarios(value: list[str] | str, owner: Any) -> str | None:
+    """Every name is a scenario of palaestra.aed.scenarios (with did-you-mean)."""
+    from palaestra.aed.scenarios import get_scenario
+
+    for name in [value] if isinstance(value, str) else value:
+        try:
+            get_scenario(name)
+        except ValueError as err:
+            return str(err)
+    return None
+
+
+def check_accident_types(value: list[str], owner: Any) -> str | None:
+    """Every accident type has an expert reward (palaestra.aed.rewards)."""
+    from palaestra.aed.rewards import EXPERT_REWARDS
+
+    unknown = [t for t in value if t not in EXPERT_REWARDS]
+    return f"unknown accident type {unknown[0]!r} (known: {', '.join(EXPERT_REWARDS)})" if unknown else None
+
+
+@dataclass
+class EurekaConfig:
+    rounds: int = 3
+    """Feedback rounds of LLM reward design."""
+    samples: int = 2
+    """Reward candidates the LLM writes per round."""
+    timesteps: int = 1000
+    """Training steps per candidate (a short run, as in Eureka)."""
+    eval_episodes: int = 5
+    """Evaluation episodes per candidate (its fitness)."""
+    temperature: float = 0.8
+    max_tokens: int = 768
+
+
+@dataclass
+class PreferenceConfig:
+    enabled: bool = False
+    """Fit a Bradley-Terry model on judge-labelled accidents and fine-tune the adversary with it."""
+    judge: JudgeKind = JudgeKind.rules
+    """rules (the graded rule score) | llm (through ``llm``): who compares the pairs and labels the accidents."""
+    finetune_timesteps: int = 1000
+    effective_bonus: float = 10.0
+    """Extra reward during fine-tuning for an accident the model scores effective."""
+    ineffective_penalty: float = 1.0
+    """Penalty during fine-tuning for an accident the model scores ineffective (0: it only earns nothing)."""
+    responsibility_shaping: float = 0.5
+    """Weight of the dense preference reward during fine-tuning: at every step near the victim, the model's
+    verdict (tanh of score minus threshold) on the contact that would happen now; 0: accidents only."""
+    restart_exploration: float = 0.0
+    """> 0: DQN fine-tuning starts from this epsilon with an empty replay buffer; 0: continue the pre-training
+    schedule and buffer. (Measured on tiny_cpu: a restart at 0.3 collapses the attack to ~0.04 ASR.)"""
+    relabel_buffer: bool = False
+    """DQN: rewrite the reward of the pre-training accidents still in the replay buffer under the preference
+    filter (bonus / penalty) before fine-tuning, so that old transitions stop paying for ineffective accidents
+    (see `palaestra.aed.preference.relabel_replay`; measured effect in the package README)."""
+    epochs: int = 200
+    """Bradley-Terry fitting epochs."""
+    max_pairs: int = 2000
+    """Pairs of accidents the judge compares (which one is the AV more responsible for)."""
+    holdout: float = 0.25
+    """Share of the accidents held out: the model's pair accuracy is reported on pairs among them."""
+    min_accidents: int = 6
+    """Fewer accidents than this (or only one kind): preference learning is skipped and said so."""
+    judge_max_tokens: int = 256
+    """Tokens the LLM judge may answer per comparison or label (``judge: llm``)."""
+
+
+@dataclass
+class ProposalConfig:
+    n_types: int = 4
+    """Accident types the LLM is asked for per scenario (one adversary is trained per usable type)."""
+    temperature: float = 0.7
+    max_tokens: int = 1536
+    retries: int = 1
+    """Further answers the LLM gets after its refused proposals are fed back (each refusal with its reason)."""
+
+
+@dataclass
+class AttackConfig(JobConfig):
+    job: str = "aed.attack"
+    scenarios: list[str] = field(
+        default_factory=lambda: ["highway"], metadata=value_check("palaestra.aed.attack:check_scenarios")
     )
+    """highway | merge | roundabout | intersection (palaestra.aed.scenarios)."""
+    accident_types: list[str] = field(
+        default_factory=list, metadata=value_check("palaestra.aed.attack:check_accident_types")
+    )
+    """Accident types to attack (one policy each); empty: each scenario's defaults (rewards.SCENARIO_TYPES).
+    Ignored with taxonomy=llm."""
+    taxonomy: TaxonomySource = TaxonomySource.expert
+    """expert (the fixed taxonomy) | llm (per scenario the LLM proposes types with recognizers, through ``llm``;
+    the fixed taxonomy when its answer is unusable) | both (the fixed types with the arms of ``rewards``, and beside
+    them the usable LLM-proposed types, arm ``proposed``: LLM reward only, since no expert reward exists for a new
+    type; each is compared with the random adversary's rate of that type under the proposed recognizers, on the
+    same episodes, and through the per-arm diversity metrics). A type without an expert reward gets an LLM reward."""
+    proposals: ProposalConfig = field(default_factory=ProposalConfig)
+    victim: VictimKind = VictimKind.idm
+    """idm (rule-based) | rl (a frozen SB3 policy from victim_checkpoint)."""
+    victim_checkpoint: str | None = None
+    """SB3 .zip written by the aed.victim job (victim=rl); ``{scenario}`` in it is replaced by each scenario's name
+    (one victim per scenario, e.g. ``outputs/victims/{scenario}_dqn.zip``)."""
+    num_adversaries: int = 1
+    """NPCs nearest to the victim taken over after each reset (more than one needs train.algo=ppo)."""
+    adversary_placement: AdversaryPlacement = AdversaryPlacement.nearest
+    """nearest (the NPCs nearest the victim) | scenario (the scenario's own first, moved beside the victim: in
+    merge the ramp car, which otherwise starts 80 m ahead and almost never meets the victim at the merge)."""
+    env_overrides: dict[str, Any] = field(default_factory=dict)
+    """highway-env config keys (e.g. vehicles_count) applied to every scenario."""
+    max_steps: int | None = None
+    """Policy steps per episode (default: the scenario's)."""
+    rewards: RewardSource = RewardSource.expert
+    """expert | llm (Eureka-style design through ``llm``, falling back to expert when every round fails) | both
+    (the paper's comparison: each type trained once on each, same seeds; a table and a figure)."""
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    eureka: EurekaConfig = field(default_factory=EurekaConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    eval_episodes: int = 20
+    """Evaluation episodes per policy (and for the random baseline)."""
+    log_every: int = 500
+    """Timesteps between two points of the learning curves."""
+    random_baseline: bool = True
+    """Also measure a uniformly random adversary in the same run."""
+    passive_baseline: bool = False
+    """Also measure passive adversaries (always IDLE: keep lane and speed): the accidents the victim has on its
+    own in this traffic, the control for an attack's responsible accidents."""
+    video: bool = True
+    """Log a GIF of a sample accident per type."""
+    video_episodes: int = 4
+    """Episodes tried to catch an accident on video."""
+    cpus_per_task: float = 1.0
+    max_retries: int = 2
+    """Ray retries of a task whose worker died."""
+    fail_types: list[str] = field(default_factory=list)
+    """Testing: accident types whose task raises (the others must survive)."""
+    crash_once_dir: str | None = None
+    """Testing: each task kills its worker once, leaving a marker file here (Ray must retry it)."""
 
 
-def _baseline(cfg, scenario: str, kind: str, tracker: Tracker, taxonomy=None) -> dict[str, Any]:
-    from palaestra.aed.evaluation import IdlePolicy, evaluate
+def attack_tasks(
+    cfg: AttackConfig, proposed: dict[str, list[dict]] | None = None, check_victim: bool = True
+) -> list[dict[str, Any]]:
+    """One task per (scenario, type, arm) and per baseline; ``proposed``: each scenario's LLM-proposed types.
 
-    spec = _spec(cfg, scenario, "rear_end", taxonomy)  # the reward plays no part in a baseline
-    policy = IdlePolicy(cfg.num_adversaries) if kind == "passive" else None
-    ev = evaluate(policy, spec, cfg.eval_episodes, seed=cfg.seed + 50_000)
-    tracker.log_metrics({f"aed/{scenario}/{kind}/{k}": ev[k] for k in ("asr", "responsible_rate", "effective_asr")})
-    return {"kind": kind, "scenario": scenario, **{k: v for k, v in ev.items() if k != "accidents"}}
+    With ``taxonomy: both`` the proposed types (those with a recognizer) come beside the fixed ones, under arm
+    ``proposed``, with their own random and passive baselines (classified by the proposed recognizers)."""
+    from palaestra.aed.attack_task import victim_checkpoint
+    from palaestra.aed.rewards import SCENARIO_TYPES
+
+    tasks = []
+    for scenario in cfg.scenarios:
+        path = victim_checkpoint(cfg, scenario)
+        if check_victim and cfg.victim == "rl" and not (path and Path(path).exists()):
+            raise ConfigError(f"victim=rl needs an existing 'victim_checkpoint' (got {path!r}); run aed.victim")
+        taxonomy = (proposed or {}).get(scenario)
+        arms: list[str | None] = ["expert", "llm"] if cfg.rewards == "both" else [None]
+        if cfg.taxonomy == "llm" and taxonomy:
+            sets = [(taxonomy, [t["name"] for t in taxonomy], arms, "")]
+        else:
+            sets = [(None, list(cfg.accident_types or SCENARIO_TYPES[scenario]), arms, "")]
+        new = [t for t in taxonomy or [] if t.get("recognizer")]
+        if cfg.taxonomy == "both" and new:
+            sets.append((new, [t["name"] for t in new], ["proposed"], "proposed"))
+        for tax, names, set_arms, group in sets:
+            common = {"scenario": scenario, "taxonomy": tax}
+            for t in names:
+                for arm in set_arms:
+                    name = f"{scenario}/{t}" + (f"/{arm}" if arm else "")
+                    tasks.append({"kind": "attack", "accident_type": t, "name": name, "arm": arm, **common})
+            suffix = f"/{group}" if group else ""
+            for kind in ("random", "passive"):
+                if getattr(cfg, f"{kind}_baseline"):
+                    tasks.append({"kind": kind, "name": f"{scenario}/{kind}{suffix}", "arm": group or None, **common})
+    return tasks
 
 
-def _attack_type(
-    cfg, scenario: str, accident_type: str, tracker: Tracker, taxonomy=None, rewards: str = "expert"
-) -> dict[str, Any]:
-    from palaestra.aed.evaluation import evaluate, record_gif
-    from palaestra.aed.rewards import EXPERT_REWARDS, generic_reward, register_reward
-    from palaestra.aed.train import build_model, train_adversary
+@job("aed.attack", AttackConfig)
+def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
+    """Train one adversarial driving policy per accident type in parallel on Ray; ASR, responsibility, diversity."""
+    from palaestra.aed.attack_task import attack_task
+    from palaestra.aed.report import (
+        aggregate,
+        comparison_figure,
+        comparison_table,
+        curves_figure,
+        diversity_figure,
+        headline,
+        rates_figure,
+    )
+    from palaestra.aed.rewards import register_reward
+    from palaestra.aed.sandbox import LazySandboxedReward
+    from palaestra.shared.cluster import TaskFailure, parallel_map
 
-    prefix = f"aed/{scenario}/{accident_type}"
-    log = lambda metrics, step: tracker.log_metrics({f"{prefix}/{k}": v for k, v in metrics.items()}, step)
-    spec = _spec(cfg, scenario, accident_type, taxonomy)
-    has_expert = accident_type in EXPERT_REWARDS
-    out: dict[str, Any] = {
-        "kind": "attack",
-        "scenario": scenario,
-        "accident_type": accident_type,
-        "reward_source": "expert" if has_expert else "generic",
-    }
-    if rewards == "llm" or not has_expert:  # a type without an expert reward runs on its LLM reward alone
-        out.update(_design(cfg, spec, tracker, log))
-        if out["reward_source"] == "llm":
-            spec = replace(spec, reward_code=out["reward_code"])
-        elif not has_expert:
-            out["reward_source"] = "generic_fallback"
-    fallback = EXPERT_REWARDS.get(accident_type) or generic_reward(accident_type)
-    code = spec.reward_code or inspect.getsource(fallback)
-    tracker.log_text(code, f"reward/{accident_type}.py")
-    if spec.reward_code:
-        from palaestra.aed.sandbox import LazySandboxedReward
-
-        name = register_reward(f"aed/llm/{scenario}/{accident_type}", LazySandboxedReward(spec.reward_code))
-        out["registered_reward"] = name
-
-    model = build_model(spec, cfg.train, cfg.seed)
-    stats = train_adversary(model, cfg.train.timesteps, log=log, log_every=cfg.log_every, target=accident_type)
-    model.get_env().close()
-    policy = scratch_dir() / f"adversary_{scenario}_{accident_type}.zip"
-    model.save(str(policy))
-    tracker.log_artifact(policy, "policies")
-    ev = evaluate(model, spec, cfg.eval_episodes, seed=cfg.seed + 50_000)
-    out.update(train={k: v for k, v in stats.items() if k not in ("accident_log", "accident_slots")})
-    out["steps_to_first_success"] = stats["steps_to_first_success"]
-    out.update({k: v for k, v in ev.items() if k != "accidents"})
-    out["accident_features"] = [a["features"] for a in ev["accidents"]]
-    if stats["reward_errors"]:
-        out["reward_errors"] = stats["reward_errors"]
-        print(
-            f"[aed] {prefix}: reward failed during training ({stats['reward_errors'][0]}); fell back to expert reward"
+    attack_tasks(cfg)  # the config's errors before any LLM call
+    proposed = _propose(cfg, tracker) if cfg.taxonomy in ("llm", "both") else None
+    tasks = attack_tasks(cfg, proposed)
+    for task in tasks:
+        task.update(
+            cfg=cfg, run_id=tracker.child_run_id(task["name"], {"accident_type": task.get("accident_type", "random")})
         )
-    out.update(reward_provenance(out["reward_source"], stats))
-    metrics: dict[str, float] = {"steps_to_first_success": stats["steps_to_first_success"] or -1}
-    for key in ("asr", "target_rate", "responsible_rate", "effective_asr"):
-        metrics[key] = ev[key]
-        metrics[f"{key}_lo"], metrics[f"{key}_hi"] = ev[f"{key}_ci"]
-    if cfg.preference.enabled:
-        pref = _preference(cfg, spec, model, stats, ev, tracker)
-        out["preference"] = pref
-        metrics.update({f"preference/{k}": v for k, v in pref.items() if isinstance(v, int | float)})
-    log(metrics, cfg.train.timesteps)
-    tracker.log_dict({"spec": asdict(spec), "accidents": ev["accidents"]}, f"accidents/{accident_type}.json")
-    if cfg.video:
-        gif = scratch_dir() / f"{scenario}_{accident_type}.gif"
-        shown = record_gif(model, spec, gif, seed=cfg.seed + 60_000, max_episodes=cfg.video_episodes)
-        tracker.log_artifact(gif, "videos")
-        out["video_accident"] = bool(shown["victim_collision"])
-        out["video_shows"] = shown["shows"]
-        tracker.set_tags({"aed.video": f"{shown['shows']} ({shown['accident_type'] or 'no accident'})"})
-        if shown["shows"] != "target":
-            print(
-                f"[aed] {prefix}: no {accident_type} accident in {cfg.video_episodes} video episodes ({shown['shows']})"
+    results = parallel_map(
+        attack_task,
+        tasks,
+        num_cpus=cfg.cpus_per_task,
+        max_retries=cfg.max_retries,
+        keep_going=True,
+        desc="aed.attack",
+        cluster=cfg.cluster,
+    )
+    summary: dict[str, Any] = {}
+    failures = []
+    by_scenario: dict[str, list[dict]] = {}
+    for task, res in zip(tasks, results):
+        if isinstance(res, TaskFailure):
+            failures.append({"task": task["name"], "error": res.error})
+            print(f"[aed] task {task['name']} failed: {res.error}")
+            continue
+        by_scenario.setdefault(task["scenario"], []).append(res)
+        if res.get("reward_source") == "llm":  # the kept LLM reward, usable from the driver too (sandboxed, lazily)
+            res["registered_reward"] = register_reward(
+                f"aed/llm/{task['scenario']}/{task['accident_type']}", LazySandboxedReward(res["reward_code"])
             )
-    return out
+    metrics = aggregate(by_scenario)
+    for scenario, items in by_scenario.items():
+        types: dict[str, int] = {}
+        for r in items:
+            if r["kind"] == "attack":
+                for t, n in r["types"].items():
+                    types[t] = types.get(t, 0) + n
+        summary[scenario] = {"types_found": types, "results": items}
+        if cfg.rewards == "both":
+            tracker.log_figure(comparison_figure(scenario, items), f"{scenario}_expert_vs_llm")
+        tracker.log_figure(rates_figure(scenario, items), f"{scenario}_rates")
+        if cfg.rewards == "both" or cfg.taxonomy == "both":
+            tracker.log_figure(diversity_figure(scenario, items), f"{scenario}_diversity")
+        tracker.log_figure(curves_figure(scenario, items), f"{scenario}_learning_curves")
+    if cfg.rewards == "both":
+        table = comparison_table(by_scenario, cfg.llm.backend)
+        tracker.log_text(table, "expert_vs_llm.md")
+        print(table)
+    tracker.log_metrics(metrics)
+    tracker.log_dict({"summary": summary, "failures": failures}, "aed_summary.json")
+    metrics["aed/failed_tasks"] = len(failures)
+    return {**metrics, "failures": failures, "summary": summary, "headline": headline(by_scenario)}
 
 
-def reward_provenance(source: str, stats: dict[str, Any]) -> dict[str, Any]:
-    """``reward_source`` after training: an LLM reward that failed mid-training (the env switched to the expert
-    reward) is ``llm_dropped``, with the timestep of the switch."""
-    if source == "llm" and stats["reward_dropped_at"] is not None:
-        return {"reward_source": "llm_dropped", "reward_dropped_at": stats["reward_dropped_at"]}
-    return {"reward_source": source}
-
-
-def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:
-    from palaestra.aed.eureka import design_reward
+def _propose(cfg: AttackConfig, tracker: Tracker) -> dict[str, list[dict]]:
+    """Per scenario, the LLM's accident types (or the fixed taxonomy when its answer is unusable), logged."""
+    from palaestra.aed.proposals import propose_types
     from palaestra.shared.llm import make_client
 
-    settings = replace(cfg.train, timesteps=cfg.eureka.timesteps)
-    try:
-        client = make_client(cfg.llm)
-        result = design_reward(
-            client,
-            spec,
-            settings,
-            rounds=cfg.eureka.rounds,
-            samples=cfg.eureka.samples,
-            eval_episodes=cfg.eureka.eval_episodes,
-            seed=cfg.seed,
-            temperature=cfg.eureka.temperature,
-            max_tokens=cfg.eureka.max_tokens,
-            log=log,
-        )
-    except Exception as err:  # an unreachable LLM is a failed design, not a failed run
-        result = {"code": None, "fallback": True, "history": [], "reason": f"LLM reward design failed: {err}"}
-    tracker.log_dict(result["history"], f"eureka/{spec.accident_type}_history.json")
-    if result["history"]:
-        from palaestra.aed.report import design_figure
-
-        title = f"{spec.scenario}/{spec.accident_type}: reward design"
-        tracker.log_figure(design_figure(result["history"], title), f"{spec.accident_type}_reward_design")
-    if result["fallback"]:
-        print(f"[aed] {spec.scenario}/{spec.accident_type}: {result['reason']}; falling back to the expert reward")
-        tracker.set_tags({f"aed.{spec.accident_type}.reward": "expert (LLM fallback)"})
-        return {"reward_source": "expert_fallback", "fallback_reason": result["reason"]}
-    tracker.set_tags({f"aed.{spec.accident_type}.reward": f"llm round {result['round'] + 1}"})
-    return {"reward_source": "llm", "reward_code": result["code"], "eureka_fitness": result["fitness"]}
-
-
-def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[str, Any]:
-    """Fit the Bradley-Terry model on judge-compared pairs of accidents (held-out pair accuracy reported),
-    fine-tune with it, evaluate again."""
-    from palaestra.aed.evaluation import evaluate
-    from palaestra.aed.judge import rule_breakdown
-    from palaestra.aed.preference import PreferenceModel, compare_pairs, label_accidents, relabel_replay, split_pairs
-    from palaestra.aed.train import adversary_vec_env, restart_exploration, train_adversary
-
-    accidents = stats["accident_log"] + ev_before["accidents"]
-    judge = None
-    if cfg.preference.judge == "llm":
-        from palaestra.aed.judge import LLMJudge
-        from palaestra.shared.llm import make_client
-
-        judge = LLMJudge(make_client(cfg.llm), max_tokens=cfg.preference.judge_max_tokens)
-    labels = label_accidents(accidents, judge)
-    n_pos = sum(labels)
-    base = {
-        "accidents": len(accidents),
-        "responsible_labels": n_pos,
-        "responsible_rate_before": ev_before["responsible_rate"],
-        "asr_before": ev_before["asr"],
-    }
-    if n_pos == 0 or n_pos == len(labels) or len(accidents) < cfg.preference.min_accidents:
-        print(
-            f"[aed] preference learning skipped for {spec.accident_type}: "
-            f"{n_pos}/{len(accidents)} accidents the victim is responsible for"
-        )
-        return {**base, "skipped": 1}
-    features = [a["features"] for a in accidents]
-    pairs = compare_pairs(accidents, judge, max_pairs=cfg.preference.max_pairs, seed=cfg.seed)
-    train_idx, train_pairs, test_pairs = split_pairs(len(accidents), pairs, cfg.preference.holdout, cfg.seed)
-    if not train_pairs:
-        print(f"[aed] preference learning skipped for {spec.accident_type}: no judged pair among training accidents")
-        return {**base, "skipped": 1}
-    pm = PreferenceModel(len(features[0]), seed=cfg.seed)
-    fit = pm.fit(features, train_pairs, epochs=cfg.preference.epochs)
-    fit["heldout_pairs"] = len(test_pairs)
-    fit["heldout_pair_accuracy"] = pm.pair_accuracy(features, test_pairs) if test_pairs else -1.0
-    fit["label_accuracy"] = pm.calibrate([features[i] for i in train_idx], [labels[i] for i in train_idx])
-    tuned = replace(
-        spec,
-        preference_model=pm.to_dict(),
-        effective_bonus=cfg.preference.effective_bonus,
-        ineffective_penalty=cfg.preference.ineffective_penalty,
-        responsibility_shaping=cfg.preference.responsibility_shaping,
-    )
-    model.set_env(adversary_vec_env(tuned, cfg.train.n_envs, cfg.seed + 1))
-    restart = cfg.preference.restart_exploration > 0
-    if restart:
-        restart_exploration(model, cfg.preference.restart_exploration)
-    relabelled = {}
-    if cfg.preference.relabel_buffer:
-        relabelled = relabel_replay(
-            model,
-            stats["accident_log"],
-            stats["accident_slots"],
-            pm.is_effective,
-            cfg.preference.effective_bonus,
-            cfg.preference.ineffective_penalty,
-        )
-    tuned_stats = train_adversary(model, cfg.preference.finetune_timesteps, restart=restart)
-    model.get_env().close()
-    after = evaluate(model, tuned, cfg.eval_episodes, seed=cfg.seed + 50_000)
-    tracker.log_dict(pm.to_dict(), f"preference/{spec.accident_type}_bt_model.json")
-    # which judge rule decided each evaluation accident, before and after: what the fine-tuning changed
-    rules = {"before": rule_breakdown(ev_before["accidents"]), "after": rule_breakdown(after["accidents"])}
-    tracker.log_dict(rules, f"preference/{spec.accident_type}_rules.json")
-    out = {
-        **base,
-        **fit,
-        **relabelled,
-        "rules": rules,
-        "finetune_accidents": tuned_stats["accidents"],
-        "finetune_responsible": tuned_stats["responsible"],
-    }
-    for name, ev in (("before", ev_before), ("after", after)):
-        for key in ("responsible_rate", "asr", "effective_asr"):
-            out[f"{key}_{name}"] = ev[key]
-            out[f"{key}_{name}_lo"], out[f"{key}_{name}_hi"] = ev[f"{key}_ci"]
-    return out
-
-
-def _test_faults(cfg, task: dict) -> None:
-    """Fault injection for the tests: a type that raises, a worker that dies once (Ray retries it)."""
-    if task.get("accident_type") in cfg.fail_types:
-        raise RuntimeError(f"injected failure for accident type {task['accident_type']}")
-    if cfg.crash_once_dir and task.get("accident_type"):
-        marker = Path(cfg.crash_once_dir) / f"{task['scenario']}_{task['accident_type']}.crashed"
-        if not marker.exists():
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text("worker killed once")
-            os._exit(1)
+    client = make_client(cfg.llm)
+    proposed = {}
+    for scenario in cfg.scenarios:
+        p = cfg.proposals
+        out = propose_types(client, scenario, p.n_types, p.temperature, p.max_tokens, seed=cfg.seed, retries=p.retries)
+        proposed[scenario] = [t.to_dict() for t in out["types"]]
+        tracker.log_dict({**out, "types": proposed[scenario]}, f"proposals/{scenario}.json")
+        tracker.set_tags({f"aed.{scenario}.taxonomy": out["source"]})
+        names = ", ".join(t["name"] for t in proposed[scenario])
+        print(f"[aed] {scenario}: accident types from {out['source']} ({cfg.llm.backend}): {names}")
+    return proposed

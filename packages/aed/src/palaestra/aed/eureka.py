@@ -27,11 +27,11 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from palaestra.aed.adversary import AdversarySpec, TrainSettings, build_model, make_env, train_adversary
 from palaestra.aed.allowlist import ALLOWED_TEXT
 from palaestra.aed.evaluation import evaluate
 from palaestra.aed.rewards import STATE_API, TAXONOMY
 from palaestra.aed.sandbox import check_reward
-from palaestra.aed.train import AdversarySpec, TrainSettings, build_model, make_env, train_adversary
 
 SYSTEM = (
     "You are a reward engineer for reinforcement learning. You write Python reward functions that train an "

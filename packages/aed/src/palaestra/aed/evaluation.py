@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.aed.train import AdversarySpec, make_env
+from palaestra.aed.adversary import AdversarySpec, make_env
 from palaestra.shared.stats import wilson_interval
 
 

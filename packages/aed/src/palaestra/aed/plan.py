@@ -51,7 +51,7 @@ def task_steps(cfg, task: dict[str, Any]) -> int:
 
 def attack_plan(cfg) -> tuple[list[str], float]:
     """Lines of the plan of an ``aed.attack`` config, and its total CPU-hours."""
-    from palaestra.aed.jobs import attack_tasks
+    from palaestra.aed.attack import attack_tasks
 
     proposed = None
     if cfg.taxonomy in ("llm", "both"):  # placeholders for the types the LLM will propose

@@ -2,11 +2,13 @@
 and ``aed.victim``, their rehearsals, their plans for ``palaestra plan`` (`JOB_PLANS`: CPU-hours and Ray placement,
 `palaestra.aed.plan`), and the CPU stand-in LLM backend ``aed_scripted``."""
 
-import palaestra.aed.jobs  # noqa: F401  (registers `aed.attack`, `aed.victim`)
+from palaestra.shared.jobs import JOBS
 from palaestra.shared.llm.base import LLM_BACKENDS
 from palaestra.shared.plan import JOB_PLANS
 from palaestra.shared.rehearse import REHEARSALS
 
+JOBS.register("aed.attack", "palaestra.aed.attack:attack")  # lazily: each job in the module named after it
+JOBS.register("aed.victim", "palaestra.aed.victim:victim")
 LLM_BACKENDS.register("aed_scripted", "palaestra.aed.scripted:ScriptedDesigner")
 REHEARSALS.register("aed.victim", "palaestra.aed.rehearsal:VICTIM")  # `palaestra rehearse`
 REHEARSALS.register("aed.attack", "palaestra.aed.rehearsal:ATTACK")

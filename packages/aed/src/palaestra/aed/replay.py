@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.aed.train import AdversarySpec, make_env
+from palaestra.aed.adversary import AdversarySpec, make_env
 
 
 def spec_from(data: dict[str, Any]) -> AdversarySpec:
