@@ -211,6 +211,100 @@ def test_v3_summary_by_hand():
     assert v3["irrelevance"] == pytest.approx(0.75) and v3["relevance"] == pytest.approx(0.75)
 
 
+def _bfcl_v3_overall(table: dict) -> dict[str, float]:
+    """BFCL v3's aggregation as its code computes it: ``generate_leaderboard_csv`` of gorilla's
+    ``berkeley-function-call-leaderboard/bfcl_eval/eval_checker/eval_runner_helper.py`` at commit 65a1c944 (the
+    last before "BFCL V4 Release"), its lines transcribed, run on bfcl-eval's own ``get_category_score``,
+    ``calculate_weighted_accuracy`` and ``calculate_unweighted_accuracy`` (identical in both versions). v3's
+    category names ``simple``, ``java``, ``javascript`` are v4's ``simple_python``, ``simple_java``,
+    ``simple_javascript``; the others are unchanged."""
+    from bfcl_eval.eval_checker.eval_runner_helper import (
+        calculate_unweighted_accuracy,
+        calculate_weighted_accuracy,
+        get_category_score,
+    )
+
+    value = {k: dict(v) for k, v in table.items()}
+    python_simple_ast_non_live = get_category_score(value, "simple_python")
+    python_multiple_ast_non_live = get_category_score(value, "multiple")
+    python_parallel_ast_non_live = get_category_score(value, "parallel")
+    python_parallel_multiple_ast_non_live = get_category_score(value, "parallel_multiple")
+    java_simple_ast_non_live = get_category_score(value, "simple_java")
+    javascript_simple_ast_non_live = get_category_score(value, "simple_javascript")
+    irrelevance_non_live = get_category_score(value, "irrelevance")
+    simple_ast_non_live = calculate_unweighted_accuracy(
+        [python_simple_ast_non_live, java_simple_ast_non_live, javascript_simple_ast_non_live]
+    )
+    overall_accuracy_non_live = calculate_unweighted_accuracy(
+        [
+            simple_ast_non_live,
+            python_multiple_ast_non_live,
+            python_parallel_ast_non_live,
+            python_parallel_multiple_ast_non_live,
+            irrelevance_non_live,
+        ],
+        display_na_if_category_missing=False,
+    )
+    python_simple_ast_live = get_category_score(value, "live_simple")
+    python_multiple_ast_live = get_category_score(value, "live_multiple")
+    python_parallel_ast_live = get_category_score(value, "live_parallel")
+    python_parallel_multiple_ast_live = get_category_score(value, "live_parallel_multiple")
+    irrelevance_live = get_category_score(value, "live_irrelevance")
+    relevance_live = get_category_score(value, "live_relevance")
+    overall_accuracy_live = calculate_weighted_accuracy(
+        [
+            python_simple_ast_live,
+            python_multiple_ast_live,
+            python_parallel_ast_live,
+            python_parallel_multiple_ast_live,
+            irrelevance_live,
+            relevance_live,
+        ],
+        display_na_if_category_missing=False,
+    )
+    overall_accuracy_multi_turn = calculate_unweighted_accuracy(
+        [get_category_score(value, c) for c in ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
+                                                "multi_turn_long_context")],
+        display_na_if_category_missing=False,
+    )  # fmt: skip
+    single_turn_ast = calculate_unweighted_accuracy([overall_accuracy_live, overall_accuracy_non_live])
+    total_irrelevance = calculate_unweighted_accuracy([irrelevance_non_live, irrelevance_live])
+    total_overall_accuracy = calculate_unweighted_accuracy(
+        [overall_accuracy_live, overall_accuracy_non_live, overall_accuracy_multi_turn],
+        display_na_if_category_missing=False,
+    )
+    return {
+        "overall": total_overall_accuracy["accuracy"],
+        "non_live": overall_accuracy_non_live["accuracy"],
+        "live": overall_accuracy_live["accuracy"],
+        "multi_turn": overall_accuracy_multi_turn["accuracy"],
+        "single_turn": single_turn_ast["accuracy"],
+        "irrelevance": total_irrelevance["accuracy"],
+        "relevance": relevance_live["accuracy"],
+    }
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_v3_summary_equals_bfcls_v3_code(seed):
+    """Random score tables over a random subset of the categories (the rest did not run: 0 with BFCL's entry
+    count), scored by `bfcl_v3_summary` and by BFCL v3's own aggregation."""
+    import random
+
+    from palaestra.egpo.bfcl import ALL_CATEGORIES
+    from palaestra.egpo.bfcl_results import bfcl_v3_summary
+
+    rng = random.Random(seed)
+    scores = {}
+    for category in ALL_CATEGORIES:
+        if rng.random() < 0.7:
+            total = rng.randint(1, 60)
+            scores[category] = (rng.randint(0, total), total)
+    table = {c: {"accuracy": k / n, "total_count": n} for c, (k, n) in scores.items()}
+    theirs, ours = _bfcl_v3_overall(table), bfcl_v3_summary(scores)
+    for key, value in theirs.items():
+        assert ours[key] == pytest.approx(value, abs=1e-15), key
+
+
 def test_offline_maximum_of_each_version():
     from palaestra.egpo.bfcl_results import offline_maximum
 
