@@ -82,3 +82,92 @@ def test_two_steps_in_flight_survive_an_update_and_a_killed_worker(ray_local):
     # the surviving worker's episodes spanned the update: version 0 first, then 1, in one episode
     assert any(per_turn[0] == 0 and per_turn[-1] == 1 for per_turn in versions)
     assert sum(r.stats["worker_restarts"] for r in results) >= 1
+
+
+def test_a_pinned_rollout_reruns_with_its_own_version_after_a_kill(ray_local):
+    """``version_schedule: fixed`` on Ray: a rollout submitted at version 0 samples with version 0 throughout,
+    though version 1 arrives while it runs and its worker dies: the tokens are those of version 0's weights."""
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    pool = RayRollouts(LLM, CFG, num_workers=2, num_cpus=0.5, pin_versions=True)
+    try:
+        client = make_client(LLM)
+        with torch.no_grad():
+            for p in client.model.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+        pool.sync(client.model.state_dict(), 0)
+        handle = pool.submit(specs(1), seed=1)
+        time.sleep(0.8)
+        newer = {k: v + 0.3 * torch.randn_like(v) for k, v in client.model.state_dict().items()}
+        pool.sync(newer, 1)  # kept for the next rollouts; the running one keeps version 0
+        ray.kill(pool.workers[0])
+        result = pool.collect(handle)
+        after = pool.run(specs(2, n=2), seed=2)  # a rollout submitted now samples with version 1
+    finally:
+        pool.close()
+    assert result.stats["worker_restarts"] == 1
+    assert {v for t in result.trajectories for turn in t.turns for v in turn.response_versions} == {0}
+    assert {v for t in after.trajectories for turn in t.turns for v in turn.response_versions} == {1}
+    # shard i of 2 holds episodes 2i, 2i+1 and seed 1 * 1009 + i: replayed here with version 0's weights
+    local = LocalRollouts(client, CFG)
+    replay = [t for i in range(2) for t in local.run(specs(1)[2 * i : 2 * i + 2], seed=1009 + i).trajectories]
+    assert [[turn.response_ids for turn in t.turns] for t in result.trajectories] == [
+        [turn.response_ids for turn in t.turns] for t in replay
+    ]
+
+
+@pytest.mark.parametrize("schedule", ["newest", "fixed"])
+def test_trainer_one_step_ahead_on_two_ray_workers(tmp_path, ray_local, schedule):
+    from palaestra.shared.config import TrackingConfig
+    from palaestra.shared.rl.config import EnvSpec, TrainConfig, WorkersConfig
+    from palaestra.shared.rl.trainer import Trainer
+    from palaestra.shared.testing import TEST_CLUSTER
+
+    rollout = RolloutConfig(group_size=2, max_tokens_per_turn=4, max_staleness=1, version_schedule=schedule)
+    cfg = TrainConfig(
+        job="rl.train",
+        envs=[EnvSpec("task", {"source": "next_number"})],
+        output_dir=str(tmp_path / "out"),
+        tracking=TrackingConfig(enabled=False),
+        rollout=rollout,
+        workers=WorkersConfig(num_workers=2, num_cpus=0.5),
+        cluster=TEST_CLUSTER,
+        steps=3,
+        tasks_per_step=2,
+    )
+    with Trainer(cfg) as tr:
+        history = [tr.train_step() for _ in range(3)]
+    for step, m in enumerate(history):
+        tokens = m["rollout/response_tokens_mean"] * m["rollout/trajectories"]
+        assert m["async/tokens_lag_0"] + m["async/tokens_lag_1"] == tokens and m["async/staleness_max"] <= 1
+        if schedule == "fixed":  # step s samples with version max(0, s - 1) only
+            assert m[f"async/tokens_lag_{min(step, 1)}"] == tokens
+    assert history[1]["async/tokens_lag_1"] > 0  # step 1 started before step 0's update
+
+
+def test_sharded_learner_one_step_ahead(tmp_path, ray_local):
+    """learner.world_size 2 (gloo, FSDP) with in-process rollouts one step ahead: the trainer's copy of the
+    weights (what the background rollouts are synced from) stays the ranks' after each update."""
+    from palaestra.shared.config import TrackingConfig
+    from palaestra.shared.rl.config import EnvSpec, LearnerConfig, TrainConfig
+    from palaestra.shared.rl.trainer import Trainer
+    from palaestra.shared.testing import TEST_CLUSTER
+
+    cfg = TrainConfig(
+        job="rl.train",
+        envs=[EnvSpec("task", {"source": "next_number"})],
+        output_dir=str(tmp_path / "out"),
+        tracking=TrackingConfig(enabled=False),
+        rollout=RolloutConfig(group_size=2, max_tokens_per_turn=4, max_staleness=1, version_schedule="fixed"),
+        learner=LearnerConfig(world_size=2, strategy="fsdp"),
+        cluster=TEST_CLUSTER,
+        steps=2,
+        tasks_per_step=2,
+    )
+    with Trainer(cfg) as tr:
+        history = [tr.train_step() for _ in range(2)]
+        gathered, own = tr.learner.state_dict(), tr.model.state_dict()
+        assert all(torch.equal(own[k], v) for k, v in gathered.items())
+    m = history[1]
+    assert m["async/tokens_lag_1"] == m["rollout/response_tokens_mean"] * m["rollout/trajectories"]
