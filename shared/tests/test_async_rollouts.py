@@ -7,16 +7,17 @@ import math
 import pytest
 import torch
 
-from palaestra.shared.config import ConfigError, TrackingConfig
+from palaestra.shared.config import ConfigError
 from palaestra.shared.llm.base import LLMConfig, make_client
 from palaestra.shared.rewards import REWARDS
 from palaestra.shared.rl.async_rollouts import async_metrics
-from palaestra.shared.rl.config import EnvSpec, OptimConfig, TrainConfig
+from palaestra.shared.rl.config import EnvSpec, TrainConfig
 from palaestra.shared.rl.loss import LossConfig, policy_loss
 from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
 from palaestra.shared.rollout.env import Step, TextEnv
 from palaestra.shared.rollout.policy_version import PolicyVersion
+from palaestra.shared.testing import small_train_config
 
 torch.set_num_threads(1)
 
@@ -162,18 +163,7 @@ def response_length(sample, completion, **info) -> float:
 
 
 def config(tmp_path, **kw) -> TrainConfig:
-    base = dict(
-        envs=[EnvSpec("task", {"reward": "async_test_length"})],
-        job="rl.train",
-        output_dir=str(tmp_path / "out"),
-        tracking=TrackingConfig(enabled=False),
-        rollout=RolloutConfig(group_size=3, max_tokens_per_turn=5),
-        optim=OptimConfig(lr=1e-3),
-        steps=3,
-        tasks_per_step=2,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+    return small_train_config(tmp_path, "async_test_length", **{"steps": 3, **kw})
 
 
 def test_staleness_zero_samples_each_step_with_the_previous_updates_weights(tmp_path):

@@ -3,27 +3,17 @@
 import pytest
 import torch
 
-from palaestra.shared.config import TrackingConfig
 from palaestra.shared.registry import UnknownNameError
 from palaestra.shared.rl.batch_rules import BATCH_RULES, AllRows
-from palaestra.shared.rl.config import EnvSpec, OptimConfig, TrainConfig
+from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.episodes import draw_tasks
 from palaestra.shared.rl.trainer import Trainer
-from palaestra.shared.rollout.engine import RolloutConfig, RolloutResult
+from palaestra.shared.rollout.engine import RolloutResult
+from palaestra.shared.testing import small_train_config
 
 
 def small_config(tmp_path, **kw) -> TrainConfig:
-    base = dict(
-        envs=[EnvSpec("task", {"reward": "exact_answer"})],
-        job="rl.train",
-        output_dir=str(tmp_path / "out"),
-        tracking=TrackingConfig(enabled=False),
-        rollout=RolloutConfig(group_size=3, max_tokens_per_turn=5),
-        optim=OptimConfig(lr=1e-3),
-        steps=4,
-        tasks_per_step=2,
-    )
-    return TrainConfig(**{**base, **kw})
+    return small_train_config(tmp_path, "exact_answer", **kw)
 
 
 def test_default_rule_draws_the_samplers_tasks_and_keeps_every_row(tmp_path):

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import palaestra.shared.rl.train  # noqa: F401  (registers rl.train)
-from palaestra.shared.config import TrackingConfig
 from palaestra.shared.jobs import load_config, run_job
 from palaestra.shared.rewards import REWARDS
 from palaestra.shared.rl import checkpoint
@@ -14,8 +13,8 @@ from palaestra.shared.rl.advantages import ADVANTAGES, AdvantageStep
 from palaestra.shared.rl.config import EnvSpec, LoraConfig, OptimConfig, TrainConfig, WorkersConfig
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.trainer import Trainer, TrainingError
-from palaestra.shared.rollout.engine import RolloutConfig
 from palaestra.shared.rollout.env import ENVS, Step, TextEnv
+from palaestra.shared.testing import small_train_config
 
 METRICS = [
     "train/reward_mean",
@@ -37,21 +36,8 @@ def response_length(sample, completion, **info) -> float:
 
 
 def small_config(tmp_path, **kw) -> TrainConfig:
-    base = dict(
-        envs=[EnvSpec("task", {"reward": "test_response_length"})],
-        job="rl.train",
-        output_dir=str(tmp_path / "out"),
-        tracking=TrackingConfig(enabled=False),
-        rollout=RolloutConfig(group_size=3, max_tokens_per_turn=5),
-        optim=OptimConfig(lr=1e-3),
-        steps=4,
-        tasks_per_step=2,
-        checkpoint_every=2,
-        ppo_epochs=2,
-        minibatch_size=4,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+    kw = {"checkpoint_every": 2, "ppo_epochs": 2, "minibatch_size": 4, **kw}
+    return small_train_config(tmp_path, "test_response_length", **kw)
 
 
 def weights(model):

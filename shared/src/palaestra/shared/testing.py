@@ -8,6 +8,7 @@
   `serve` and `openai` extras;
 - `tiny_learner`, `learner_step`, `greedy_rollouts`: a float32 `tiny` to train, one optimizer step on it, and
   the greedy rollouts of a client (what the weight-sync tests compare across backends);
+- `small_train_config`: the few-second ``rl.train`` config that the trainer's tests vary;
 - `vllm_tiny`: one vLLM engine on `tiny` (float32) for the whole session (an engine takes about a minute to
   start on CPU); tests that take it are marked ``vllm`` and skipped where vLLM is not importable (``make test``
   runs them in ``.venv-vllm``).
@@ -110,6 +111,26 @@ def tiny_learner():
     from palaestra.shared.llm import LLMConfig, make_client
 
     return make_client(LLMConfig(model="tiny", device="cpu", dtype="float32"))
+
+
+def small_train_config(tmp_path, reward: str, **overrides: Any):
+    """A `TrainConfig` of seconds on `tiny`: the ``task`` env scored by `reward`, groups of 3 five-token answers,
+    2 tasks a step for 4 steps, AdamW at 1e-3, no MLflow, files under ``tmp_path/out``; `overrides` replace
+    fields."""
+    from palaestra.shared.rl.config import EnvSpec, OptimConfig, TrainConfig
+    from palaestra.shared.rollout.engine import RolloutConfig
+
+    base: dict[str, Any] = dict(
+        envs=[EnvSpec("task", {"reward": reward})],
+        job="rl.train",
+        output_dir=str(tmp_path / "out"),
+        tracking=TrackingConfig(enabled=False),
+        rollout=RolloutConfig(group_size=3, max_tokens_per_turn=5),
+        optim=OptimConfig(lr=1e-3),
+        steps=4,
+        tasks_per_step=2,
+    )
+    return TrainConfig(**{**base, **overrides})
 
 
 def learner_step(client) -> None:
