@@ -206,7 +206,8 @@ def dataset_card(rows: list[dict], stats: dict, source: Path, files: list[str]) 
         "## Statistics of the generation run",
         "",
     ]
-    for key in ("kept", "dropped", "calls_per_trace", "hidden_step_fraction", "function_coverage", "env_coverage"):
+    keys = ("kept", "dropped", "duplicates", "near_duplicates", "calls_per_trace", "hidden_step_fraction")
+    for key in (*keys, "function_coverage", "env_coverage"):
         if key in stats:
             v = stats[key]
             lines.append(f"- {key}: {v:.3f}" if isinstance(v, float) else f"- {key}: {v}")
@@ -255,6 +256,11 @@ def _how_made(roles: Counter) -> list[str]:
         "- traces: a directed sampler over an API graph toward a target tool; the trace ends at its goal (the"
         " target, or a tool that consumes its result); read-only calls that feed nothing are pruned"
     )
+    if "judge" in used:
+        lines.append(
+            "- filter: a language model judged whether each verified sample's requests determine its calls;"
+            " samples under the threshold were dropped (`verdict.judge_score`)"
+        )
     return lines
 
 

@@ -2,8 +2,8 @@
 
 The driver builds (or loads) the API graph, plans the work items (one per
 sample: environment round-robin, targets allotted in proportion to the
-graph's tool weights by smooth weighted round-robin, so equal weights cover
-every tool), skips items a previous run finished, fans chunks of items out
+graph's tool weights, three times for a tool another's output can feed, by
+smooth weighted round-robin, so every tool is a target), skips items a previous run finished, fans chunks of items out
 with `palaestra.shared.cluster.parallel_map` (``workers: 0`` runs them in
 process), and appends every verified sample to the JSONL as its chunk
 returns. Per batch it logs progress metrics; at the end a stats report
@@ -22,7 +22,7 @@ from pathlib import Path
 from palaestra.datagen.dataset import SampleWriter, read_rows
 from palaestra.datagen.envs import BFCL_CLASSES, get_env
 from palaestra.datagen.graph import ApiGraph
-from palaestra.datagen.pipeline import ItemConfig, RolesConfig, generate_item, make_roles
+from palaestra.datagen.pipeline import FED_BONUS, ItemConfig, RolesConfig, generate_item, make_roles
 from palaestra.datagen.run_stats import RunStats, audit_rows
 from palaestra.shared.config import ConfigError, JobConfig, value_check
 from palaestra.shared.jobs import format_headline, job
@@ -73,7 +73,8 @@ def build_graph(envs: list[str], seed: int = 0) -> ApiGraph:
 
 
 def plan_items(cfg: DataGenerationConfig, graph: ApiGraph) -> list[dict]:
-    """Deterministic work items; targets per environment in proportion to tool weights."""
+    """Deterministic work items; targets per environment in proportion to tool weights, a tool that another's
+    output can feed `FED_BONUS` times more (a goal whose steps feed each other; every tool is still a target)."""
     rng = random.Random(cfg.seed * 1000003 + cfg.round)
     credit: dict[str, dict[str, float]] = {}
     items = []
@@ -81,7 +82,7 @@ def plan_items(cfg: DataGenerationConfig, graph: ApiGraph) -> list[dict]:
         env = cfg.envs[i % len(cfg.envs)]
         tools = graph.tools(env)
         credit.setdefault(env, {t: rng.random() * 1e-3 for t in tools})  # tiny jitter breaks ties by seed
-        weights = {t: graph.weight(env, t) for t in tools}
+        weights = {t: graph.weight(env, t) * (FED_BONUS if graph.fed(env, t) else 1.0) for t in tools}
         total = sum(weights.values())
         for t in tools:
             credit[env][t] += weights[t]

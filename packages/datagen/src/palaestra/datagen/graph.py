@@ -108,6 +108,15 @@ class ApiGraph:
     def weight(self, env: str, tool: str) -> float:
         return float(self.g.nodes[node(env, tool)]["weight"])
 
+    def feeders(self, env: str, tool: str) -> set[str]:
+        """Tools with an output-to-input mapping into `tool` (their output can feed one of its parameters)."""
+        return {
+            u.split(".", 1)[1] for u, _, d in self.g.in_edges(node(env, tool), data=True) if "mapping" in d["kinds"]
+        }
+
+    def fed(self, env: str, tool: str) -> bool:
+        return bool(self.feeders(env, tool))
+
     def edge_weight(self, env: str, a: str, b: str) -> float:
         """The weight of edge a -> b (1.0 where there is no edge)."""
         data = self.g.get_edge_data(node(env, a), node(env, b))

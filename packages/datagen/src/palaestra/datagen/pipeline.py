@@ -32,6 +32,8 @@ from palaestra.shared.llm.base import LLMConfig, SamplingParams
 
 FED_BONUS = 3.0
 """Later turns' targets: weight of a tool that another tool's output can feed, relative to one none can."""
+DEPENDENT_BONUS = 5.0
+"""Later turns' targets: weight, on top, of a tool that a tool called in an earlier turn can feed."""
 ANSWERS = ["The {w} is {v}.", "It's {v}.", "Use {v}.", "Sorry, I forgot: the {w} is {v}.", "{v}, please."]
 """The user's answer when the assistant asked for a missing value (a miss_param turn)."""
 ROLE_NAMES = ("tool_maker", "query_writer", "reasoner", "critic")
@@ -143,29 +145,35 @@ def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, object | None]:
     return R.Roles(**chosen), counter
 
 
-def weighted_tool(graph: ApiGraph, env: str, rng: random.Random, exclude: set[str] = frozenset()) -> str:
+def weighted_tool(
+    graph: ApiGraph, env: str, rng: random.Random, exclude: set[str] = frozenset(), after: set[str] = frozenset()
+) -> str:
     """A tool by node weight; one that an output-to-input mapping can feed weighs `FED_BONUS` times more (a goal
-    whose steps feed each other)."""
+    whose steps feed each other), and one that a tool in `after` (called in an earlier turn) can feed
+    `DEPENDENT_BONUS` times more again (a turn that can take an earlier turn's result: FunReason-MT's dependent
+    turns)."""
     tools = [t for t in graph.tools(env) if t not in exclude]
-    fed = {
-        t
+    sources = {t: graph.feeders(env, t) for t in tools}
+    weights = [
+        graph.weight(env, t) * (FED_BONUS if sources[t] else 1.0) * (DEPENDENT_BONUS if sources[t] & after else 1.0)
         for t in tools
-        if any("mapping" in d.get("kinds", []) for _, _, d in graph.g.in_edges(f"{env}.{t}", data=True))
-    }
-    return rng.choices(tools, weights=[graph.weight(env, t) * (FED_BONUS if t in fed else 1.0) for t in tools])[0]
+    ]
+    return rng.choices(tools, weights=weights)[0]
 
 
 @dataclass
 class TurnPlan:
-    """An item's user turns: each turn's target tool, the last turn's kind, the function a miss_func turn withholds."""
+    """An item's user turns: each turn's target tool (None: drawn after the earlier turns, `weighted_tool` with
+    their calls), the last turn's kind, the function a miss_func turn withholds."""
 
-    targets: list[str]
+    targets: list[str | None]
     last_kind: str
     withheld: str | None
 
 
 def plan_turns(item: dict, graph: ApiGraph, env_name: str, cfg: ItemConfig, rng: random.Random) -> TurnPlan:
-    """How many turns, what kind the last one is (normal, miss_func, miss_param), and each turn's target."""
+    """How many turns, what kind the last one is (normal, miss_func, miss_param), the first turn's target and
+    the function a miss_func turn withholds (its target; the other turns' targets are drawn as they come)."""
     n_turns = rng.randint(cfg.min_turns, cfg.max_turns)
     last_kind = "normal"
     roll = rng.random()
@@ -173,9 +181,11 @@ def plan_turns(item: dict, graph: ApiGraph, env_name: str, cfg: ItemConfig, rng:
         last_kind = "miss_func"
     elif roll < cfg.p_miss_func + cfg.p_miss_param:
         last_kind = "miss_param"
-    targets = [item["target"]] + [weighted_tool(graph, env_name, rng) for _ in range(n_turns - 1)]
-    if last_kind == "miss_func" and targets[-1] in targets[:-1]:
-        last_kind = "normal"  # the withheld function must not be needed before its turn
+    targets: list[str | None] = [item["target"]] + [None] * (n_turns - 1)
+    if last_kind == "miss_func" and n_turns > 1:
+        targets[-1] = weighted_tool(graph, env_name, rng)
+        if targets[-1] == targets[0]:
+            last_kind = "normal"  # the withheld function must not be needed before its turn
     return TurnPlan(targets, last_kind, targets[-1] if last_kind == "miss_func" else None)
 
 
@@ -297,7 +307,10 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         judged = {"judge_score": judge_score} if judge_score is not None or drop == "judge:no_score" else {}
         return {"sample": sample, "drop": drop, "problems": list(problems), **mark.since(), "stats": stats, **judged}
 
+    called: set[str] = set()  # tools earlier turns called (a later turn preferably takes one's result)
     for t, target in enumerate(plan.targets):
+        if target is None:
+            target = weighted_tool(graph, spec.name, rng, {withheld} if withheld else set(), called)
         last = t == len(plan.targets) - 1
         kind = plan.last_kind if last else "normal"
         exclude = {withheld} if withheld and not last else set()
@@ -306,6 +319,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         )
         seen_outputs += [pair for s in trace.steps for pair in leaves(s.output, "result")]
         seen_arguments += [s.arguments for s in trace.steps]
+        called |= {s.name for s in trace.steps}
         if not trace.steps:
             return out("empty_trace")
         if kind == "miss_func" and not (trace.target_hit and withheld in {s.name for s in trace.steps}):

@@ -43,6 +43,8 @@ P_CONSUMER_NO_FLOW = 0.9
 """The same chance when no step of the trace feeds another yet."""
 MAX_CONSUMERS = 2
 """At most this many such steps."""
+TARGET_RETRIES = 3
+"""Right after a producer, calls of the target (other proposed arguments) tried before the producer is undone."""
 LENGTH_WEIGHTS = {1: 0.04, 2: 0.12, 3: 0.24, 4: 0.26, 5: 0.16, 6: 0.1, 7: 0.05, 8: 0.03}
 """Trace length distribution (1-8 calls); with prerequisites and failures the mean lands near 3.5."""
 
@@ -159,6 +161,7 @@ def sample_trace(
     consuming = 0  # steps added after the target, each consuming an earlier result
     snapshot: tuple | None = None  # the state before a producer, restored if the target does not consume it
     tried: set[str] = set()  # producers whose result the target did not take
+    retries = TARGET_RETRIES  # calls of the target after a producer, before the producer is undone
     while len(steps) < length and budget > 0:
         budget -= 1
         legal = [t for t in tools if set(graph.prerequisites(name, t)) <= called and t not in blocked]
@@ -238,6 +241,7 @@ def sample_trace(
             continue
         blocked.clear()
         step.changes_state = not env.same_state(new_env)
+        before_target = env
         env = new_env
         steps.append(step)
         called.add(pick)
@@ -246,9 +250,16 @@ def sample_trace(
         origin += [len(steps) - 1] * len(pairs)
         if pick == target and snapshot is not None:
             producer_at = len(snapshot[1])
+            if producer_at not in step.feeds.values() and retries > 0:
+                # the target took nothing from it: call the target again with other arguments
+                retries -= 1
+                env, steps, called = before_target, steps[:-1], called - {target}
+                outputs, origin = outputs[: len(outputs) - len(pairs)], origin[: len(origin) - len(pairs)]
+                budget += 1
+                continue
             env_s, steps_s, outputs_s, origin_s, called_s, producer = snapshot
-            snapshot = None
-            if producer_at not in step.feeds.values():  # the target took nothing from it: undo both calls
+            snapshot, retries = None, TARGET_RETRIES
+            if producer_at not in step.feeds.values():  # still nothing taken: undo both calls
                 env, steps, outputs, origin, called = env_s, steps_s, outputs_s, origin_s, called_s
                 tried.add(producer)
                 budget += 2  # the undone attempt does not count
@@ -324,9 +335,11 @@ def _small_id(value: Any, param: str) -> bool:
 
 
 def _distinctive(value: Any) -> bool:
-    """An id, a token, a name: not a flag, a small number or a short string."""
+    """An id, a token, a name, a computed figure: not a flag, a small round number or a short string."""
     if isinstance(value, bool) or value is None:
         return False
+    if isinstance(value, float) and not value.is_integer() and len(repr(value).split(".")[-1]) >= 3:
+        return True  # a computed figure (13.2489): no literal a user would say coincides with it
     if isinstance(value, int | float) and abs(value) < 100:
         return False
     return not (isinstance(value, str) and len(value) < 3)
