@@ -138,6 +138,38 @@ class NotedEnv(ToolLoopEnv):
         self.notes = getattr(self, "notes", []) + [(tokens, truncated, prompt_tokens)]
 
 
+def test_response_prefix_in_loss_trains_the_prefix_as_marss_mask_does(tiny_llm):
+    """``response_prefix_in_loss``: the same tokens in the same order (greedy: the same episodes), but the prefix
+    opens each turn's response and is in the loss mask, as MARS's mask covers ``"<think>\\n" + text`` re-tokenized
+    in the assistant message; forced tokens carry sampler log-prob 0; the env reads and is told the same."""
+    prefix = "<think>\n"
+    prefix_ids = tiny_llm.tokenizer.encode(prefix, add_special_tokens=False)
+
+    def run(in_loss):
+        cfg = RolloutConfig(max_tokens_per_turn=5, max_turns=10, temperature=0.0, response_prefix=prefix)
+        cfg.response_prefix_in_loss = in_loss
+        envs = []
+        trajs = RolloutEngine(tiny_llm, cfg).run(specs(lambda: envs.append(NotedEnv(2)) or envs[-1], 2)).trajectories
+        return trajs, envs
+
+    (plain, plain_envs), (trained, trained_envs) = run(False), run(True)
+    n = len(prefix_ids)
+    for p, t in zip(plain, trained):
+        ps, ts = p.to_sequence(), t.to_sequence()
+        assert ts.input_ids == ps.input_ids  # what the model saw is unchanged
+        expected_mask = [0] * len(ps.input_ids)
+        for turn in p.turns:  # MARS's mask: from the prefix's first token to the response's last
+            start = len(turn.prompt_ids) - n
+            expected_mask[start : len(turn.prompt_ids) + len(turn.response_ids)] = [1] * (n + len(turn.response_ids))
+        assert ts.loss_mask == expected_mask and ts.loss_mask != ps.loss_mask
+        for pt, tt in zip(p.turns, t.turns):
+            assert tt.prompt_ids == pt.prompt_ids[:-n] and tt.response_ids == prefix_ids + pt.response_ids
+            assert tt.response_logprobs == pytest.approx([0.0] * n + pt.response_logprobs)
+            assert len(tt.response_versions) == len(tt.response_ids) and tt.text == pt.text
+    for pe, te in zip(plain_envs, trained_envs):
+        assert te.seen == pe.seen and te.notes == pe.notes  # generated tokens and the prompt the model was given
+
+
 def test_env_is_told_each_responses_token_count_and_cut(tiny_llm):
     envs = []
     cfg = RolloutConfig(max_tokens_per_turn=3, max_turns=10, temperature=1.0)

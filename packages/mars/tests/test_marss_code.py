@@ -262,6 +262,8 @@ def test_paper_config_runs_marss_learning_rule():
     assert cfg.optim.schedule_unit == "optimizer_step"
     # MARS's loss: k3 KL clamped to [-10, 10] (functionals.py compute_approx_kl), log-probs at T 1
     assert cfg.loss.kl_clamp == 10 and cfg.loss.logprob_temperature == 1.0
+    # MARS's mask: "<think>\n" put back into the assistant message (env_manager.py get_env_input), so trained
+    assert cfg.rollout.response_prefix == "<think>\n" and cfg.rollout.response_prefix_in_loss
 
 
 def _megatron_lr(num_steps: int, max_lr: float, warmup: int, decay_steps: int, min_lr: float = 0.0) -> float:

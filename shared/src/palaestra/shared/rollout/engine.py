@@ -90,6 +90,11 @@ class RolloutConfig:
     """Text forced at the start of every response (e.g. MARS's ``"<think>\\n"``): its tokens go after the
     generation prompt as prompt tokens (not sampled, so not trained; MARS appends it to the prompt text), and the
     env's `step` gets the prefix + the generated text, the whole response as the env would read it."""
+    response_prefix_in_loss: bool = False
+    """Train the forced prefix as part of each response, as MARS's training mask has it (MARS puts the prefix back
+    into the assistant message and re-tokenizes the conversation): a turn's ``response_ids`` begin with the
+    prefix's ids, with sampler log-prob 0 (forced: probability 1 under the sampler). The tokens the model sees are
+    the same either way; only the loss mask (and the per-turn token counts) differ."""
     max_failed_share: float = field(
         default=0.05, metadata=value_check("palaestra.shared.rollout.engine:check_failed_share")
     )
@@ -334,6 +339,11 @@ class RolloutEngine:
         if cut:  # a prefix of a sample is a sample: keep the tokens that fit
             ids, logprobs, finish = ids[:room], (logprobs[:room] if logprobs else logprobs), "context"
             text = self.sampler(agent).client.tokenizer.decode(ids, skip_special_tokens=True)
+        generated = len(ids)
+        forced = self.sampler(agent).prefix_ids if self.cfg.response_prefix_in_loss else []
+        if forced:  # the prefix moves from the prompt's end to the response's start: same tokens, now trained
+            prompt, ids = prompt[: len(prompt) - len(forced)], forced + ids
+            logprobs = [0.0] * len(forced) + list(logprobs) if logprobs else logprobs
         turn = Turn(agent, prompt, ids, list(logprobs) if logprobs else None, text=text, finish_reason=finish)
         turn.response_versions = [version] * len(ids)
         ep.traj(agent).turns.append(turn)
@@ -343,7 +353,7 @@ class RolloutEngine:
             return
         if finish == "length":
             ep.traj(agent).truncated, ep.traj(agent).limit = True, "max_tokens"
-        ep.env.note_response(len(ids), truncated=finish == "length", prompt_tokens=len(prompt))
+        ep.env.note_response(generated, truncated=finish == "length", prompt_tokens=len(prompt) + len(forced))
         step = ep.env.step(self.cfg.response_prefix + text)
         turn.action = step.info.get("action")
         turn.error = step.info.get("format_error")
