@@ -190,16 +190,18 @@ def evaluate(
     step: int | None = None,
     clients: dict | None = None,
     rollouts: Any = None,
+    seat_clients: list | None = None,
 ):
     """Run every setting; return ``{metric name: value}`` (also logged when a tracker is given). `rollouts`: where
     the LLM policy's games play (the trainer's `eval_rollouts`: its workers and synced weights); None: the
-    policy's client in this process."""
+    policy's client in this process. `seat_clients`: one client per seat (several policies trained together):
+    the exploitability is then the joint profile's, each seat's states read off its own client."""
     check_config(cfg)
     clients = {} if clients is None else clients
     metrics: dict[str, float] = {}
     records: list[dict[str, Any]] = []
     for name in cfg.exploitability:
-        _exploitability(cfg, name, clients, metrics, records, tracker, step)
+        _exploitability(cfg, name, clients, metrics, records, tracker, step, seat_clients)
     for name in cfg.games:
         game = make_game(name)
         if game.cooperative and cfg.policy == "mcts":
@@ -261,11 +263,17 @@ def game_opponents(cfg: GameEvalConfig, game: str) -> list[tuple[str, str, int |
     return out
 
 
-def _exploitability(cfg: GameEvalConfig, name: str, clients: dict, metrics: dict, records: list, tracker, step) -> None:
+def _exploitability(
+    cfg: GameEvalConfig, name: str, clients: dict, metrics: dict, records: list, tracker, step, seat_clients=None
+) -> None:
     from palaestra.mars.model_policy import exploitability, read_policy, response_scorer
 
-    llm = make_player("llm", cfg, make_game(name), clients=clients)
-    tabular, table = read_policy(response_scorer(llm.client, cfg.exploitability_temperature), name, cfg.prompt)
+    t = cfg.exploitability_temperature
+    if seat_clients:  # the joint profile: each seat's information states off its own policy
+        scorer: Any = [response_scorer(c, t) for c in seat_clients]
+    else:
+        scorer = response_scorer(make_player("llm", cfg, make_game(name), clients=clients).client, t)
+    tabular, table = read_policy(scorer, name, cfg.prompt)
     value = exploitability(tabular, name)
     metrics[f"eval/{name}/exploitability"] = value
     if tracker is not None:

@@ -19,7 +19,7 @@ Kuhn poker's uniform policy has 0.4583.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -99,17 +99,22 @@ def information_state_prompts(game: str, prompt: str = "compact", shaping: Shapi
 
 
 def read_policy(
-    score: Callable[[list[dict], list[str]], list[float]], game: str, prompt: str = "compact"
+    score: Callable[[list[dict], list[str]], list[float]] | Sequence[Callable[[list[dict], list[str]], list[float]]],
+    game: str,
+    prompt: str = "compact",
 ) -> tuple[Any, dict[str, list[float]]]:
     """The model's `TabularPolicy` (legal actions normalized) and ``{info state: probabilities by action id}``.
 
-    ``score(conversation, responses)`` returns the log-probability of each response text."""
+    ``score(conversation, responses)`` returns the log-probability of each response text; a sequence of them,
+    one per player, reads each player's information states off its own model (the joint profile of several
+    policies, one per seat)."""
     from open_spiel.python import policy as policy_lib
 
     tabular = policy_lib.TabularPolicy(GameEnv(game).game.openspiel)
     table: dict[str, list[float]] = {}
-    for key, (_, conversation, legal, strings) in information_state_prompts(game, prompt).items():
-        logps = np.array(score(conversation, [render_response(s) for s in strings]), dtype=np.float64)
+    for key, (player, conversation, legal, strings) in information_state_prompts(game, prompt).items():
+        scorer = score if callable(score) else score[player]
+        logps = np.array(scorer(conversation, [render_response(s) for s in strings]), dtype=np.float64)
         probs = np.exp(logps - logps.max())
         probs /= probs.sum()
         row = tabular.policy_for_key(key)

@@ -30,7 +30,7 @@ from typing import Any
 
 from palaestra.mars import plugins  # noqa: F401  (registers the batch rule first_finished and the eval cost)
 from palaestra.mars.batching import BatchRule, MarsBatch, check_batch
-from palaestra.mars.env import PromptStyle, Shaping
+from palaestra.mars.env import PromptStyle, Shaping, agent_name
 from palaestra.mars.eval import GameEvalConfig, eval_headline, evaluate
 from palaestra.mars.eval_table import compare, format_table
 from palaestra.mars.games import GAMES
@@ -39,6 +39,7 @@ from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.config import EnvSpec, EvalConfig, TrainConfig
 from palaestra.shared.rl.loss import LossConfig
+from palaestra.shared.rl.policies import policy_of
 from palaestra.shared.rl.train import train_headline
 from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.tracking import Tracker
@@ -205,7 +206,12 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
         # the games are played on the trainer's rollout workers (vLLM where workers.llm says so) with the weights
         # of the last sync; the trainer's own model only scores the exploitability read-off
         clients = {repr(eval_cfg.llm): trainer.client}
-        metrics, records = evaluate(eval_cfg, tracker, step=step, clients=clients, rollouts=trainer.eval_rollouts())
+        # several policies (one per seat): the exploitability is their joint profile's (rl/policies.py)
+        seats = [policy_of(trainer.policies, agent_name(p)).client for p in (0, 1)] if cfg.policies else None
+        rollouts = trainer.eval_rollouts()
+        metrics, records = evaluate(
+            eval_cfg, tracker, step=step, clients=clients, rollouts=rollouts, seat_clients=seats
+        )
         evaluations.append(records)
         return metrics
 
