@@ -82,6 +82,8 @@ def egpo_keys(paper: dict) -> list[str]:
     if any(step["name"] == "entropy_clipped" for step in paper["advantages"]):
         keys += ["adv/entropy_changed_share", "adv/entropy_bonus_ratio"]
     keys += [f"bfcl/{category}/accuracy" for category in paper["eval"]["categories"]]
+    # every training set through BFCL's contamination check before training (egpo.train's log_contamination)
+    keys += [f"data/envs.{i}.{env['name']}/contaminated" for i, env in enumerate(paper["envs"])]
     return keys + ["bfcl/summary/overall", "bfcl/summary_v3/overall", "bfcl/summary_v3/multi_turn"]
 
 
