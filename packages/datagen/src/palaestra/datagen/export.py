@@ -35,7 +35,11 @@ from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
 from palaestra.shared.tracking import Tracker
 
-FORMATS = ("openai", "sharegpt", "sft_turns")
+
+class ExportFormat(StrEnum):
+    openai = "openai"
+    sharegpt = "sharegpt"
+    sft_turns = "sft_turns"
 
 
 class AddedFunctionRole(StrEnum):
@@ -52,7 +56,7 @@ class ExportConfig(JobConfig):
     """The dataset: ``<output_dir>/datagen/<name>/samples.jsonl``."""
     input: str | None = None
     """Or an explicit samples file."""
-    formats: list[str] = field(default_factory=lambda: list(FORMATS))
+    formats: list[ExportFormat] = field(default_factory=lambda: list(ExportFormat))
     """openai | sharegpt | sft_turns."""
     added_function_role: AddedFunctionRole = AddedFunctionRole.system
     """Role of the message that adds a withheld function: system | user."""
@@ -289,9 +293,6 @@ def _teaches(q: dict) -> list[str]:
 @job("datagen.export", ExportConfig)
 def export(cfg: ExportConfig, tracker: Tracker) -> dict:
     """Export samples to OpenAI messages + tools (TRL) and ShareGPT, with a dataset card."""
-    unknown = [f for f in cfg.formats if f not in FORMATS]
-    if unknown:
-        raise ConfigError(f"formats: unknown {unknown} (known: {list(FORMATS)})")
     source = cfg.input_path
     if not source.is_file():
         raise ConfigError(f"datagen.export: no samples file at {source} (run datagen.generate first)")
