@@ -110,7 +110,7 @@ FIGURES = [
         "experiments/datagen/deterministic.yaml",
         (),
         3,
-        "ae467de",
+        "daaacbf",
         datagen_kept,
     ),
     Figure(
