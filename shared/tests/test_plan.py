@@ -181,9 +181,12 @@ def test_plan_exits_nonzero_when_it_does_not_fit_and_names_the_part(capsys):
     assert "DOES NOT FIT" in out and "activations" in out
 
 
-def test_plan_refuses_a_config_that_is_not_rl(capsys):
-    assert main(["plan", str(ROOT / "experiments/datagen/deterministic.yaml")]) == 2
-    assert "not one" in capsys.readouterr().err
+def test_plan_refuses_a_config_with_nothing_to_plan(tmp_path, capsys):
+    """Not RL training and no `JOB_PLANS` entry (llm.generate registers none)."""
+    path = tmp_path / "generate.yaml"
+    path.write_text("job: llm.generate\nprompts: [hi]\n")
+    assert main(["plan", str(path)]) == 2
+    assert "job llm.generate is not one" in capsys.readouterr().err
 
 
 def test_reference_output_gradient_and_attention_mask_closed_forms():
