@@ -210,3 +210,32 @@ def test_several_policies_refuse_settings_they_do_not_support(tmp_path):
     workers = dataclasses.replace(config(tmp_path).workers, num_workers=1)
     with pytest.raises(ConfigError, match="workers.num_workers 0"):
         Trainer(config(tmp_path, policies=TWO, workers=workers))
+
+
+def test_plan_counts_every_policys_memory():
+    """Two policies of one model hold twice its weights, gradients, AdamW moments and reference: 4 + 4 + 8 + 4
+    = 20 bytes per parameter more than one policy (fp32 master weights, KL on); a larger second model adds its
+    own 20 bytes per parameter and its larger activations; LoRA adapters on one base add nothing."""
+    from palaestra.shared.config import resolve
+    from palaestra.shared.plan import GB, model_arch, plan
+
+    base = {"job": "rl.train", "llm": {"model": "smollm2-135m", "device": "cuda"}}
+    base |= {"loss": {"kl_coef": 0.01}, "learner": {"gradient_checkpointing": True, "micro_batch_tokens": 8192}}
+    two = {"a": {"agents": ["p0"]}, "b": {"agents": ["p1"]}}
+
+    def total(data):
+        text, _ = plan(resolve(TrainConfig, data), gpu_gb=1000.0)
+        return float(next(line for line in text.splitlines() if line.strip().startswith("total")).split()[1]), text
+
+    one, _ = total(base)
+    both, text = total({**base, "policies": two})
+    params = model_arch("smollm2-135m")[0].params()
+    assert both - one == pytest.approx(20 * params / GB, abs=0.011)
+    assert "policies: 2, each its own model" in text
+    bigger = {**two, "b": {"agents": ["p1"], "llm": {"model": "Qwen/Qwen3-4B", "device": "cuda"}}}
+    mixed, _ = total({**base, "policies": bigger})
+    assert mixed - one > 20 * model_arch("Qwen/Qwen3-4B")[0].params() / GB  # its held parts, and more activations
+    lora = {**base, "lora": {"enabled": True}, "loss": {"kl_coef": 0.0}}
+    alone, _ = total(lora)
+    shared, text = total({**lora, "policies": two})
+    assert shared == alone and "2 LoRA adapters on one base model" in text

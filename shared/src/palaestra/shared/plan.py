@@ -38,6 +38,10 @@ sharded parts divided by N under ``fsdp``, whole under ``ddp``):
   the entropy's exp, and in the backward two float32 gradients and one in the compute dtype;
 - a flat runtime reserve (CUDA context, allocator fragmentation): `RUNTIME_RESERVE_GB`.
 
+Several policies (``policies``, rl/policies.py) share the learner's process and update one at a time: every
+policy's weights, gradients, AdamW moments and reference are held together, the transient parts (activations,
+logits, masks) of the largest once (`policies_memory`); LoRA adapters on one base model count the base once.
+
 With ``learner.world_size`` > 1 and ``llm.device`` on a GPU, the trainer's process keeps a
 float32 copy of the weights there (rollouts in process, evaluation, checkpoints): one more GPU.
 With a reference model it peaks at two float32 copies: it deep-copies its model as the reference
@@ -219,6 +223,55 @@ def learner_memory(arch: ModelArch, shape: LearnerShape, on_gpu: bool = True) ->
     }
 
 
+def learner_shape(cfg, compute: int, master: int) -> LearnerShape:
+    """The settings of an RL config's learner that the estimate reads (`compute`, `master`: bytes)."""
+    learner = cfg.learner
+    rows = cfg.minibatch_size or cfg.tasks_per_step * cfg.rollout.group_size
+    longest = cfg.rollout.max_context_tokens
+    budget = learner.micro_batch_tokens
+    return LearnerShape(
+        world_size=learner.world_size,
+        strategy=learner.strategy,
+        compute_bytes=compute,
+        master_bytes=master,
+        micro_batch_tokens=max(budget, longest) if budget else math.ceil(rows / learner.world_size) * longest,
+        gradient_checkpointing=learner.gradient_checkpointing,
+        reference_model=bool(cfg.loss.kl_coef) and not cfg.lora.enabled,
+        longest_row=longest,
+    )
+
+
+HELD = ("weights", "gradients", "optimizer", "reference")
+"""What a policy holds for the whole run; its other parts live only while it scores or updates."""
+
+
+def policies_memory(cfg, first: dict[str, float], on_gpu: bool, compute: int, master: int) -> tuple[float, list[str]]:
+    """Several policies (``policies``, rl/policies.py) in the learner's process, one updating at a time: the
+    bytes beyond the first policy's `first` parts (every other policy's own weights, gradients, AdamW moments
+    and reference, and the transient parts of the largest) and a line per policy. LoRA adapters on one base
+    model: the base once (the parts above count every weight's gradient and moments, more than adapters'
+    need)."""
+    if len(cfg.policies) < 2:
+        return 0.0, []
+    from palaestra.shared.rl.policies import policy_config, shares_base  # torch only for such configs
+
+    if shares_base(cfg):
+        return 0.0, [f"  policies: {len(cfg.policies)} LoRA adapters on one base model (counted above)"]
+    held = lambda parts: sum(parts[k] for k in HELD)  # noqa: E731
+    transient = lambda parts: learner_total(parts) - held(parts) - parts["reserve"]  # noqa: E731
+    own = {name: policy_config(cfg, name) for name in cfg.policies}
+    parts = {
+        n: learner_memory(model_arch(c.llm.model)[0], learner_shape(c, compute, master), on_gpu) for n, c in own.items()
+    }
+    extra = sum(held(p) for p in parts.values()) - held(first)  # `first`: the run's llm, the plan's lines above
+    extra += max(transient(p) for p in parts.values()) - transient(first)
+    lines = [
+        f"    {n} ({c.llm.model}): weights, gradients, optimizer, reference {held(parts[n]) / GB:8.2f}"
+        for n, c in own.items()
+    ]
+    return extra, [f"  policies: {len(own)}, each its own model, one updating at a time:", *lines]
+
+
 def trainer_weight_copies(reference_model: bool) -> int:
     """float32 copies of the weights on the trainer's GPU at its peak (``learner.world_size`` > 1): its model,
     and while it builds the reference (`Trainer.init_reference`, before the ranks take it over) a deep copy."""
@@ -279,29 +332,24 @@ def eval_lines(cfg, cpus: int) -> list[str]:
 def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str, bool]:
     """The report for an RL `TrainConfig` on `gpus` GPUs of `gpu_gb` GB, and whether it fits (`cpus`: the Ray
     cluster's CPUs when ``cluster.num_cpus`` is unset, for the evaluation-time estimate)."""
+    if len(cfg.policies) == 1:  # one declared policy: its own model and settings
+        from palaestra.shared.rl.policies import policy_config
+
+        cfg = policy_config(cfg, next(iter(cfg.policies)))
     arch, source = model_arch(cfg.llm.model)
     learner, world = cfg.learner, cfg.learner.world_size
     on_gpu = learner.num_gpus > 0 if world > 1 else cfg.llm.device != "cpu"
     dtype = learner.compute_dtype if learner.compute_dtype != "auto" else ("bfloat16" if on_gpu else "float32")
     compute = 4 if dtype == "float32" else 2
     master = 4  # the learner's weights stay float32 (rl/config.py)
-    rows = cfg.minibatch_size or cfg.tasks_per_step * cfg.rollout.group_size
     longest = cfg.rollout.max_context_tokens
-    per_rank_rows = math.ceil(rows / world)
+    per_rank_rows = math.ceil((cfg.minibatch_size or cfg.tasks_per_step * cfg.rollout.group_size) / world)
     budget = learner.micro_batch_tokens
-    tokens = max(budget, longest) if budget else per_rank_rows * longest
-    shape = LearnerShape(
-        world_size=world,
-        strategy=learner.strategy,
-        compute_bytes=compute,
-        master_bytes=master,
-        micro_batch_tokens=tokens,
-        gradient_checkpointing=learner.gradient_checkpointing,
-        reference_model=bool(cfg.loss.kl_coef) and not cfg.lora.enabled,
-        longest_row=longest,
-    )
+    shape = learner_shape(cfg, compute, master)
+    tokens = shape.micro_batch_tokens
     parts = learner_memory(arch, shape, on_gpu)
-    total = learner_total(parts)
+    extra, policy_lines = policies_memory(cfg, parts, on_gpu, compute, master)
+    total = learner_total(parts) + extra
     g = lambda b: f"{b / GB:8.2f}"  # noqa: E731
     if world == 1:
         layout = "1 process (the trainer's own), whole model"
@@ -326,6 +374,7 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str,
         f"  attention mask           {g(parts['attention_mask'])}",
         f"  logits                   {g(parts['logits'])}",
         f"  runtime reserve          {g(parts['reserve'])}",
+        *policy_lines,
         f"  total                    {g(total)}  {'fits' if total <= gpu_gb * GB else 'DOES NOT FIT'}",
     ]
     fits = total <= gpu_gb * GB

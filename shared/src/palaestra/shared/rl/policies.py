@@ -86,6 +86,15 @@ def policy_config(cfg: TrainConfig, name: str) -> TrainConfig:
     return out
 
 
+def shares_base(cfg: TrainConfig) -> bool:
+    """Several policies with LoRA on the same model and the same adapter settings: one base model holds one
+    adapter per policy (the base is frozen, so a copy per policy would hold the same weights)."""
+    if len(cfg.policies) < 2:
+        return False
+    own = [policy_config(cfg, name) for name in cfg.policies]
+    return all(c.lora.enabled and c.llm == own[0].llm and c.lora == own[0].lora for c in own)
+
+
 def build_policies(cfg: TrainConfig) -> list[Policy]:
     """Every policy of the run with its model and optimizer built (in the section's order; no section: one)."""
     names = list(cfg.policies) or [DEFAULT]
