@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
@@ -146,7 +147,11 @@ def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, object | None]:
 
 
 def weighted_tool(
-    graph: ApiGraph, env: str, rng: random.Random, exclude: set[str] = frozenset(), after: set[str] = frozenset()
+    graph: ApiGraph,
+    env: str,
+    rng: random.Random,
+    exclude: AbstractSet[str] = frozenset(),
+    after: AbstractSet[str] = frozenset(),
 ) -> str:
     """A tool by node weight; one that an output-to-input mapping can feed weighs `FED_BONUS` times more (a goal
     whose steps feed each other), and one that a tool in `after` (called in an earlier turn) can feed
