@@ -239,3 +239,65 @@ def test_plan_counts_every_policys_memory():
     alone, _ = total(lora)
     shared, text = total({**lora, "policies": two})
     assert shared == alone and "2 LoRA adapters on one base model" in text
+
+
+def adapter(model, name: str) -> dict[str, torch.Tensor]:
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, adapter_name=name).items()}
+
+
+def test_lora_policies_share_one_base_each_updating_its_adapter_as_a_single_lora_run(tmp_path):
+    """With LoRA on one model the policies are adapters on one base: the base stays, each adapter moves as a
+    single-policy LoRA run from the same adapter weights on the same rows; each generates with its adapter (as
+    the base with that adapter merged in); a resumed run gets every adapter and optimizer back."""
+    from peft import set_peft_model_state_dict
+
+    from palaestra.shared.llm import LLMConfig, SamplingParams, make_client
+    from palaestra.shared.rl.config import LoraConfig
+    from palaestra.shared.rl.policies import adapter_states
+
+    lora = LoraConfig(enabled=True, r=4, alpha=8)
+    two = Trainer(config(tmp_path / "two", policies=TWO, lora=lora))
+    a, b = two.policies
+    assert a.model is b.model and (a.adapter, b.adapter) == ("policy_a", "policy_b")
+    base = {k: v.clone() for k, v in weights(a.model).items() if "lora_" not in k}
+    two.prepare()
+    start_b = adapter(b.model, b.adapter)
+    seen: list[RolloutResult] = []
+    select = two.batch_rule.select
+    two.batch_rule.select = lambda step, result: seen.append(select(step, result)) or seen[-1]
+    for _ in range(2):
+        two.train_step()
+    assert same(base, {k: v for k, v in weights(a.model).items() if "lora_" not in k})
+    assert not same(adapter(b.model, b.adapter), start_b)
+    # policy b against a single-policy LoRA run started from b's adapter, on p1's rows
+    alone = Trainer(config(tmp_path / "alone", optim=TWO["b"].optim, lora=lora))
+    alone.prepare()
+    set_peft_model_state_dict(alone.model, start_b)
+    rows = [RolloutResult([t for t in r.trajectories if t.agent == "p1"], r.stats) for r in seen]
+    alone.batch_rule.select = lambda step, result: rows[step]
+    for _ in range(2):
+        alone.train_step()
+    alone.close()
+    assert same(adapter(b.model, b.adapter), adapter(alone.model, "default"))
+    # generation with b's adapter is the base with b merged in
+    merged = make_client(LLMConfig(model="tiny", device="cpu"))
+    b.model.set_adapter(b.adapter)
+    merged.model.load_state_dict(checkpoint.merged_lora_state(b.model))
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    prompt = [two.client.render([{"role": "user", "content": "move 0"}], add_generation_prompt=True)]
+    a.model.set_adapter(a.adapter)
+    assert b.client.generate(prompt, greedy)[0].token_ids == merged.generate(prompt, greedy)[0].token_ids
+    # the weight sync of adapters: their tensors alone
+    payload = adapter_states(two.policies)
+    assert set(payload) == {"policy_a", "policy_b"} and all("lora_" in k for s in payload.values() for k in s)
+    assert sum(v.numel() for s in payload.values() for v in s.values()) < 0.2 * sum(t.numel() for t in base.values())
+    two.save()
+    two.close()
+    resumed = Trainer(config(tmp_path / "two", policies=TWO, lora=lora, resume=True))
+    resumed.prepare()
+    for p, q in zip(two.policies, resumed.policies):
+        assert same(adapter(p.model, p.adapter), adapter(q.model, q.adapter))
+        assert same(p.optimizer.state_dict()["state"][0], q.optimizer.state_dict()["state"][0])
+    resumed.close()

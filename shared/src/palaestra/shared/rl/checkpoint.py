@@ -9,7 +9,8 @@ Layout under ``<output_dir>/checkpoints``::
 With a ``policies`` section (rl/policies.py) each policy has its subdirectory::
 
     step_000010/            trainer_state.pt (step, RNG states) + manifest.json
-      <name>/               the policy's model (an HF directory with its tokenizer) + optimizer.pt
+      <name>/               the policy's model (an HF directory with its tokenizer; LoRA: its adapter)
+                            + optimizer.pt
     policies/<name>/reference/   its frozen reference (when KL is on)
 
 A checkpoint is written to a temporary directory and renamed, so a crash never
@@ -66,15 +67,19 @@ def save(root: Path, step: int, model, tokenizer, optimizer, extra: Callable[[Pa
     return final
 
 
-def save_policies(root: Path, step: int, policies: dict[str, tuple[Any, Any, Any]]) -> Path:
-    """Write step `step` of several policies under `root`: ``{name: (model, tokenizer, optimizer)}``, each in
-    its subdirectory; the step and RNG states once, in ``trainer_state.pt``."""
+def save_policies(root: Path, step: int, policies: dict[str, tuple[Any, Any, Any, str | None]]) -> Path:
+    """Write step `step` of several policies under `root`: ``{name: (model, tokenizer, optimizer, adapter)}``,
+    each in its subdirectory (`adapter`: the policy's LoRA adapter on a base model holding several, saved
+    alone); the step and RNG states once, in ``trainer_state.pt``."""
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name, (model, tokenizer, optimizer) in policies.items():
-        model.save_pretrained(tmp / name)
+    for name, (model, tokenizer, optimizer, adapter) in policies.items():
+        if adapter is None:
+            model.save_pretrained(tmp / name)
+        else:
+            save_adapter(model, adapter, tmp / name)
         tokenizer.save_pretrained(tmp / name)
         torch.save({"optimizer": optimizer.state_dict()}, tmp / name / "optimizer.pt")
     torch.save({"step": step, "rng": rng_state(), "policies": list(policies)}, tmp / "trainer_state.pt")
@@ -85,9 +90,10 @@ def save_policies(root: Path, step: int, policies: dict[str, tuple[Any, Any, Any
     return final
 
 
-def load_policies(path: Path, policies: dict[str, tuple[Any, Any]]) -> int:
-    """Restore every policy's weights and optimizer (``{name: (model, optimizer)}``) and the RNG states from
-    `path` (checked against its manifest first); return its step. A policy the checkpoint lacks is an error."""
+def load_policies(path: Path, policies: dict[str, tuple[Any, Any, str | None]]) -> int:
+    """Restore every policy's weights and optimizer (``{name: (model, optimizer, adapter)}``) and the RNG states
+    from `path` (checked against its manifest first); return its step. A policy the checkpoint lacks is an
+    error."""
     verify(path)
     with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
         state = torch.load(path / "trainer_state.pt", weights_only=True)
@@ -96,8 +102,8 @@ def load_policies(path: Path, policies: dict[str, tuple[Any, Any]]) -> int:
         raise CheckpointError(
             f"{path}: holds policies {saved or 'none (a single-policy checkpoint)'}, the run has {list(policies)}"
         )
-    for name, (model, optimizer) in policies.items():
-        load_weights(path / name, model)
+    for name, (model, optimizer, adapter) in policies.items():
+        load_weights(path / name, model, adapter or "default")
         optimizer.load_state_dict(torch.load(path / name / "optimizer.pt", weights_only=True)["optimizer"])
     set_rng_state(state["rng"])
     return int(state["step"])
@@ -127,14 +133,26 @@ def load(path: Path, model, optimizer) -> int:
     return int(state["step"])
 
 
-def load_weights(path: Path, model) -> None:
+def save_adapter(model, adapter: str, path: Path) -> None:
+    """One LoRA adapter of a peft model that holds several, as ``save_pretrained`` writes a single one."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    Path(path).mkdir(parents=True, exist_ok=True)
+    state = get_peft_model_state_dict(model, adapter_name=adapter)
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, Path(path) / "adapter_model.safetensors")
+    model.peft_config[adapter].save_pretrained(path)
+
+
+def load_weights(path: Path, model, adapter: str = "default") -> None:
+    """The weights in `path` into `model` (an adapter directory: into its adapter `adapter`)."""
     from safetensors.torch import load_file
 
     path = Path(path)
     if (path / "adapter_model.safetensors").is_file():
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(model, load_file(path / "adapter_model.safetensors"))
+        set_peft_model_state_dict(model, load_file(path / "adapter_model.safetensors"), adapter_name=adapter)
         return
     files = (
         [path / "model.safetensors"] if (path / "model.safetensors").is_file() else sorted(path.glob("*.safetensors"))

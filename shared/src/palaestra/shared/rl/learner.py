@@ -104,10 +104,13 @@ class LocalLearner:
         optimizer: torch.optim.Optimizer,
         compute_dtype: torch.dtype,
         ref_model: torch.nn.Module | None = None,
+        adapter: str | None = None,
     ):
         self.cfg, self.model, self.optimizer, self.ref_model = cfg, model, optimizer, ref_model
         self.device = next(model.parameters()).device
         self.compute_dtype = compute_dtype
+        self.adapter = adapter
+        """This policy's LoRA adapter on a base model that holds several (rl/policies.py): active for its forwards."""
 
     def score(
         self, batch: TrainBatch, *, with_entropy: bool = True, ref: bool = False
@@ -118,6 +121,7 @@ class LocalLearner:
         model = self.ref_model if ref and self.ref_model is not None else self.model
         adapters_off = ref and self.ref_model is None
         adapters = self.model.disable_adapter() if adapters_off else contextlib.nullcontext()  # type: ignore[operator]
+        self._activate()
         self.model.eval()
         with autocast(self.device, self.compute_dtype), adapters:
             forward = model_forward(model, scoring_temperature(cfg), cfg.learner.shared_prompt)
@@ -130,6 +134,7 @@ class LocalLearner:
         cfg = self.cfg
         if lr is not None:
             self.set_learning_rate(lr)
+        self._activate()  # before the params: only the active adapter's require grad
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.model.train()
         with autocast(self.device, self.compute_dtype):
@@ -139,6 +144,10 @@ class LocalLearner:
 
     def update(self, data: StepData) -> dict[str, float]:
         return ppo_update(self, data)
+
+    def _activate(self) -> None:
+        if self.adapter is not None:
+            self.model.set_adapter(self.adapter)  # type: ignore[operator]
 
     def set_learning_rate(self, lr: float) -> None:
         set_learning_rate(self.optimizer, lr)

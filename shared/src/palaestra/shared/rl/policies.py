@@ -32,7 +32,7 @@ from palaestra.shared.config import ConfigError
 from palaestra.shared.llm.base import LLMClient
 from palaestra.shared.rl.config import TrainConfig, check_learner_llm
 from palaestra.shared.rl.optim import make_optimizer
-from palaestra.shared.rl.policy import load_policy
+from palaestra.shared.rl.policy import load_policy, peft_config
 from palaestra.shared.rollout.trajectory import Trajectory
 
 DEFAULT = "policy"
@@ -47,12 +47,29 @@ class Policy:
     name: str
     cfg: TrainConfig
     agents: tuple[str, ...]
-    client: LLMClient
+    client: Any  # LLMClient; `AdapterClient` on a shared base
     model: torch.nn.Module
     compute_dtype: torch.dtype
     optimizer: torch.optim.Optimizer
     ref_model: torch.nn.Module | None = None
     learner: Any = None  # rl/learner.py `Learner`, started by the trainer's `prepare`
+    adapter: str | None = None
+    """Its LoRA adapter when the policies share one base model (`shares_base`): ``model`` is that peft model."""
+
+
+class AdapterClient:
+    """The shared base model's client generating with one policy's adapter active (everything else is the
+    base client's: tokenizer, chat template)."""
+
+    def __init__(self, client: LLMClient, model: Any, adapter: str):
+        self.client, self.model, self.adapter = client, model, adapter
+
+    def generate(self, prompts, params):
+        self.model.set_adapter(self.adapter)
+        return self.client.generate(prompts, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
 
 
 def check_policies(value: dict, owner: TrainConfig) -> str | None:
@@ -104,6 +121,8 @@ def build_policies(cfg: TrainConfig) -> list[Policy]:
         raise ConfigError("policies: several policies need rollout.max_staleness 0 (the synchronous loop)")
     if len(names) > 1 and cfg.workers.num_workers > 0:
         raise ConfigError("policies: several policies roll out in the learner's process: set workers.num_workers 0")
+    if shares_base(cfg):
+        return _adapters_on_one_base(cfg)
     out = []
     for name in names:
         pcfg = policy_config(cfg, name) if cfg.policies else cfg
@@ -114,6 +133,36 @@ def build_policies(cfg: TrainConfig) -> list[Policy]:
         agents = tuple(cfg.policies[name].agents) if cfg.policies else ()
         out.append(Policy(name, pcfg, agents, client, model, compute_dtype, optimizer))
     return out
+
+
+def _adapters_on_one_base(cfg: TrainConfig) -> list[Policy]:
+    """One base model with an adapter per policy (``policy_<name>``: peft reloads wrongly an adapter whose name
+    is part of ``lora_``); each policy's client generates with its adapter active and its optimizer holds its
+    adapter's weights alone."""
+    names = list(cfg.policies)
+    adapters = {name: f"policy_{name}" for name in names}
+    client, model, compute_dtype = load_policy(policy_config(cfg, names[0]), adapter=adapters[names[0]])
+    peft_model: Any = model  # a peft model (LoRA on)
+    for name in names[1:]:
+        peft_model.add_adapter(adapters[name], peft_config(policy_config(cfg, name).lora))
+    peft_model.set_adapter(adapters[names[0]])
+    out = []
+    for name, adapter in adapters.items():
+        pcfg = policy_config(cfg, name)
+        own = [p for n, p in model.named_parameters() if "lora_" in n and f".{adapter}." in n]
+        optimizer = make_optimizer(own, pcfg.optim)
+        agents = tuple(cfg.policies[name].agents)
+        client_ = AdapterClient(client, model, adapter)
+        out.append(Policy(name, pcfg, agents, client_, model, compute_dtype, optimizer, adapter=adapter))
+    return out
+
+
+def adapter_states(policies: Sequence[Policy]) -> dict[str, dict[str, torch.Tensor]]:
+    """Every policy's adapter weights alone, by adapter (what rollout workers holding the base need after an
+    update: megabytes, not the model)."""
+    from peft import get_peft_model_state_dict
+
+    return {p.adapter: get_peft_model_state_dict(p.model, adapter_name=p.adapter) for p in policies if p.adapter}
 
 
 def policy_of(policies: Sequence[Policy], agent: str) -> Policy:
@@ -150,7 +199,12 @@ def split_by_policy(policies: Sequence[Policy], trajs: Sequence[Trajectory]) -> 
 def warm_start_from(policy: Policy, first: Policy, sft: Callable[[Policy], Any]) -> None:
     """Give `policy` the first policy's warm start: its weights where the two have the same model and adapters
     (the same start exactly), else `sft` run on `policy`'s own model."""
-    if policy.cfg.llm == first.cfg.llm and policy.cfg.lora == first.cfg.lora:
+    if policy.adapter is not None and first.adapter is not None:  # adapters on one base: the first's adapter
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+        state = get_peft_model_state_dict(first.model, adapter_name=first.adapter)
+        set_peft_model_state_dict(policy.model, state, adapter_name=policy.adapter)
+    elif policy.cfg.llm == first.cfg.llm and policy.cfg.lora == first.cfg.lora:
         policy.model.load_state_dict(first.model.state_dict())
     else:
         sft(policy)

@@ -32,8 +32,9 @@ def check_learner(cfg: TrainConfig) -> None:
     learner_dtypes(cfg.learner, cfg.llm, resolve_device(cfg.llm.device).type)
 
 
-def load_policy(cfg: TrainConfig) -> tuple[LLMClient, torch.nn.Module, torch.dtype]:
-    """The learner's client, its model (LoRA-wrapped when enabled) and the compute dtype."""
+def load_policy(cfg: TrainConfig, adapter: str = "default") -> tuple[LLMClient, torch.nn.Module, torch.dtype]:
+    """The learner's client, its model (LoRA-wrapped when enabled, its adapter named `adapter`) and the compute
+    dtype."""
     check_learner(cfg)
     client = make_client(dataclasses.replace(cfg.llm, dtype=DType.float32))
     model = client.model
@@ -41,7 +42,7 @@ def load_policy(cfg: TrainConfig) -> tuple[LLMClient, torch.nn.Module, torch.dty
     if cfg.learner.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora.enabled:
-        model = with_lora(model, cfg.lora)
+        model = with_lora(model, cfg.lora, adapter)
     return client, model, compute_dtype
 
 
@@ -52,14 +53,20 @@ def autocast(device: torch.device, compute_dtype: torch.dtype):
     return torch.autocast(device.type, dtype=compute_dtype)
 
 
-def with_lora(model, cfg: LoraConfig):
+def peft_config(cfg: LoraConfig):
+    """peft's config of an adapter with `cfg`'s settings."""
     from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
 
-    peft_cfg = PeftLoraConfig(
+    return PeftLoraConfig(
         r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules)
     )
-    return get_peft_model(model, peft_cfg)  # wraps in place: the rollout client's model sees the adapters
+
+
+def with_lora(model, cfg: LoraConfig, adapter: str = "default"):
+    from peft import get_peft_model
+
+    # wraps in place: the rollout client's model sees the adapters
+    return get_peft_model(model, peft_config(cfg), adapter_name=adapter)
 
 
 def policy_state(model, lora: bool) -> dict[str, torch.Tensor]:

@@ -218,7 +218,8 @@ class Trainer:
         """With ``resume: true``, restore weights, optimizer, RNG states and step from the newest checkpoint."""
         latest = checkpoint.latest(self.ckpt_dir) if self.cfg.resume else None
         if latest is not None and self.several:
-            self.step = checkpoint.load_policies(latest, {p.name: (p.model, p.optimizer) for p in self.policies})
+            parts = {p.name: (p.model, p.optimizer, p.adapter) for p in self.policies}
+            self.step = checkpoint.load_policies(latest, parts)
         elif latest is not None:
             self.step = checkpoint.load(latest, self.model, self.optimizer)
         return latest is not None
@@ -256,7 +257,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.learner.world_size <= 1:
             for p in self.policies:  # each policy its learner, with its own optimizer and learner settings
-                p.learner = LocalLearner(p.cfg, p.model, p.optimizer, p.compute_dtype, p.ref_model)
+                p.learner = LocalLearner(p.cfg, p.model, p.optimizer, p.compute_dtype, p.ref_model, p.adapter)
             return
         from palaestra.shared.rl.distributed import DistributedLearner
 
@@ -514,7 +515,7 @@ class Trainer:
         # what the learner holds beyond this model and optimizer (the ranks' shards), and the rollouts in flight
         extra = self._checkpoint_extra()
         if self.several:  # one subdirectory per policy (rl/policies.py)
-            parts = {p.name: (p.model, p.client.tokenizer, p.optimizer) for p in self.policies}
+            parts = {p.name: (p.model, p.client.tokenizer, p.optimizer, p.adapter) for p in self.policies}
             path = checkpoint.save_policies(self.ckpt_dir, self.step, parts)
         else:
             path = checkpoint.save(self.ckpt_dir, self.step, self.model, self.tokenizer, self.optimizer, extra)
