@@ -1,5 +1,5 @@
 """tools/check_figures.py: every entry names a figure its README still states, a config that exists, the commit
-that recorded it; the readers turn MLflow metrics into the README's wording."""
+that recorded it; the readers turn MLflow metrics, or what a command printed, into the README's wording."""
 
 import importlib.util
 import subprocess
@@ -18,7 +18,11 @@ spec.loader.exec_module(check_figures)
 
 @pytest.mark.parametrize("figure", check_figures.FIGURES, ids=lambda f: f.name)
 def test_entry_points_at_a_real_figure(figure):
-    assert (ROOT / figure.config).is_file()
+    if isinstance(figure, check_figures.Printed):  # the config or script it names
+        assert figure.argv[0] in ("palaestra", "python")
+        assert [a for a in figure.argv[1:] if a.endswith((".yaml", ".py")) and (ROOT / a).is_file()]
+    else:
+        assert (ROOT / figure.config).is_file()
     assert figure.written in (ROOT / figure.readme).read_text(), f"{figure.readme} no longer says {figure.written!r}"
     commit = subprocess.run(["git", "cat-file", "-t", figure.recorded_in], cwd=ROOT, capture_output=True, text=True)
     if commit.returncode == 0 or "not a git repository" not in commit.stderr:
@@ -67,3 +71,40 @@ def test_readers_write_the_readme_wording():
         {"eval/kuhn_poker/exploitability": [0.354, 0.3, 0.226]},
     )
     assert check_figures.kuhn_exploitability(kuhn, "r") == "0.354 -> 0.226"
+    mine = FakeClient({}, {"mine/weak_target_share": [0.0, 0.7142857]})
+    assert check_figures.mine_weak_target_share(mine, "r") == "weak_target_share 0.714"
+
+
+def test_printed_readers_write_the_readme_wording():
+    plan = "learner\n  total    40.78  fits\ntrainer 35.18 GB  fits\nGPUs: 8 of 8\nevaluation time: 2.2 h\nplan: fits\n"
+    assert (
+        check_figures.lines_between("total", "GPUs:")(plan)
+        == "  total    40.78  fits\ntrainer 35.18 GB  fits\nGPUs: 8 of 8"
+    )
+    assert (
+        check_figures.lines_between("trainer", "GPUs", "    ")(plan) == "    trainer 35.18 GB  fits\n    GPUs: 8 of 8"
+    )
+    with pytest.raises(KeyError):
+        check_figures.lines_between("probe:", "kept")(plan)
+    assert check_figures.plan_cpu_hours("x\nall stages: 0.7 CPU-hours\npipeline plan: fits") == "about 0.7 CPU-hours"
+    reference = """| policy | vs random: first seat | second seat | both |
+| --- | --- | --- | --- |
+| random | 0.585 | 0.288 | 0.437 |
+| first listed | 0.781 | 0.440 | 0.611 |
+| first or second listed | 0.672 | 0.372 | 0.522 |
+| win-maximizing (optimal vs random) | 0.995 | 0.939 | 0.967 |
+"""
+    assert check_figures.tictactoe_reference(reference) == (
+        "uniform random 0.437, the warm start's own target 0.522, always the first listed move 0.611, optimal 0.967"
+    )
+
+
+def test_the_readme_blocks_are_what_the_readers_return_from_them():
+    """The code blocks as written read back as themselves (a reader that drops or re-indents a line shows here)."""
+    for figure in check_figures.FIGURES:
+        if isinstance(figure, check_figures.Printed) and "\n" in figure.written:
+            text = (ROOT / figure.readme).read_text()
+            start = text.index(figure.written)
+            block = text[start : text.index("\n", start + len(figure.written))]
+            printed = "\n".join(line.removeprefix("    ") for line in block.splitlines())  # the code block's indent
+            assert figure.read(printed) == figure.written

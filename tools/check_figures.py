@@ -3,8 +3,9 @@
 Every figure a README states that its command reproduces in minutes is an entry of `FIGURES`: where it is
 written, the text as written, the command that measured it, the commit whose README first recorded it (the
 figure was measured on the tree just before), about how long it takes on the project's 2-core machine, and how
-to read the same figure from the MLflow run the command leaves. Figures that take longer (the SmolLM2 protocol,
-AED's preference runs) are not here: run their commands as their READMEs say.
+to read the same figure: from the MLflow run a ``palaestra run`` leaves (`Figure`), or from what a command
+prints (`Printed`: ``palaestra plan``, a reference script). Figures that take longer (the SmolLM2 protocol,
+mars's tic-tac-toe run, AED's attack and preference runs) are not here: run their commands as their READMEs say.
 
     python tools/check_figures.py                       # every entry up to --max-minutes (default 10)
     python tools/check_figures.py --only datagen-kept   # one or more entries by name
@@ -78,6 +79,50 @@ def kuhn_exploitability(client, run_id: str) -> str:
     return f"{values[0]:.3f} -> {values[-1]:.3f}"
 
 
+def mine_weak_target_share(client, run_id: str) -> str:
+    """``datagen.mine``'s last round: the share of its targets on tools the student failed on."""
+    return f"weak_target_share {_history(client, run_id, 'mine/weak_target_share')[-1]:.3f}"
+
+
+def lines_between(first: str, last: str, indent: str = "") -> Callable[[str], str]:
+    """A reader of printed output: its lines from the one that starts with `first` (leading blanks aside) to the
+    next one that holds `last`, each after `indent` (a README code block's own indent)."""
+
+    def read(stdout: str) -> str:
+        lines = stdout.splitlines()
+        start = next((i for i, line in enumerate(lines) if line.lstrip().startswith(first)), None)
+        end = next((i for i in range(start or 0, len(lines)) if last in lines[i]), None)
+        if start is None or end is None:
+            raise KeyError(f"no lines from {first!r} to {last!r} in the output")
+        return "\n".join(indent + line.rstrip() for line in lines[start : end + 1])
+
+    return read
+
+
+def plan_cpu_hours(stdout: str) -> str:
+    """The CPU-hours of a ``palaestra plan`` of AED stages, as the aed README rounds them."""
+    found = re.search(r"all stages: ([0-9.]+) CPU-hours", stdout)
+    if found is None:
+        raise KeyError("no 'all stages: N CPU-hours' line in the output")
+    return f"about {found[1]} CPU-hours"
+
+
+def tictactoe_reference(stdout: str) -> str:
+    """The pooled ("both") win rates vs random of `packages/mars/scripts/tictactoe_reference.py`'s table."""
+    both = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] != "policy":
+            both[cells[0]] = cells[3]
+    try:
+        return (
+            f"uniform random {both['random']}, the warm start's own target {both['first or second listed']}, "
+            f"always the first listed move {both['first listed']}, optimal {both['win-maximizing (optimal vs random)']}"
+        )
+    except KeyError as err:
+        raise KeyError(f"no row {err} in the reference table") from None
+
+
 @dataclass(frozen=True)
 class Figure:
     name: str
@@ -102,7 +147,42 @@ class Figure:
         )
 
 
-FIGURES = [
+@dataclass(frozen=True)
+class Printed:
+    """A figure that a command prints (no MLflow run): `read` turns its standard output into the README's text."""
+
+    name: str
+    readme: str
+    written: str
+    argv: tuple[str, ...]
+    """The command as the README gives it; ``palaestra`` and ``python`` run in this interpreter."""
+    minutes: float
+    recorded_in: str
+    read: Callable[[str], str]
+
+    @property
+    def command(self) -> str:
+        return " ".join(self.argv)
+
+
+# The README code blocks, as written (line for line what the command printed).
+MARS_PLAN = """\
+  total                       40.78  fits
+trainer process GPU (cuda:7): 2 float32 copies of the weights (its model and the reference it copies) 32.18 + reserve 3 = 35.18 GB  fits
+per vLLM device (3 worker(s) x 1 GPU, gpu_memory_utilization 0.7): budget 56.00, weights 8.04, KV cache 45.96 GB = 312k tokens (9.5 sequences of 32768)  fits
+GPUs: 4 learner + 3 rollout + 1 trainer process = 8 of 8"""  # noqa: E501
+DATAGEN_PLAN = """\
+    probe: the run's first 32 items with the deterministic roles standing in (an oracle reasoner, naive_first_try 0.3): 31 of 32 kept
+    expected LLM load for 2,000 items (tokens: characters / 4):
+      role              requests   prompt tokens  completion tokens
+      tool_maker           4,062         659,609            143,609
+      query_writer         4,062         902,781            163,188
+      reasoner            12,062           28.1M            661,250
+      critic                 500          71,938             20,000
+      total               20,688           29.7M            988,047
+      10.7 requests per kept sample at the probe's keep rate (0.97)"""  # noqa: E501
+
+FIGURES: list[Figure | Printed] = [
     Figure(
         "datagen-kept",
         "README.md",
@@ -144,11 +224,75 @@ FIGURES = [
         kuhn_exploitability,
         ("seed=0", "arm=rl"),
     ),
+    Figure(
+        "datagen-mine-tiny",
+        "packages/datagen/README.md",
+        "weak_target_share 0.714",
+        "experiments/datagen/mine_tiny.yaml",
+        (),
+        1.5,
+        "11fba6d",
+        mine_weak_target_share,
+    ),
+    Printed(
+        "mars-qwen3-4b-plan",
+        "README.md",
+        MARS_PLAN,
+        ("palaestra", "plan", "experiments/mars/qwen3_4b.yaml"),
+        0.5,
+        "4b6fcb0",
+        lines_between("total", "GPUs:"),
+    ),
+    Printed(
+        "datagen-llm-served-plan",
+        "packages/datagen/README.md",
+        DATAGEN_PLAN,
+        ("palaestra", "plan", "experiments/datagen/llm_served.yaml"),
+        0.5,
+        "4b6fcb0",
+        lines_between("probe:", "requests per kept sample", "    "),
+    ),
+    Printed(
+        "aed-compare-cpu-plan",
+        "packages/aed/README.md",
+        "about 0.7 CPU-hours",
+        ("palaestra", "plan", "experiments/aed/compare_cpu.yaml"),
+        0.2,
+        "89af6e4",
+        plan_cpu_hours,
+    ),
+    Printed(
+        "tictactoe-reference",
+        "README.md",
+        "uniform random 0.437, the warm start's own target 0.522, always the first listed move 0.611, optimal 0.967",
+        ("python", "packages/mars/scripts/tictactoe_reference.py"),
+        1,
+        "e385ee2",
+        tictactoe_reference,
+    ),
 ]
 
 
-def run_figure(figure: Figure, workdir: Path) -> tuple[str, float]:
+def run_printed(figure: Printed) -> tuple[str, float]:
+    """Run the command in this interpreter; return (the figure read from what it printed, minutes it took)."""
+    program, *args = figure.argv
+    head = {"palaestra": [sys.executable, "-m", "palaestra.shared.cli"], "python": [sys.executable]}[program]
+    start = time.monotonic()
+    done = subprocess.run([*head, *args], cwd=ROOT, capture_output=True, text=True)
+    minutes = (time.monotonic() - start) / 60
+    if done.returncode not in (0, 1):  # `palaestra plan` exits 1 for a plan that does not fit: still a figure
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"FAILED (exit {done.returncode}): {last}", minutes
+    try:
+        return figure.read(done.stdout), minutes
+    except KeyError as err:
+        return f"FAILED: {err}", minutes
+
+
+def run_figure(figure: Figure | Printed, workdir: Path) -> tuple[str, float]:
     """Run the figure's command into `workdir`; return (the figure now, minutes it took)."""
+    if isinstance(figure, Printed):
+        return run_printed(figure)
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
@@ -188,6 +332,7 @@ def run_figure(figure: Figure, workdir: Path) -> tuple[str, float]:
 
 def table(rows: list[list[str]]) -> str:
     header = ["figure", "README", "now", "command"]
+    rows = [[" / ".join(" ".join(line.split()) for line in cell.splitlines()) for cell in row] for row in rows]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
