@@ -363,3 +363,20 @@ def test_admission_bounds_name_sources_of_the_mixture(tmp_path):
     cfg.rollout.max_inflight = {"next_number": 0}
     with pytest.raises(ConfigError, match=">= 1"):
         check_admission(cfg)
+
+
+def test_rollouts_in_flight_that_do_not_pickle_are_left_out_of_the_checkpoint(tmp_path):
+    from palaestra.shared.rl.async_rollouts import AHEAD_FILE, RolloutStream
+    from palaestra.shared.rollout.engine import RolloutResult
+    from palaestra.shared.rollout.trajectory import Trajectory
+
+    stream = RolloutStream(None, 0, draw=lambda step: [], seed=lambda step: step)
+    stream.inflight[3] = RolloutResult([Trajectory("task", "agent", "3-0", info={"f": lambda: 0})], {})
+    with pytest.warns(UserWarning, match=r"starts steps \[3\] again"):
+        stream.save(tmp_path)
+    assert not (tmp_path / AHEAD_FILE).exists()
+    stream.inflight[3].trajectories[0].info = {"f": 0}
+    stream.save(tmp_path)
+    fresh = RolloutStream(None, 0, draw=lambda step: [], seed=lambda step: step)
+    fresh.restore(tmp_path)
+    assert fresh.inflight[3].trajectories[0].info == {"f": 0} and fresh.take(3) is not None and not fresh.inflight

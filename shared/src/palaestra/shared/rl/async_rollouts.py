@@ -47,6 +47,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import pickle
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -207,9 +208,15 @@ class RolloutStream:
     def save(self, directory: Path) -> None:
         """Write the rollouts in flight (waited for) into a checkpoint's directory."""
         ahead = self.drain()
-        if ahead:
-            with open(Path(directory) / AHEAD_FILE, "wb") as f:
-                pickle.dump(ahead, f)
+        if not ahead:
+            return
+        try:
+            data = pickle.dumps(ahead)
+        except (pickle.PicklingError, TypeError, AttributeError) as err:  # an env's info that does not pickle
+            again = f"a resumed run starts steps {sorted(ahead)} again"
+            warnings.warn(f"rollouts in flight not saved ({err}): {again}", stacklevel=2)
+            return
+        (Path(directory) / AHEAD_FILE).write_bytes(data)
 
     def restore(self, directory: Path | None) -> None:
         """Take back the rollouts in flight at the checkpoint `directory` (none there: nothing to take)."""
