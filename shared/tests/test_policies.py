@@ -301,3 +301,64 @@ def test_lora_policies_share_one_base_each_updating_its_adapter_as_a_single_lora
         assert same(adapter(p.model, p.adapter), adapter(q.model, q.adapter))
         assert same(p.optimizer.state_dict()["state"][0], q.optimizer.state_dict()["state"][0])
     resumed.close()
+
+
+def test_a_rollout_worker_serves_the_lora_policies_from_their_adapters_alone(tmp_path):
+    """A rollout worker (here in this process) given the adapters' settings and, as its weight sync, the
+    adapters' tensors alone plays every agent as the learner's own rollouts do, token for token."""
+    from palaestra.shared.llm import LLMConfig
+    from palaestra.shared.rl.config import LoraConfig
+    from palaestra.shared.rl.policies import worker_adapters
+    from palaestra.shared.rollout.workers import RolloutWorker
+
+    trainer = Trainer(config(tmp_path, policies=TWO, lora=LoraConfig(enabled=True, r=4, alpha=8)))
+    with trainer:
+        trainer.train_step()
+        payload = trainer.policy_state()
+        assert set(payload) == {"policy_a", "policy_b"} and all("lora_" in k for s in payload.values() for k in s)
+        worker = RolloutWorker(
+            LLMConfig(model="tiny", device="cpu"), trainer.cfg.rollout, 1, worker_adapters(trainer.policies)
+        )
+        worker.load_weights(payload, trainer.step)
+        specs = [EpisodeSpec(Duel, seed=i, group_id=str(i)) for i in range(2)]
+        ours, theirs = trainer.rollouts.run(specs, seed=5), worker.run(specs, seed=5)
+    ids = lambda r: [(t.agent, [turn.response_ids for turn in t.turns]) for t in r.trajectories]  # noqa: E731
+    assert ids(ours) == ids(theirs) and {a for a, _ in ids(ours)} == {"p0", "p1"}
+
+
+@pytest.mark.slow  # a Ray actor with a model replica
+def test_ray_workers_train_lora_policies_with_adapter_only_syncs(tmp_path, ray_local):
+    """Over Ray: every sync sends the adapters' tensors alone, and the worker's rollout (the task env's one
+    agent, played by policy b) equals this process's worker with the same adapters."""
+    from palaestra.shared.llm import LLMConfig
+    from palaestra.shared.rl.config import LoraConfig, WorkersConfig
+    from palaestra.shared.rl.policies import worker_adapters
+    from palaestra.shared.rollout.workers import RayRollouts, RolloutWorker
+
+    policies = {"a": PolicySpec(agents=["nobody"]), "b": PolicySpec()}  # b plays every other agent
+    cfg = config(
+        tmp_path,
+        envs=[EnvSpec("task", {"reward": "exact_answer"})],  # built in: the worker process knows it
+        policies=policies,
+        lora=LoraConfig(enabled=True, r=4, alpha=8),
+        workers=WorkersConfig(num_workers=1),
+        advantages=[AdvantageStep("grpo")],
+    )
+    payloads = []
+    sync = RayRollouts.sync
+    with Trainer(cfg) as trainer:
+        trainer.prepare()
+        trainer.rollouts.sync = lambda state, version=None: (
+            payloads.append(state) or sync(trainer.rollouts, state, version)
+        )
+        metrics = trainer.train_step()
+        assert "policy/b/train/loss" in metrics and "policy/a/train/loss" not in metrics
+        specs = trainer.draw_tasks(7)
+        theirs = trainer.rollouts.run(specs, seed=3)
+        local = RolloutWorker(LLMConfig(model="tiny", device="cpu"), cfg.rollout, 1, worker_adapters(trainer.policies))
+        local.load_weights(trainer.policy_state(), trainer.step)
+        ours = local.run(specs, seed=3 * 1009)  # the seed of the pool's first (only) shard
+    assert payloads and all(set(p) == {"policy_a", "policy_b"} for p in payloads)
+    assert all("lora_" in k for p in payloads for s in p.values() for k in s)
+    ids = lambda r: [[turn.response_ids for turn in t.turns] for t in r.trajectories]  # noqa: E731
+    assert ids(ours) == ids(theirs)

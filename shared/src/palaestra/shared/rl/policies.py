@@ -13,6 +13,12 @@ client (`agent_clients`: rollout/engine.py routes by agent); the trainer (rl/tra
 step's trajectories by agent (`split_by_policy`) and runs the advantage pipeline, the update and the
 learning-rate schedule per policy on its own rows, logging ``policy/<name>/...`` metrics.
 
+LoRA on one model (``lora.enabled``, no policy with its own ``llm`` or ``lora``): the policies are adapters
+(``policy_<name>``) on one base model (`shares_base`): each client generates with its adapter active
+(`AdapterClient`), each learner activates it before its forwards, each optimizer and checkpoint holds it
+alone; the KL reference is the base (adapters off). Rollout workers serve them the same way
+(`worker_adapters`, `serve_adapters`), the weight sync sending the adapters' tensors alone (`adapter_states`).
+
 No section: one policy (named ``policy``) plays every agent, as self-play always did; its checkpoints and
 metrics keep their single-policy layout and names. A section with one policy trains exactly the same
 (the same weights and metrics bit for bit); its checkpoints take the per-policy layout.
@@ -21,6 +27,7 @@ metrics keep their single-policy layout and names. A section with one policy tra
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,9 +37,9 @@ import torch
 
 from palaestra.shared.config import ConfigError
 from palaestra.shared.llm.base import LLMClient
-from palaestra.shared.rl.config import TrainConfig, check_learner_llm
+from palaestra.shared.rl.config import LoraConfig, TrainConfig, check_learner_llm
 from palaestra.shared.rl.optim import make_optimizer
-from palaestra.shared.rl.policy import load_policy, peft_config
+from palaestra.shared.rl.policy import load_policy, peft_config, with_lora
 from palaestra.shared.rollout.trajectory import Trajectory
 
 DEFAULT = "policy"
@@ -67,6 +74,13 @@ class AdapterClient:
     def generate(self, prompts, params):
         self.model.set_adapter(self.adapter)
         return self.client.generate(prompts, params)
+
+    def load_weights(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Adapters' weights by adapter (`adapter_states`), into this base model's adapters."""
+        from peft import set_peft_model_state_dict
+
+        for adapter, tensors in state.items():
+            set_peft_model_state_dict(self.model, tensors, adapter_name=adapter)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
@@ -119,8 +133,13 @@ def build_policies(cfg: TrainConfig) -> list[Policy]:
         raise ConfigError("policies: a policies section needs learner.world_size 1 (the sharded learner holds one)")
     if len(names) > 1 and cfg.rollout.max_staleness > 0:
         raise ConfigError("policies: several policies need rollout.max_staleness 0 (the synchronous loop)")
-    if len(names) > 1 and cfg.workers.num_workers > 0:
-        raise ConfigError("policies: several policies roll out in the learner's process: set workers.num_workers 0")
+    if len(names) > 1 and cfg.workers.num_workers > 0 and not shares_base(cfg):
+        raise ConfigError(
+            "policies: several models roll out in the learner's process (set workers.num_workers 0); rollout "
+            "workers serve several policies as LoRA adapters on one base (lora.enabled, one llm)"
+        )
+    if len(names) > 1 and cfg.workers.num_workers > 0 and (cfg.workers.llm or cfg.llm).backend != "transformers":
+        raise ConfigError("policies: rollout workers serve LoRA adapters on the transformers backend only")
     if shares_base(cfg):
         return _adapters_on_one_base(cfg)
     out = []
@@ -163,6 +182,39 @@ def adapter_states(policies: Sequence[Policy]) -> dict[str, dict[str, torch.Tens
     from peft import get_peft_model_state_dict
 
     return {p.adapter: get_peft_model_state_dict(p.model, adapter_name=p.adapter) for p in policies if p.adapter}
+
+
+def worker_adapters(policies: Sequence[Policy]) -> dict[str, Any] | None:
+    """What a rollout worker needs to serve LoRA policies on one base (`serve_adapters`): the adapters' settings
+    and names, and which agent each plays (plain data: it travels to Ray actors). None without adapters."""
+    if len(policies) < 2 or policies[0].adapter is None:
+        return None
+    return {
+        "lora": dataclasses.asdict(policies[0].cfg.lora),
+        "adapters": [p.adapter for p in policies],
+        "agents": {agent: p.adapter for p in policies for agent in p.agents},
+        "default": next((p.adapter for p in policies if not p.agents), None),
+    }
+
+
+def serve_adapters(client: LLMClient, spec: dict[str, Any]) -> tuple[AdapterClient, Callable[[str], AdapterClient]]:
+    """On a rollout worker: `client`'s model given the adapters of `spec` (`worker_adapters`); the client of the
+    first adapter (whose `load_weights` takes every adapter's weights) and the route of each agent to its own."""
+    lora = LoraConfig(**spec["lora"])
+    names = spec["adapters"]
+    model: Any = with_lora(client.model, lora, names[0])
+    for name in names[1:]:
+        model.add_adapter(name, peft_config(lora))
+    clients = {name: AdapterClient(client, model, name) for name in names}
+    agents, default = spec["agents"], spec["default"]
+
+    def route(agent: str) -> AdapterClient:
+        name = agents.get(agent, default)
+        if name is None:
+            raise ConfigError(f"agent {agent!r} has no policy (policies' agents: {agents}); add it to one policy")
+        return clients[name]
+
+    return clients[names[0]], route
 
 
 def policy_of(policies: Sequence[Policy], agent: str) -> Policy:

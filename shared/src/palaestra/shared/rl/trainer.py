@@ -111,6 +111,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -125,7 +126,15 @@ from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.episodes import eval_specs, reward_summary
 from palaestra.shared.rl.learner import Learner, LocalLearner
 from palaestra.shared.rl.optim import optimizer_steps, step_learning_rate
-from palaestra.shared.rl.policies import Policy, agent_clients, build_policies, split_by_policy, warm_start_from
+from palaestra.shared.rl.policies import (
+    Policy,
+    adapter_states,
+    agent_clients,
+    build_policies,
+    split_by_policy,
+    warm_start_from,
+    worker_adapters,
+)
 from palaestra.shared.rl.policy import check_learner, policy_state, think_token_ids
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.task_sampling import TaskSampler
@@ -294,6 +303,7 @@ class Trainer:
                 weight_sync=w.weight_sync,
                 concurrent=k > 0 and not fixed,
                 pin_versions=fixed,
+                adapters=worker_adapters(self.policies),  # LoRA policies on one base: the workers' adapters
             )
             self.rollouts.sync(self.policy_state(), self.step)
         else:
@@ -491,8 +501,11 @@ class Trainer:
         """This step's tasks (the batch rule's draw; by default ``task_sampling``: rl/task_sampling.py)."""
         return self.batch_rule.draw(step)
 
-    def policy_state(self) -> dict[str, torch.Tensor]:
-        """The policy's weights under the plain model's names (LoRA merged in) for the rollout workers."""
+    def policy_state(self) -> dict[str, Any]:
+        """The policy's weights under the plain model's names (LoRA merged in) for the rollout workers; LoRA
+        policies on one base: every adapter's tensors alone, by adapter (rl/policies.py `adapter_states`)."""
+        if self.policies[0].adapter is not None:
+            return adapter_states(self.policies)
         return policy_state(self.model, self.cfg.lora.enabled)
 
     def _checkpoint_extra(self) -> Callable[[Path], None]:

@@ -27,6 +27,10 @@ submitted and samples with it throughout (a worker runs its rollouts in order,
 loading each one's weights when they differ from the ones it holds), also when
 its shard runs again on a replacement.
 ``submit`` starts a rollout and ``collect`` waits for it (``run`` is both).
+
+Several LoRA policies on one base model (rl/policies.py): each worker's model gets one adapter per policy
+(``adapters``: their settings and which agent each plays), each agent's turns are sampled with its own, and
+a sync carries the adapters' tensors alone, by adapter.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ class LocalRollouts:
 class RolloutWorker:
     """A Ray actor: one model replica and an engine (wrapped with ``ray.remote`` by `RayRollouts`)."""
 
-    def __init__(self, llm: LLMConfig, cfg: RolloutConfig, torch_threads: int = 1):
+    def __init__(self, llm: LLMConfig, cfg: RolloutConfig, torch_threads: int = 1, adapters: dict | None = None):
         import torch
 
         torch.set_num_threads(torch_threads)
@@ -77,7 +81,15 @@ class RolloutWorker:
             # it in one line; raised here, Ray would also print the worker's traceback
             self.startup_error = err
             return
-        self.engine = RolloutEngine(self.client, cfg)
+        if adapters is None:
+            self.engine = RolloutEngine(self.client, cfg)
+            return
+        # LoRA policies on one base (rl/policies.py): one adapter per policy, each agent's turns on its own; the
+        # weight sync brings the adapters' tensors alone
+        from palaestra.shared.rl.policies import serve_adapters
+
+        first, route = serve_adapters(self.client, adapters)
+        self.engine = RolloutEngine(first, cfg, route)  # type: ignore[arg-type]
 
     def run(
         self, specs: list[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None, pinned: tuple | None = None
@@ -133,6 +145,7 @@ class RayRollouts:
         weight_sync: WeightSync = WeightSync.object_store,
         concurrent: bool = False,
         pin_versions: bool = False,
+        adapters: dict | None = None,
     ):
         from palaestra.shared import cluster as ray_cluster
 
@@ -145,6 +158,7 @@ class RayRollouts:
         if pin_versions and (concurrent or weight_sync == WeightSync.nccl):
             raise ValueError("pinned versions need sequential workers and weights through the object store")
         self.pin_versions = pin_versions
+        self.adapters = adapters  # LoRA policies on one base (rl/policies.py `worker_adapters`)
         self.version: int | None = None
         self.max_restarts = max_restarts_per_step
         self.weights_ref: Any = None
@@ -178,7 +192,7 @@ class RayRollouts:
                 )
 
     def _start(self):
-        worker = self.actor_cls.remote(self.llm, self.cfg, 1)
+        worker = self.actor_cls.remote(self.llm, self.cfg, 1, self.adapters)
         # pinned: each rollout brings its weights (the current ones would be newer than a rerun shard's)
         if self.weights_ref is not None and not self.pin_versions:
             self.ray.get(worker.load_weights.remote(self.weights_ref, self.version))
@@ -191,14 +205,14 @@ class RayRollouts:
             return
         self.version = version
         if self.pin_versions:  # the next submitted rollouts carry them
-            self.weights_ref = self.ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+            self.weights_ref = self.ray.put(_on_cpu(state_dict))
             return
         if self.nccl is not None:
             self.nccl.send(state_dict)
             if version is not None:
                 self._call_all(lambda w: w.load_weights.remote(None, version))
             return
-        self.weights_ref = self.ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+        self.weights_ref = self.ray.put(_on_cpu(state_dict))
         if self.concurrent and version is not None:
             # waited for (an offer returns at once, also while the worker generates): a concurrent actor runs its
             # calls on several threads, so an unawaited offer could land after a later rollout had started
@@ -267,6 +281,11 @@ class RayRollouts:
         for w in self.workers:
             self.ray.kill(w)
         self.workers = []
+
+
+def _on_cpu(state: dict) -> dict:
+    """The weights' tensors on the CPU (detached); nested by adapter for LoRA policies on one base."""
+    return {k: _on_cpu(v) if isinstance(v, dict) else v.detach().cpu() for k, v in state.items()}
 
 
 def _split(items: list, parts: int) -> list[list]:
