@@ -121,7 +121,7 @@ def test_smollm2_cpu_arms_differ_in_the_advantage_key_only():
 
 
 def test_fc_tasks_max_tools_and_first_turn_only(tmp_path):
-    from palaestra.egpo.train import fc_tasks
+    from palaestra.egpo.fc_tasks import fc_tasks
 
     record = {
         "messages": [
@@ -150,7 +150,7 @@ def test_fc_tasks_max_tools_and_first_turn_only(tmp_path):
 
 
 def test_fc_tasks_min_args_and_think_args(tmp_path):
-    from palaestra.egpo.train import fc_tasks
+    from palaestra.egpo.fc_tasks import fc_tasks
 
     def row(name, args):
         call = {"function": {"name": name, "arguments": json.dumps(args)}}

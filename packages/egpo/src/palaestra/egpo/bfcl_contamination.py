@@ -5,10 +5,8 @@ the shared core only): lowercase, everything but ``a-z0-9`` and spaces removed, 
 user turns of any ``BFCL_v4_*.json`` test file counts. A test checks that both give the same verdicts. Public sets
 have no BFCL ``initial_config``, so datagen's other rule (identical environment configs) does not apply here.
 
-`check_training_sets` runs every set a training config trains on through the check before training (the RL task
-mixture and the SFT warm start): the public sets through their source's own check (``public_fc_tasks``, which
-drops the hits by default), any other task source, SFT file and datagen multi-turn file in report mode (what it
-found, nothing dropped). ``egpo.train`` logs the result as the run's artifact ``data/contamination.json``.
+``egpo.train`` runs every set it trains on through this check before training (`check_training_sets` in
+`palaestra.egpo.train`) and logs the result as the run's artifact ``data/contamination.json``.
 """
 
 from __future__ import annotations
@@ -71,46 +69,3 @@ class BfclQueryIndex:
 def user_texts_of(messages: list[dict]) -> list[str]:
     """The text of a conversation's user turns."""
     return [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
-
-
-def check_training_sets(cfg) -> dict[str, Any]:
-    """What the check finds in every training set of an ``egpo.train`` config (module docstring): ``{set label:
-    report}``, a report as `BfclQueryIndex.summary` plus where the set came from and what was done with the hits
-    (``drop`` / ``report``); an env that carries no task texts of its own says so."""
-    from palaestra.egpo.multiturn_data import load_rows
-    from palaestra.egpo.public_data import public_fc_report
-    from palaestra.shared.rollout.tasks import TASKS
-
-    index = BfclQueryIndex.from_bfcl()
-
-    def of_samples(source: str, samples: list[dict]) -> dict[str, Any]:
-        return {"source": source, "action": "report", **index.summary(samples, index.sample_hits(samples))}
-
-    def of_source(source: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if source == "public_fc_tasks":  # the source's own check, run before it returns anything
-            report = public_fc_report(**kwargs)
-            parts = report["sources"].values()
-            totals = {k: sum(p.get(k, 0) for p in parts) for k in ("checked", "contaminated", "kept")}
-            return {"source": source, "action": report["contamination"], **totals, **report}
-        return of_samples(source, TASKS.get(source)(**kwargs))
-
-    sets: dict[str, Any] = {}
-    for i, env in enumerate(cfg.envs):
-        label, kw = f"envs.{i}.{env.name}", env.kwargs
-        if env.name == "task":
-            sets[label] = of_source(kw.get("source", "next_number"), dict(kw.get("source_kwargs") or {}))
-        elif env.name == "datagen_multi_turn":
-            rows = load_rows(kw["path"], kw.get("limit"))
-            samples = [{"id": e["id"], "messages": [m for turn in e["question"] for m in turn]} for e, _ in rows]
-            sets[label] = of_samples(str(kw["path"]), samples)
-        else:
-            sets[label] = {"source": env.name, "action": "none", "note": "not checked: no task texts of its own"}
-    sft = cfg.sft_warmup
-    if sft.steps and (sft.source or sft.data_path):
-        from palaestra.shared.rl.sft import load_samples
-
-        if sft.source:
-            sets["sft_warmup"] = of_source(sft.source, dict(sft.source_kwargs))
-        else:
-            sets["sft_warmup"] = of_samples(str(sft.data_path), load_samples(sft))
-    return sets

@@ -298,7 +298,7 @@ def public_fc_tasks(
     seed: int = 0,
 ) -> list[dict]:
     """Task source: the tasks of several sources (each ``{path, format?, limit?, turns?, drop_error_responses?,
-    name?}``, see `load_public`) as samples for the ``task`` env and SFT (`palaestra.egpo.train.task_sample`).
+    name?}``, see `load_public`) as samples for the ``task`` env and SFT (`palaestra.egpo.fc_tasks.task_sample`).
 
     Before anything is returned, every task's user turns go through BFCL's contamination check
     (`palaestra.egpo.bfcl_contamination`: a shared word 8-gram with any BFCL v4 test question): ``drop``
@@ -349,8 +349,8 @@ def _public_fc_tasks(
     min_args: int,
     seed: int,
 ) -> tuple[list[dict], dict[str, Any]]:
+    from palaestra.egpo.fc_tasks import subset_tools
     from palaestra.egpo.tasks import canonical_calls
-    from palaestra.egpo.train import subset_tools
 
     if contamination not in ("drop", "report", "off"):
         raise ValueError(f"invalid value for 'contamination': {contamination!r} (drop | report | off)")
@@ -386,8 +386,8 @@ def _public_fc_tasks(
 
 
 def _sample(task: FCTask, with_answer: bool, think_args: bool, source_thoughts: bool) -> dict:
+    from palaestra.egpo.fc_tasks import task_sample
     from palaestra.egpo.tasks import canonical_calls
-    from palaestra.egpo.train import task_sample
     from palaestra.shared.toolcall import ToolCall, format_calls
 
     if not (with_answer and source_thoughts and task.thinking):
