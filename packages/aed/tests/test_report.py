@@ -145,3 +145,19 @@ def test_proposed_types_meet_their_own_baselines_and_diversity_is_per_arm():
     table = comparison_table({"highway": items}, "aed_scripted")
     assert "| highway | late_cut_in | proposed | llm |" in table and "| 0.03 [0.01, 0.08] |" in table
     assert "| highway | llm | 3 | 1.04 |" in table
+
+
+def test_comparison_tables_are_well_formed_markdown():
+    """Every table of the parent run's report has as many separator cells as header cells."""
+    from palaestra.aed.report import comparison_table
+
+    items = [
+        {**result("attack", "rear_end", rear_end=6, side_swipe=4), "arm": arm, "reward_source": arm}
+        for arm in ("expert", "llm")
+    ] + [result("random", rear_end=8)]
+    text = comparison_table({"highway": items}, "aed_scripted")
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    headers = [i for i, line in enumerate(rows) if i + 1 < len(rows) and set(rows[i + 1]) <= set("|- ")]
+    assert len(headers) == 2  # the rates table and the diversity table
+    for i in headers:
+        assert rows[i].count("|") == rows[i + 1].count("|") == rows[i + 2].count("|"), (rows[i], rows[i + 1])

@@ -156,7 +156,7 @@ def comparison_table(by_scenario: dict[str, list[dict[str, Any]]], backend: str)
                 f"{cell(r['asr'], r['asr_ci'])} | {cell(r['target_rate'], r['target_rate_ci'])} | "
                 f"{cell(r['responsible_rate'], r['responsible_rate_ci'])} | {base} |"
             )
-    diversity = ["", "| scenario | arm | distinct types | type entropy | trajectory diversity |", "| --- |" * 5]
+    diversity = ["", "| scenario | arm | distinct types | type entropy | trajectory diversity |", "|" + " --- |" * 5]
     for scenario, items in by_scenario.items():
         per_arm = arm_diversity(scenario, [r for r in items if r["kind"] == "attack"])
         for arm in sorted({k.split("/")[2] for k in per_arm}):
