@@ -289,6 +289,13 @@ def test_lora_policies_share_one_base_each_updating_its_adapter_as_a_single_lora
     prompt = [two.client.render([{"role": "user", "content": "move 0"}], add_generation_prompt=True)]
     a.model.set_adapter(a.adapter)
     assert b.client.generate(prompt, greedy)[0].token_ids == merged.generate(prompt, greedy)[0].token_ids
+    a.model.set_adapter(a.adapter)  # and scoring through its client's model, whatever adapter was active
+    with torch.no_grad():
+        ours, plain = (
+            b.client.model(input_ids=torch.tensor(prompt)).logits,
+            merged.model(input_ids=torch.tensor(prompt)).logits,
+        )
+    assert torch.allclose(ours, plain, atol=1e-5)
     # the weight sync of adapters: their tensors alone
     payload = adapter_states(two.policies)
     assert set(payload) == {"policy_a", "policy_b"} and all("lora_" in k for s in payload.values() for k in s)
@@ -362,3 +369,65 @@ def test_ray_workers_train_lora_policies_with_adapter_only_syncs(tmp_path, ray_l
     assert all("lora_" in k for p in payloads for s in p.values() for k in s)
     ids = lambda r: [[turn.response_ids for turn in t.turns] for t in r.trajectories]  # noqa: E731
     assert ids(ours) == ids(theirs)
+
+
+def test_solver_critic_env_plays_in_turn_and_rewards_the_team():
+    from palaestra.shared.rollout.solver_critic import SolverCriticEnv
+
+    env = SolverCriticEnv("next_number", "exact_answer", {"num_samples": 1}, rounds=2)  # "Next number: 0 1 2" -> 3
+    env.reset(seed=0)
+    assert env.current_agent == "solver" and env.observe("solver") == [
+        {"role": "user", "content": "Next number: 0 1 2"}
+    ]
+    assert env.step("4") == Step(rewards={}, info={"action": "4"})
+    assert env.current_agent == "critic"
+    critique = env.observe("critic")[0]["content"]
+    assert "Next number: 0 1 2" in critique and "answered: 4" in critique
+    env.step("It is 3.")
+    assert env.observe("solver")[0]["content"].startswith("The critic says: It is 3.")
+    last = env.step("3")
+    assert last.terminated and last.rewards == {"solver": 1.0, "critic": 1.0}
+    env.reset(seed=0)
+    env.observe("solver")
+    for action in ("3", "no", "5"):  # right first, wrong last: the last answer counts
+        last = env.step(action)
+    assert last.rewards == {"solver": 0.0, "critic": 0.0}
+    one = SolverCriticEnv("next_number", rounds=1)  # one solver turn: the task env with a critic that never speaks
+    one.reset(seed=0)
+    assert one.step("3").terminated
+
+
+def test_solver_critic_warm_start_data_is_balanced_over_the_answers():
+    """Every task pairs every first answer with every critique; the critic's replies name each answer equally often
+    per task, and the solver's final answer is the critique's (so the data says nothing of which is right)."""
+    from collections import Counter
+
+    from palaestra.shared.rollout.tasks import TASKS
+
+    kwargs = {"steps": [1], "max_start": 3, "num_samples": 4}
+    tasks = TASKS.get("next_number")(**kwargs)
+    data = TASKS.get("solver_critic_format")("next_number", **kwargs)
+    answers = {s["answer"] for s in tasks}
+    assert len(data) == 2 * len(tasks) * len(answers) ** 2
+    solver = [d["messages"] for d in data if len(d["messages"]) == 4]
+    critic = [d["messages"] for d in data if len(d["messages"]) == 2]
+    assert all(m[2]["content"].startswith(f"The critic says: It is {m[3]['content']}.") for m in solver)
+    for task in tasks:
+        said = Counter(m[1]["content"] for m in critic if task["messages"][0]["content"] in m[0]["content"])
+        assert said == {f"It is {a}.": len(answers) for a in answers}
+
+
+def test_solver_and_critic_as_lora_policies_train_in_one_step(tmp_path):
+    from palaestra.shared.rl.config import LoraConfig
+
+    roles = {"solver": PolicySpec(agents=["solver"]), "critic": PolicySpec(agents=["critic"])}
+    cfg = config(
+        tmp_path,
+        envs=[EnvSpec("solver_critic", {"source": "next_number", "rounds": 2})],
+        policies=roles,
+        lora=LoraConfig(enabled=True, r=4, alpha=8),
+    )
+    with Trainer(cfg) as trainer:
+        metrics = trainer.train_step()
+    assert metrics["rollout/trajectories"] == 2 * 2 * 2  # tasks x group x roles
+    assert all(np.isfinite(metrics[f"policy/{role}/train/loss"]) for role in roles)

@@ -66,13 +66,15 @@ class Policy:
 
 class AdapterClient:
     """The shared base model's client generating with one policy's adapter active (everything else is the
-    base client's: tokenizer, chat template)."""
+    base client's: tokenizer, chat template). Its ``model`` runs the base with this adapter active too (a
+    scorer reading a policy off the model, e.g. mars's exploitability, calls it)."""
 
     def __init__(self, client: LLMClient, model: Any, adapter: str):
-        self.client, self.model, self.adapter = client, model, adapter
+        self.client, self.peft, self.adapter = client, model, adapter
+        self.model = _AdapterModel(model, adapter)
 
     def generate(self, prompts, params):
-        self.model.set_adapter(self.adapter)
+        self.peft.set_adapter(self.adapter)
         return self.client.generate(prompts, params)
 
     def load_weights(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
@@ -80,10 +82,24 @@ class AdapterClient:
         from peft import set_peft_model_state_dict
 
         for adapter, tensors in state.items():
-            set_peft_model_state_dict(self.model, tensors, adapter_name=adapter)
+            set_peft_model_state_dict(self.peft, tensors, adapter_name=adapter)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
+
+
+class _AdapterModel:
+    """A peft model called with one adapter active (its other attributes are the model's)."""
+
+    def __init__(self, model: Any, adapter: str):
+        self.peft, self.adapter = model, adapter
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.peft.set_adapter(self.adapter)
+        return self.peft(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.peft, name)
 
 
 def check_policies(value: dict, owner: TrainConfig) -> str | None:

@@ -82,3 +82,4 @@ class TextEnv:
 
 ENVS: Registry[type[TextEnv]] = Registry("environment", "palaestra.envs")
 ENVS.register("task", "palaestra.shared.rollout.tasks:TaskEnv")  # single-turn tasks: a task source + a reward
+ENVS.register("solver_critic", "palaestra.shared.rollout.solver_critic:SolverCriticEnv")  # two roles on a task

@@ -111,3 +111,6 @@ def next_number_format(seed: int = 0, **kwargs) -> list[dict]:
     base = next_number(seed=seed, **kwargs)
     answers = sorted({s["answer"] for s in base})
     return [{"messages": s["messages"] + [{"role": "assistant", "content": a}]} for s in base for a in answers]
+
+
+TASKS.register("solver_critic_format", "palaestra.shared.rollout.solver_critic:solver_critic_format")  # its SFT data
