@@ -216,7 +216,7 @@ FIGURES: list[Figure | Printed] = [
     Figure(
         "kuhn-seed0-exploitability",
         "README.md",
-        "0.354 -> 0.226",
+        "0.173 -> 0.150",
         "experiments/mars/kuhn_cpu.yaml",
         (),
         7,
