@@ -220,7 +220,7 @@ FIGURES: list[Figure | Printed] = [
         "experiments/mars/kuhn_cpu.yaml",
         (),
         7,
-        "57fa275",
+        "3b89ba4",
         kuhn_exploitability,
         ("seed=0", "arm=rl"),
     ),
