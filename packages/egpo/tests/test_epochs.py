@@ -99,8 +99,8 @@ def test_epochs_without_epoch_sampling_is_a_config_error():
 def test_documented_chain_datagen_then_egpo(tmp_path, monkeypatch):
     """qwen3_4b_bfcl.yaml's multi-turn env reads the file that the datagen config its header names writes; run that
     chain tiny."""
-    from palaestra.egpo.multiturn_data import load_rows
     from palaestra.egpo.fc_tasks import fc_tasks
+    from palaestra.egpo.multiturn_data import load_rows
     from palaestra.shared.jobs import run_job
 
     paper = load_config(EXPERIMENTS / "egpo" / "qwen3_4b_bfcl.yaml")

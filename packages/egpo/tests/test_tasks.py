@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from palaestra.egpo.fc_tasks import fc_tasks
 from palaestra.egpo.reward import fc_binary
 from palaestra.egpo.tasks import canonical_calls, exact_ground_truth, load_jsonl
-from palaestra.egpo.fc_tasks import fc_tasks
 from palaestra.shared.toolcall import ToolCall, format_calls
 
 TOOL = {
