@@ -109,3 +109,13 @@ def test_a_worker_that_stopped_stops_the_driver(tmp_path, monkeypatch):
     with pytest.raises(LLMUnavailable) as info:
         run_generation(cfg, build_graph(["MathAPI"]), Tracker(cfg.tracking))
     assert one_line_error(info.value) == line
+
+
+def test_context_overflow_cause():
+    """Both backends' words for a prompt longer than the context are named as such."""
+    from palaestra.datagen.llm_roles import is_context_overflow
+
+    tiny = "prompt 0 has 4324 tokens; the model's context is 4096 tokens (tiny)"
+    served = "http://x/v1 answered 400: This model's maximum context length is 4096 tokens. However, you requested"
+    assert error_cause(tiny) == error_cause(served) == "the prompt outgrows the model's context"
+    assert is_context_overflow(served) and not is_context_overflow("http://x/v1 answered 503: overloaded")

@@ -129,6 +129,20 @@ class LLMUnavailable(LLMError):
     """Several LLM requests in a row failed: the run stops with one line that names the cause."""
 
 
+class PromptTooLong(LLMError):
+    """A request whose prompt outgrows the model's context: a property of that sample, not of the server."""
+
+
+# the backends' own words (transformers / vLLM in process: "the model's context is N tokens"; an OpenAI-compatible
+# server such as vLLM's: "maximum context length is N tokens")
+CONTEXT_RE = re.compile(r"model's context is \d+ tokens|maximum context length", re.I)
+
+
+def is_context_overflow(message: str) -> bool:
+    """Whether a failed request's message says that its prompt does not fit the model's context."""
+    return bool(CONTEXT_RE.search(message))
+
+
 def error_cause(message: str) -> str:
     """A failed request's cause in a few words, and what to do about it."""
     low = message.lower()
@@ -139,6 +153,8 @@ def error_cause(message: str) -> str:
         )
     if "cannot reach" in low or "connection" in low:
         return "the server does not answer (is it running at roles.llm.base_url?)"
+    if is_context_overflow(message):
+        return "the prompt outgrows the model's context"
     if "did not answer within" in low:
         return "the server times out (raise roles.llm.timeout_s, or lower workers)"
     status = re.search(r"answered (\d{3})", message)
@@ -151,6 +167,11 @@ class CountingClient:
     A failed request becomes an empty completion (the role then drops the sample), but `max_consecutive_errors`
     failures in a row of one kind of request (with tools, without) raise `LLMUnavailable`: a dead server, or
     vLLM refusing every request with tools while it answers the others, would otherwise only show as drops.
+
+    With `context_failures`, a prompt that outgrows the model's context raises `PromptTooLong` instead and does
+    not count toward the failures in a row: for a student being measured it is that sample's failure, not a
+    server's (`mine`). The generating roles keep the rule above: a teacher that cannot read its prompts is a
+    configuration to fix before a run.
     """
 
     def __init__(
@@ -159,8 +180,10 @@ class CountingClient:
         params: SamplingParams,
         max_consecutive_errors: int = 5,
         per_role: dict[str, LLMClient] | None = None,
+        context_failures: bool = False,
     ):
         self.client = client
+        self.context_failures = context_failures
         self.per_role = per_role or {}
         """A client per role where the role has its own model (`RolesConfig.models`)."""
         self.params = params
@@ -177,7 +200,9 @@ class CountingClient:
     def fork(self) -> CountingClient:
         """A counter for one item: the same clients and the same failures-in-a-row (shared by the items a worker
         generates at once), its own counts."""
-        other = CountingClient(self.client, self.params, self.max_consecutive_errors, self.per_role)
+        other = CountingClient(
+            self.client, self.params, self.max_consecutive_errors, self.per_role, self.context_failures
+        )
         other.consecutive = self.consecutive
         return other
 
@@ -191,10 +216,12 @@ class CountingClient:
         except (LLMError, ValueError, RuntimeError) as err:
             self.errors += 1
             kind = "tools" if tools else "plain"
-            self.consecutive[kind] = self.consecutive.get(kind, 0) + 1
             message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             cause = error_cause(message)
             self.error_causes[cause] = self.error_causes.get(cause, 0) + 1
+            if self.context_failures and is_context_overflow(message):
+                raise PromptTooLong(message) from None
+            self.consecutive[kind] = self.consecutive.get(kind, 0) + 1
             if self.max_consecutive_errors and self.consecutive[kind] >= self.max_consecutive_errors:
                 raise LLMUnavailable(
                     f"datagen stopped: {self.consecutive[kind]} LLM requests in a row failed; {cause}; "

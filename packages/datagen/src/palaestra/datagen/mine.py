@@ -17,6 +17,8 @@ Each round k:
 
 Logged per round (step k): ``mine/student_failure_rate`` (mining set, before training),
 ``mine/heldout_failure_rate_before`` / ``_after``, ``mine/sft_loss_first`` / ``_last``,
+``mine/student_context_failures`` / ``mine/heldout_context_failures`` (turns whose prompt outgrew the student's
+context: failures of the student on that sample, not request errors; they do not steer the graph),
 ``mine/weak_target_share`` (targets on tools whose weight is above 1), ``mine/kept``, every tool's weight
 (``weight/<env>.<tool>``) and the graph (``round_<k>/graph.json``, ``figures/graph/step_<k>.png``);
 ``rounds.json`` at the end.
@@ -102,13 +104,49 @@ def _last_user(messages) -> int:
     return 0
 
 
-def evaluate_student(rows: list[dict], student, graph) -> tuple[int, int]:
-    """(failed turns, turns): the student on each turn from the ground-truth state; per-tool failures go to `graph`
-    (None: evaluation only)."""
+@dataclass
+class StudentScore:
+    """The student on a set of turns: turns failed, turns, and of the failed ones those whose prompt outgrew its
+    context (``context``: the student never saw the whole turn)."""
+
+    failed: int = 0
+    turns: int = 0
+    context: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.failed / self.turns if self.turns else 0.0
+
+
+class ContextGuard:
+    """The student as `run_try` sees it: a prompt that outgrows its context (`PromptTooLong`) ends the try with no
+    answer and is remembered, so the turn counts as the student's failure whatever its kind (an empty answer
+    would otherwise pass as a miss_func refusal)."""
+
+    def __init__(self, student):
+        self.student = student
+        self.name = student.name
+        self.overflowed = False
+
+    def act(self, messages, tools, turn, try_index, rng) -> str:
+        from palaestra.datagen.llm_roles import PromptTooLong
+
+        try:
+            return self.student.act(messages, tools, turn, try_index, rng)
+        except PromptTooLong:
+            self.overflowed = True
+            return ""
+
+
+def evaluate_student(rows: list[dict], student, graph) -> StudentScore:
+    """The student on each turn from the ground-truth state; per-tool failures go to `graph` (None: evaluation
+    only). A turn the student could not read (its prompt outgrew the context) fails and is counted as ``context``;
+    it says nothing about a tool, so the graph does not record it."""
     from palaestra.datagen.roles import Roles
 
-    roles = Roles(None, None, student, None)
-    failed_turns = turns_total = 0
+    guard = ContextGuard(student)
+    roles = Roles(None, None, guard, None)
+    score = StudentScore()
     for row in rows:
         spec = get_env(row["provenance"]["env"])
         env = ToolEnv(spec, json.loads(row["initial_config"])[row["involved_classes"][0]])
@@ -130,10 +168,12 @@ def evaluate_student(rows: list[dict], student, graph) -> tuple[int, int]:
                 schema = spec.doc(turn["missing"])
                 tools = tools + spec.openai_tools(exclude={t["function"]["name"] for t in tools})
             task = TurnTask(turn["query"], trace, tools, turn["kind"], turn.get("missing"), schema)
+            guard.overflowed = False
             result = run_try(roles, env, history, task, None, 0, random.Random(0), 12)
-            turns_total += 1
-            failed_turns += int(not result.passed)
-            if task.expects_calls and graph is not None:
+            score.turns += 1
+            score.failed += int(not result.passed or guard.overflowed)
+            score.context += int(guard.overflowed)
+            if task.expects_calls and graph is not None and not guard.overflowed:
                 missing = list(result.failure.get("missing_tools", []))
                 if not result.passed and not missing:
                     missing = [trace.steps[-1].name]
@@ -146,7 +186,7 @@ def evaluate_student(rows: list[dict], student, graph) -> tuple[int, int]:
                     prev = s.name
             history = history + result.messages
             env = result.truth
-    return failed_turns, turns_total
+    return score
 
 
 def is_heldout(sample_id: str, fraction: float) -> bool:
@@ -183,7 +223,7 @@ def mine(cfg: MineConfig, tracker: Tracker) -> dict:
         from palaestra.shared.llm import make_client
 
         client = make_client(cfg.student_llm)
-        student = LLMReasoner(CountingClient(client, cfg.student_sampling))
+        student = LLMReasoner(CountingClient(client, cfg.student_sampling, context_failures=True))
     trainable = client is not None and hasattr(client, "model") and cfg.student_sft.steps > 0
     graph = build_graph(cfg.envs, cfg.seed)
     history = []
@@ -196,16 +236,18 @@ def mine(cfg: MineConfig, tracker: Tracker) -> dict:
         mining = [r for r in rows if not is_heldout(r["id"], cfg.heldout_fraction)]
         weak = {n for n, d in graph.g.nodes(data=True) if d["weight"] > 1.0}
         weak_share = sum(1 for r in rows if f"{r['provenance']['env']}.{r['provenance']['target']}" in weak)
-        failed, total = evaluate_student(mining, student, graph)
+        score = evaluate_student(mining, student, graph)
         weights = graph.update_weights(cfg.boost)
         metrics = {
-            "mine/student_failure_rate": failed / total if total else 0.0,
+            "mine/student_failure_rate": score.rate,
+            "mine/student_context_failures": score.context,
             "mine/kept": stats.kept,
             "mine/weak_target_share": weak_share / len(rows) if rows else 0.0,
             **{f"weight/{n}": w for n, w in weights.items()},
         }
         before = evaluate_student(heldout, student, None)
-        metrics["mine/heldout_failure_rate_before"] = before[0] / before[1] if before[1] else 0.0
+        metrics["mine/heldout_failure_rate_before"] = before.rate
+        metrics["mine/heldout_context_failures"] = before.context
         if trainable and mining:
             from palaestra.shared.rl.sft import run_sft
 
@@ -214,7 +256,7 @@ def mine(cfg: MineConfig, tracker: Tracker) -> dict:
             losses = run_sft(client.model, client.tokenizer, opts)
             metrics |= {f"mine/sft_{key}": v for key, v in losses.items()}
             after = evaluate_student(heldout, student, None)
-            metrics["mine/heldout_failure_rate_after"] = after[0] / after[1] if after[1] else 0.0
+            metrics["mine/heldout_failure_rate_after"] = after.rate
         tracker.log_metrics(metrics, step=k)
         out = scratch_dir()
         (out / "graph.json").write_text(json.dumps(graph.to_dict(), default=str))
