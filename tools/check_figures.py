@@ -227,11 +227,11 @@ FIGURES: list[Figure | Printed] = [
     Figure(
         "datagen-mine-tiny",
         "packages/datagen/README.md",
-        "weak_target_share 0.714",
+        "weak_target_share 0.800",
         "experiments/datagen/mine_tiny.yaml",
         (),
         1.5,
-        "11fba6d",
+        "c652a0e",
         mine_weak_target_share,
     ),
     Printed(
