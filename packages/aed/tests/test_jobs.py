@@ -87,15 +87,20 @@ def test_palaestra_plan_prints_the_paper_protocols_counts(capsys):
 
 
 def test_preference_demo_attacks_the_victim_its_first_stage_caches():
+    """Every seed of its matrix attacks the one victim that the first stage trains and caches."""
+    from palaestra.shared.matrix import file_combinations
     from palaestra.shared.pipeline import stage_configs
 
-    stages = stage_configs(load_config(ROOT / "experiments" / "aed" / "preference_cpu.yaml"))
-    victim, attack = stages["victim"], stages["attack"]
-    assert list(stages) == ["victim", "attack"] and attack.victim == "rl" and attack.preference.enabled
-    # the aed.victim job's default checkpoint path (see jobs.victim)
-    assert (
-        Path(attack.victim_checkpoint) == Path(victim.output_dir) / "victims" / f"{victim.scenario}_{victim.algo}.zip"
-    )
+    combos = file_combinations(ROOT / "experiments" / "aed" / "preference_cpu.yaml")
+    assert len(combos) >= 2
+    checkpoints = set()
+    for combo in combos:
+        stages = stage_configs(combo.cfg)
+        victim, attack = stages["victim"], stages["attack"]
+        assert list(stages) == ["victim", "attack"] and attack.victim == "rl" and attack.preference.enabled
+        assert attack.victim_checkpoint == victim.checkpoint  # the file the victim stage writes (aed/victim.py)
+        checkpoints.add(attack.victim_checkpoint)
+    assert len(checkpoints) == 1
 
 
 def test_bad_config_values_are_one_line_errors(tracking):
