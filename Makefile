@@ -45,7 +45,8 @@ $(VLLM_STAMP): shared/pyproject.toml packages/*/pyproject.toml
 	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/pip freeze | grep -E '^(torch|transformers)==' > $(VLLM_VENV)/constraints.txt
 	$(VLLM_BIN)/pip install -q --no-deps -e shared
-	$(VLLM_BIN)/pip install -q -c $(VLLM_VENV)/constraints.txt "omegaconf>=2.3" "pytest>=8" "ray[default]>=2.40"
+	# peft: the learner side of the LoRA policies that vLLM serves (shared/tests/test_vllm_lora.py)
+	$(VLLM_BIN)/pip install -q -c $(VLLM_VENV)/constraints.txt "omegaconf>=2.3" "pytest>=8" "ray[default]>=2.40" "peft>=0.13"
 	# the rehearsals of the paper configs (tests/test_rehearse.py) run egpo and mars there: MLflow, the packages
 	# (their deps under the same constraints; bfcl-eval without its pins, as in the main venv)
 	$(VLLM_BIN)/pip install -q -c $(VLLM_VENV)/constraints.txt "mlflow>=3.0" -e "packages/datagen" -e "packages/egpo[bfcl]" \

@@ -23,9 +23,24 @@ worker's ``reload_weights``. vLLM starts its workers by spawn: a script that bui
 - or over NCCL (``workers.weight_sync: nccl``, rollout/vllm_weight_sync.py): the engine is built
   with vLLM's weight-transfer engine (``weight_transfer_config``, idle until a trainer connects) and
   `init_weight_transfer` ... `finish_weight_update` are the engine's side of vLLM's handshake.
+
+LoRA adapters on one base (``lora``: several policies as adapters, rl/policies.py `serve_adapters`): the engine
+starts with vLLM's multi-LoRA serving (``enable_lora``, ``max_loras`` = the adapters, ``max_lora_rank`` = the
+smallest rank vLLM offers that holds ``lora.r``); `adapter_client` is the client of one adapter, whose requests
+carry its ``LoRARequest``. Its weights (`load_adapters`: peft's tensors, `adapter_states`, megabytes) are written
+as a PEFT directory (``adapter_config.json``, ``adapter_model.safetensors``) under a directory of this client's
+and loaded at once with ``add_lora(load_inplace=True)``, which replaces the adapter held under the same id in
+every worker; the base weights stay as they are. Until its first weights arrive an adapter generates on the
+base alone (what a fresh peft adapter does: its B matrices are zero).
 """
 
 from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
 
 from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams
 
@@ -67,10 +82,46 @@ def state_dict_bytes(state_dict: dict) -> bytes:
     return buffer.getvalue()
 
 
-class VLLMClient(LLMClient):
-    """`LLMClient` over an in-process `vllm.LLM` engine."""
+def lora_rank_slot(r: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM offers that holds rank `r`."""
+    from typing import get_args
 
-    def __init__(self, config: LLMConfig) -> None:
+    from vllm.config.lora import MaxLoRARanks
+
+    fits = [rank for rank in get_args(MaxLoRARanks) if rank >= r]
+    if not fits:
+        raise LLMError(f"LoRA rank {r}: vLLM serves ranks up to {max(get_args(MaxLoRARanks))}")
+    return min(fits)
+
+
+def write_peft_adapter(directory: Path, lora: dict, tensors: dict) -> None:
+    """`tensors` (peft's names, ``...lora_A.weight``) and `lora`'s settings (rl/config.py `LoraConfig` as a dict)
+    as a PEFT adapter directory, what vLLM loads."""
+    from safetensors.torch import save_file
+
+    bad = [name for name in tensors if ".lora_A." not in name and ".lora_B." not in name]
+    if bad:
+        raise ValueError(f"an adapter's weights are LoRA A and B matrices only; got {bad[:3]}")
+    config = {
+        "peft_type": "LORA",
+        "r": lora["r"],
+        "lora_alpha": lora["alpha"],
+        "lora_dropout": lora["dropout"],
+        "target_modules": list(lora["target_modules"]),
+        "bias": "none",
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "adapter_config.json").write_text(json.dumps(config))
+    save_file(
+        {k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, directory / "adapter_model.safetensors"
+    )
+
+
+class VLLMClient(LLMClient):
+    """`LLMClient` over an in-process `vllm.LLM` engine; with `lora` (adapters' settings, rl/config.py
+    `LoraConfig` as a dict), one that serves up to `max_loras` LoRA adapters on its base model."""
+
+    def __init__(self, config: LLMConfig, lora: dict | None = None, max_loras: int = 1) -> None:
         try:
             import vllm
         except ImportError:
@@ -81,6 +132,13 @@ class VLLMClient(LLMClient):
         self._vllm = vllm
         path = resolve_model_path(config.model, seed=config.seed)
         self.tokenizer = load_tokenizer(config.model, path)
+        self.lora = lora
+        self.adapters: dict[str, Any] = {}  # adapter -> its LoRARequest, once it has weights
+        self.adapter_dir: Path | None = None
+        multi_lora: dict[str, Any] = {}
+        if lora is not None:
+            multi_lora = dict(enable_lora=True, max_loras=max_loras, max_lora_rank=lora_rank_slot(lora["r"]))
+            self.adapter_dir = Path(tempfile.mkdtemp(prefix="palaestra-lora-"))
         self.llm = vllm.LLM(
             model=path,
             tokenizer=path,
@@ -93,10 +151,14 @@ class VLLMClient(LLMClient):
             # vLLM's NCCL weight-transfer engine, idle until a trainer connects (workers.weight_sync: nccl); vLLM
             # 0.33 then turns off flashinfer's MoE expert-parallel kernels and two AMD decode runtimes, no dense model's
             weight_transfer_config={"backend": "nccl"},
+            **multi_lora,
         )
         self.context_length = int(self.llm.llm_engine.model_config.max_model_len)
 
-    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None, adapter: str | None = None
+    ) -> list[Completion]:
+        """`adapter`: generate with that LoRA adapter (`adapter_client`); the base alone until it has weights."""
         params = params or SamplingParams()
         ids = [self.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p) for p in prompts]
         for i, prompt in enumerate(ids):
@@ -118,7 +180,10 @@ class VLLMClient(LLMClient):
         )
         from vllm.inputs import TokensPrompt
 
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], sampling, use_tqdm=False)
+        lora_request = self.adapters.get(adapter) if adapter is not None else None
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in ids], sampling, lora_request=lora_request, use_tqdm=False
+        )
         completions = []
         for prompt, request in zip(ids, outputs):
             for sample in request.outputs:  # n samples of one prompt, consecutively
@@ -133,6 +198,30 @@ class VLLMClient(LLMClient):
         """Push new weights into every vLLM worker (see the module docstring), then drop the stale prefix cache."""
         self.llm.collective_rpc("palaestra_load_weights", args=(state_dict_bytes(state_dict),))
         self.llm.reset_prefix_cache()
+
+    def adapter_client(self, adapter: str) -> VLLMAdapterClient:
+        """The client of this engine generating with LoRA adapter `adapter` (the engine was built with `lora`)."""
+        if self.lora is None:
+            raise LLMError("this vLLM engine serves no LoRA adapters (built without lora)")
+        return VLLMAdapterClient(self, adapter)
+
+    def load_adapters(self, states: dict[str, dict]) -> None:
+        """New weights of LoRA adapters, by adapter (peft's tensors, rl/policies.py `adapter_states`): each written
+        as a PEFT directory and loaded in place of the one held; the base weights stay. Drops the prefix cache."""
+        if self.lora is None or self.adapter_dir is None:
+            raise LLMError("this vLLM engine serves no LoRA adapters (built without lora)")
+        from vllm.lora.request import LoRARequest
+
+        for adapter, tensors in states.items():
+            directory = self.adapter_dir / adapter
+            write_peft_adapter(directory, self.lora, tensors)
+            known = self.adapters.get(adapter)
+            lora_id = known.lora_int_id if known is not None else len(self.adapters) + 1
+            request = LoRARequest(adapter, lora_id, str(directory))
+            # load_inplace: read the directory again under the same id (without it vLLM keeps the adapter it holds)
+            self.llm.llm_engine.add_lora(LoRARequest(adapter, lora_id, str(directory), load_inplace=True))
+            self.adapters[adapter] = request
+        self.llm.reset_prefix_cache()  # cached KV blocks of an adapter were computed with its old weights
 
     # -- the engine's side of vLLM's NCCL weight transfer (rollout/vllm_weight_sync.py) --
     def transfer_world_size(self) -> int:
@@ -167,3 +256,22 @@ class VLLMClient(LLMClient):
 
     def close(self) -> None:
         del self.llm
+        if self.adapter_dir is not None:
+            shutil.rmtree(self.adapter_dir, ignore_errors=True)
+
+
+class VLLMAdapterClient:
+    """A `VLLMClient` generating with one LoRA adapter (everything else is the engine client's: tokenizer, chat
+    template); its `load_weights` takes adapters' weights by adapter (`VLLMClient.load_adapters`)."""
+
+    def __init__(self, client: VLLMClient, adapter: str):
+        self.client, self.adapter = client, adapter
+
+    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None) -> list[Completion]:
+        return self.client.generate(prompts, params, adapter=self.adapter)
+
+    def load_weights(self, states: dict[str, dict]) -> None:
+        self.client.load_adapters(states)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)

@@ -17,7 +17,10 @@ LoRA on one model (``lora.enabled``, no policy with its own ``llm`` or ``lora``)
 (``policy_<name>``) on one base model (`shares_base`): each client generates with its adapter active
 (`AdapterClient`), each learner activates it before its forwards, each optimizer and checkpoint holds it
 alone; the KL reference is the base (adapters off). Rollout workers serve them the same way
-(`worker_adapters`, `serve_adapters`), the weight sync sending the adapters' tensors alone (`adapter_states`).
+(`worker_adapters`, `serve_adapters`), the weight sync sending the adapters' tensors alone (`adapter_states`):
+on the transformers backend as peft adapters on the worker's model, on vLLM with vLLM's multi-LoRA serving (one
+engine started for the adapters, `adapter_engine`; each agent's requests carry its adapter's ``LoRARequest``;
+llm/vllm_backend.py). The adapters travel through Ray's object store (megabytes), not over NCCL.
 
 No section: one policy (named ``policy``) plays every agent, as self-play always did; its checkpoints and
 metrics keep their single-policy layout and names. A section with one policy trains exactly the same
@@ -36,7 +39,7 @@ from typing import Any
 import torch
 
 from palaestra.shared.config import ConfigError
-from palaestra.shared.llm.base import LLMClient
+from palaestra.shared.llm.base import LLMClient, LLMConfig, make_client
 from palaestra.shared.rl.config import LoraConfig, TrainConfig, check_learner_llm
 from palaestra.shared.rl.optim import make_optimizer
 from palaestra.shared.rl.policy import load_policy, peft_config, with_lora
@@ -44,6 +47,8 @@ from palaestra.shared.rollout.trajectory import Trajectory
 
 DEFAULT = "policy"
 """The one policy's name when the config has no ``policies`` section."""
+ADAPTER_BACKENDS = ("transformers", "vllm")
+"""The backends whose rollout workers serve LoRA policies on one base (`serve_adapters`)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
@@ -154,8 +159,18 @@ def build_policies(cfg: TrainConfig) -> list[Policy]:
             "policies: several models roll out in the learner's process (set workers.num_workers 0); rollout "
             "workers serve several policies as LoRA adapters on one base (lora.enabled, one llm)"
         )
-    if len(names) > 1 and cfg.workers.num_workers > 0 and (cfg.workers.llm or cfg.llm).backend != "transformers":
-        raise ConfigError("policies: rollout workers serve LoRA adapters on the transformers backend only")
+    backend = (cfg.workers.llm or cfg.llm).backend
+    if len(names) > 1 and cfg.workers.num_workers > 0 and shares_base(cfg):
+        if backend not in ADAPTER_BACKENDS:
+            raise ConfigError(
+                f"policies: rollout workers serve LoRA adapters on the {' and '.join(ADAPTER_BACKENDS)} backends only "
+                f"(the workers' llm.backend is {backend})"
+            )
+        if cfg.workers.weight_sync != "object_store":
+            raise ConfigError(
+                "policies: LoRA adapters reach the rollout workers through Ray's object store (megabytes), not over "
+                f"NCCL; set workers.weight_sync object_store (got {cfg.workers.weight_sync})"
+            )
     if shares_base(cfg):
         return _adapters_on_one_base(cfg)
     out = []
@@ -213,18 +228,34 @@ def worker_adapters(policies: Sequence[Policy]) -> dict[str, Any] | None:
     }
 
 
-def serve_adapters(client: LLMClient, spec: dict[str, Any]) -> tuple[AdapterClient, Callable[[str], AdapterClient]]:
-    """On a rollout worker: `client`'s model given the adapters of `spec` (`worker_adapters`); the client of the
-    first adapter (whose `load_weights` takes every adapter's weights) and the route of each agent to its own."""
-    lora = LoraConfig(**spec["lora"])
+def adapter_engine(llm: LLMConfig, spec: dict[str, Any]) -> LLMClient:
+    """On a rollout worker: the base model's client to serve the adapters of `spec` (`worker_adapters`) on; a vLLM
+    engine is started with multi-LoRA serving for them (llm/vllm_backend.py), a transformers model gets them from
+    `serve_adapters`."""
+    if llm.backend == "vllm":
+        from palaestra.shared.llm.vllm_backend import VLLMClient
+
+        return VLLMClient(llm, lora=spec["lora"], max_loras=len(spec["adapters"]))
+    return make_client(llm)
+
+
+def serve_adapters(client: LLMClient, spec: dict[str, Any]) -> tuple[Any, Callable[[str], Any]]:
+    """On a rollout worker: the adapters of `spec` (`worker_adapters`) on `client` (`adapter_engine`'s): peft
+    adapters on its model, or a vLLM engine's own LoRA adapters; the client of the first adapter and the route of
+    each agent to its own (each client's `load_weights` takes adapters' weights by adapter)."""
     names = spec["adapters"]
-    model: Any = with_lora(client.model, lora, names[0])
-    for name in names[1:]:
-        model.add_adapter(name, peft_config(lora))
-    clients = {name: AdapterClient(client, model, name) for name in names}
+    clients: dict[str, Any]
+    if hasattr(client, "adapter_client"):  # vLLM: the engine holds them (`VLLMClient.load_adapters`)
+        clients = {name: client.adapter_client(name) for name in names}
+    else:
+        lora = LoraConfig(**spec["lora"])
+        model: Any = with_lora(client.model, lora, names[0])
+        for name in names[1:]:
+            model.add_adapter(name, peft_config(lora))
+        clients = {name: AdapterClient(client, model, name) for name in names}
     agents, default = spec["agents"], spec["default"]
 
-    def route(agent: str) -> AdapterClient:
+    def route(agent: str) -> Any:
         name = agents.get(agent, default)
         if name is None:
             raise ConfigError(f"agent {agent!r} has no policy (policies' agents: {agents}); add it to one policy")

@@ -75,7 +75,12 @@ class RolloutWorker:
         self.startup_error: Exception | None = None
         self.pinned_version: int | None = None  # the version of the last pinned rollout's weights, while held
         try:
-            self.client = make_client(llm)
+            if adapters is None:
+                self.client = make_client(llm)
+            else:  # LoRA policies on one base: a vLLM engine starts with LoRA on for them
+                from palaestra.shared.rl.policies import adapter_engine
+
+                self.client = adapter_engine(llm, adapters)
         except (LLMError, MissingExtraError, FileNotFoundError) as err:
             # the user's to fix (a missing backend or model): `pid` raises it in the driver, where the CLI prints
             # it in one line; raised here, Ray would also print the worker's traceback

