@@ -207,9 +207,13 @@ def test_an_agent_without_a_policy_stops_the_step(tmp_path):
 
 
 def test_several_policies_refuse_settings_they_do_not_support(tmp_path):
-    workers = dataclasses.replace(config(tmp_path).workers, num_workers=1)
-    with pytest.raises(ConfigError, match="workers.num_workers 0"):
-        Trainer(config(tmp_path, policies=TWO, workers=workers))
+    from palaestra.shared.llm import LLMConfig
+
+    # rollout workers serve each policy's own model as its llm: one workers.llm for all of them is ambiguous
+    workers = dataclasses.replace(config(tmp_path).workers, num_workers=1, llm=LLMConfig(model="tiny"))
+    own = {**TWO, "b": dataclasses.replace(TWO["b"], llm=LLMConfig(model="tiny", seed=1))}
+    with pytest.raises(ConfigError, match="workers.llm names one model .* policies b have an llm"):
+        Trainer(config(tmp_path, policies=own, workers=workers))
 
 
 def test_plan_counts_every_policys_memory():

@@ -14,7 +14,7 @@ Protocol with k > 0:
 2. Overlap: `take(t)` then waits for step t only. While the learner updates on step t, steps t+1..t+k
    generate: on the Ray workers (each worker runs its rollouts and takes weights at once), or, for
    in-process rollouts, in one background thread over a copy of the policy (the learner's own model changes
-   during the update).
+   during the update; several policies: a copy of each, `background_engine`).
 3. Versions: the policy version is the learner's step count. After the update of step t, `sync` hands
    version t + 1 to the rollouts. ``rollout.version_schedule``:
    - ``newest``: every rollout client loads it before its next generate call (rollout/policy_version.py).
@@ -56,13 +56,13 @@ from typing import Any
 import torch
 
 from palaestra.shared.config import ConfigError
-from palaestra.shared.llm.base import DType, make_client
+from palaestra.shared.llm.base import DType
 from palaestra.shared.rl.batch import TrainBatch
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.loss import LossConfig, behaviour_weights
-from palaestra.shared.rollout.engine import EpisodeSpec, RolloutEngine, RolloutResult, VersionSchedule
+from palaestra.shared.rollout.engine import EpisodeSpec, RolloutResult, VersionSchedule
 from palaestra.shared.rollout.trajectory import Trajectory
-from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
+from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts, Replica
 
 Rollouts = LocalRollouts | RayRollouts
 AHEAD_FILE = "rollouts_ahead.pkl"
@@ -104,7 +104,7 @@ class RolloutStream:
         max_staleness: int,
         draw: Callable[[int], list[EpisodeSpec]],
         seed: Callable[[int], int],
-        local_engine: Callable[[], RolloutEngine] | None = None,
+        local_engine: Callable[[], Replica] | None = None,
         steps: int | None = None,
         schedule: VersionSchedule = VersionSchedule.newest,
         max_inflight: dict[str, int] | None = None,
@@ -118,8 +118,8 @@ class RolloutStream:
         self.inflight: dict[int, Any] = {}  # step -> its handle (a future, a Ray handle, or its result)
         self.drawn: dict[int, list[EpisodeSpec]] = {}  # drawn, not admitted yet
         self.sources: dict[int, Counter[str]] = {}  # the bounded sources' tasks of each step in flight
-        self.pinned: tuple[dict[str, torch.Tensor], int] | None = None  # fixed, in-process: the newest weights
-        self.engine: RolloutEngine | None = None
+        self.pinned: tuple[dict[str, Any], int] | None = None  # fixed, in-process: the newest weights
+        self.engine: Replica | None = None
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
         if self.k > 0 and isinstance(rollouts, LocalRollouts):
             assert local_engine is not None, "in-process rollouts ahead of the learner need their own engine"
@@ -175,7 +175,7 @@ class RolloutStream:
     def _run_local(self, specs: list[EpisodeSpec], seed: int, pinned: tuple | None) -> RolloutResult:
         assert self.engine is not None
         if pinned is not None:  # fixed: the weights newest at submission (the thread runs rollouts in order)
-            self.engine.policy.load_now(*pinned)
+            self.engine.load_now(*pinned)
         return self.engine.run(specs, seed)
 
     def _result(self, handle: Any) -> RolloutResult:
@@ -186,15 +186,16 @@ class RolloutStream:
         assert isinstance(self.rollouts, RayRollouts)
         return self.rollouts.collect(handle)
 
-    def sync(self, state: Callable[[], dict[str, torch.Tensor]], version: int) -> None:
-        """The policy of `version` (its weights from `state()`, read only where a client needs a copy)."""
+    def sync(self, state: Callable[[], dict[str, Any]], version: int) -> None:
+        """The policy of `version` (its weights from `state()`, read only where a client needs a copy; several
+        policies': by policy or adapter)."""
         if self.engine is not None:
             # a copy: the learner updates its tensors in place while the background engine may still load them
-            weights = {name: t.detach().clone() for name, t in state().items()}
+            weights = _copy(state())
             if self.schedule == VersionSchedule.fixed:
                 self.pinned = (weights, version)  # for the rollouts submitted from now on
             else:
-                self.engine.policy.offer(weights, version)  # loaded before the background engine's next call
+                self.engine.offer(weights, version)  # loaded before the background engine's next call
             self.rollouts.sync(None, version)
             return
         self.rollouts.sync(state() if self.needs_weights else None, version)
@@ -239,13 +240,24 @@ class RolloutStream:
         self.sources.clear()
 
 
-def background_engine(cfg: TrainConfig, state: dict[str, torch.Tensor], version: int) -> RolloutEngine:
+def background_engine(
+    cfg: TrainConfig, state: dict[str, Any], version: int, adapters: dict | None = None, models: dict | None = None
+) -> Replica:
     """An engine over its own copy of the policy (``llm``, loaded with `state` of `version`): in-process
-    rollouts ahead of the learner cannot share the model the learner is updating."""
-    client = make_client(dataclasses.replace(cfg.llm, dtype=DType.float32))
-    engine = RolloutEngine(client, cfg.rollout)
-    engine.policy.load_now(state, version)
-    return engine
+    rollouts ahead of the learner cannot share the model the learner is updating. Several policies: a copy of
+    each policy's model (``models``, rl/policies.py `worker_models`) or of the base with every policy's adapter
+    (``adapters``, `worker_adapters`), each agent's turns on its policy's (rollout/workers.py `Replica`)."""
+    float32 = lambda llm: dataclasses.replace(llm, dtype=DType.float32)  # noqa: E731  (as the learner's)
+    if models is not None:
+        models = {**models, "models": {name: float32(llm) for name, llm in models["models"].items()}}
+    replica = Replica(float32(cfg.llm), cfg.rollout, adapters, models)
+    replica.load_now(state, version)
+    return replica
+
+
+def _copy(state: dict[str, Any]) -> dict[str, Any]:
+    """The weights' tensors copied (detached); several policies' nested by policy or adapter."""
+    return {k: _copy(v) if isinstance(v, dict) else v.detach().clone() for k, v in state.items()}
 
 
 def behaviour_tensors(trajs: list[Trajectory], shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:

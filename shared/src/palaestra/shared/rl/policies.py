@@ -22,6 +22,16 @@ on the transformers backend as peft adapters on the worker's model, on vLLM with
 engine started for the adapters, `adapter_engine`; each agent's requests carry its adapter's ``LoRARequest``;
 llm/vllm_backend.py). The adapters travel through Ray's object store (megabytes), not over NCCL.
 
+Policies with a model each (separate weights, possibly each its own ``llm``): rollout workers hold one model
+per policy (`worker_models`, `serve_models`; the transformers backend, e.g. small models on CPU) and route each
+agent's turns to its policy's; the weight sync sends every policy's weights by policy (`Trainer.policy_state`),
+each loading into its own policy's model alone (rollout/workers.py `Replica`), through Ray's object store (NCCL
+and a ``workers.llm`` beside policies' own ``llm`` are refused). Rollouts ahead of the learner
+(``rollout.max_staleness`` > 0, rl/async_rollouts.py) work with several policies too: in-process, the background
+engine holds a copy of every policy's model (or of the base with every adapter); on Ray, the workers' replicas
+take each policy's weights of the pinned or offered version; each policy's client tags its tokens with its own
+weights' version.
+
 No section: one policy (named ``policy``) plays every agent, as self-play always did; its checkpoints and
 metrics keep their single-policy layout and names. A section with one policy trains exactly the same
 (the same weights and metrics bit for bit); its checkpoints take the per-policy layout.
@@ -44,6 +54,7 @@ from palaestra.shared.rl.config import LoraConfig, TrainConfig, check_learner_ll
 from palaestra.shared.rl.optim import make_optimizer
 from palaestra.shared.rl.policy import load_policy, peft_config, with_lora
 from palaestra.shared.rollout.trajectory import Trajectory
+from palaestra.shared.rollout.vllm_weight_sync import WeightSync
 
 DEFAULT = "policy"
 """The one policy's name when the config has no ``policies`` section."""
@@ -152,13 +163,18 @@ def build_policies(cfg: TrainConfig) -> list[Policy]:
     names = list(cfg.policies) or [DEFAULT]
     if cfg.policies and cfg.learner.world_size > 1:
         raise ConfigError("policies: a policies section needs learner.world_size 1 (the sharded learner holds one)")
-    if len(names) > 1 and cfg.rollout.max_staleness > 0:
-        raise ConfigError("policies: several policies need rollout.max_staleness 0 (the synchronous loop)")
     if len(names) > 1 and cfg.workers.num_workers > 0 and not shares_base(cfg):
-        raise ConfigError(
-            "policies: several models roll out in the learner's process (set workers.num_workers 0); rollout "
-            "workers serve several policies as LoRA adapters on one base (lora.enabled, one llm)"
-        )
+        own_llm = [name for name in names if cfg.policies[name].llm is not None]
+        if cfg.workers.llm is not None and own_llm:
+            raise ConfigError(
+                f"policies: workers.llm names one model for every rollout worker, but policies {', '.join(own_llm)} "
+                "have an llm of their own; leave workers.llm unset (each policy's model is then served as its llm)"
+            )
+        if cfg.workers.weight_sync != WeightSync.object_store:
+            raise ConfigError(
+                "policies: rollout workers get several models' weights through Ray's object store only "
+                f"(set workers.weight_sync object_store, not {cfg.workers.weight_sync})"
+            )
     backend = (cfg.workers.llm or cfg.llm).backend
     if len(names) > 1 and cfg.workers.num_workers > 0 and shares_base(cfg):
         if backend not in ADAPTER_BACKENDS:
@@ -171,6 +187,11 @@ def build_policies(cfg: TrainConfig) -> list[Policy]:
                 "policies: LoRA adapters reach the rollout workers through Ray's object store (megabytes), not over "
                 f"NCCL; set workers.weight_sync object_store (got {cfg.workers.weight_sync})"
             )
+    elif len(names) > 1 and cfg.workers.num_workers > 0 and backend != "transformers":
+        raise ConfigError(
+            "policies: rollout workers serve several policies' own models on the transformers backend only "
+            f"(the workers' llm.backend is {backend}); LoRA adapters on one base are served on vLLM too"
+        )
     if shares_base(cfg):
         return _adapters_on_one_base(cfg)
     out = []
@@ -262,6 +283,50 @@ def serve_adapters(client: LLMClient, spec: dict[str, Any]) -> tuple[Any, Callab
         return clients[name]
 
     return clients[names[0]], route
+
+
+def worker_models(policies: Sequence[Policy], llm: LLMConfig | None = None) -> dict[str, Any] | None:
+    """What a rollout worker needs to serve several policies that each have a model of their own (`serve_models`):
+    each policy's model (`llm`, the workers' own, else the policy's llm) and which agent each plays (plain data:
+    it travels to Ray actors). None with one policy, or with adapters on one base (`worker_adapters`)."""
+    if len(policies) < 2 or policies[0].adapter is not None:
+        return None
+    return {"models": {p.name: llm or p.cfg.llm for p in policies}, **routing(policies)}
+
+
+def routing(policies: Sequence[Policy]) -> dict[str, Any]:
+    """Which policy plays each agent, by key (its adapter on one base, else its name), and the catch-all's key."""
+    return {
+        "agents": {agent: p.adapter or p.name for p in policies for agent in p.agents},
+        "default": next((p.adapter or p.name for p in policies if not p.agents), None),
+    }
+
+
+def serve_models(spec: dict[str, Any]) -> tuple[LLMClient, Callable[[str], LLMClient]]:
+    """On a rollout worker: one client per policy of `spec` (`worker_models`), each with its own model; the first
+    policy's client and the route of each agent to its policy's."""
+    clients = {name: make_client(llm) for name, llm in spec["models"].items()}
+    agents, default = spec["agents"], spec["default"]
+
+    def route(agent: str) -> LLMClient:
+        name = agents.get(agent, default)
+        if name is None:
+            raise ConfigError(f"agent {agent!r} has no policy (policies' agents: {agents}); add it to one policy")
+        return clients[name]
+
+    return next(iter(clients.values())), route
+
+
+def policy_agents(spec: dict[str, Any]) -> dict[str, str]:
+    """An agent each policy of `spec` (`routing`) plays, by key; the catch-all's is a name no policy lists. An
+    engine asked for these agents' clients up front registers every policy's client (it would otherwise meet
+    one at its agent's first turn), so each takes the weights and their version from the first sync."""
+    out: dict[str, str] = {}
+    for agent, key in spec["agents"].items():
+        out.setdefault(key, agent)
+    if spec["default"] is not None:
+        out[spec["default"]] = max(spec["agents"], key=len, default="") + "*"  # longer than every named agent
+    return out
 
 
 def policy_of(policies: Sequence[Policy], agent: str) -> Policy:

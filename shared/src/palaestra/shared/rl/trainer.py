@@ -131,9 +131,12 @@ from palaestra.shared.rl.policies import (
     adapter_states,
     agent_clients,
     build_policies,
+    policy_agents,
+    routing,
     split_by_policy,
     warm_start_from,
     worker_adapters,
+    worker_models,
 )
 from palaestra.shared.rl.policy import check_learner, policy_state, think_token_ids
 from palaestra.shared.rl.sft import run_sft
@@ -304,13 +307,17 @@ class Trainer:
                 concurrent=k > 0 and not fixed,
                 pin_versions=fixed,
                 adapters=worker_adapters(self.policies),  # LoRA policies on one base: the workers' adapters
+                models=worker_models(self.policies, w.llm),  # policies with a model each: one per policy
             )
             self.rollouts.sync(self.policy_state(), self.step)
         else:
-            self.rollouts = LocalRollouts(self.client, cfg.rollout, agent_clients(self.policies))
+            agents = list(policy_agents(routing(self.policies)).values()) if len(self.policies) > 1 else []
+            self.rollouts = LocalRollouts(self.client, cfg.rollout, agent_clients(self.policies), agents)
             self.rollouts.sync(None, self.step)
         seed = lambda step: cfg.seed * 100_003 + step  # noqa: E731
-        engine = lambda: background_engine(cfg, self.policy_state(), self.step)  # noqa: E731
+        # in-process rollouts ahead: their own copy of every policy (rl/async_rollouts.py)
+        copies = (worker_adapters(self.policies), worker_models(self.policies))
+        engine = lambda: background_engine(cfg, self.policy_state(), self.step, *copies)  # noqa: E731
         ahead = (cfg.rollout.version_schedule, cfg.rollout.max_inflight)
         self.stream = RolloutStream(self.rollouts, k, self.draw_tasks, seed, engine, steps, *ahead)
         if self.resumed:  # the rollouts in flight at the checkpoint
@@ -503,9 +510,12 @@ class Trainer:
 
     def policy_state(self) -> dict[str, Any]:
         """The policy's weights under the plain model's names (LoRA merged in) for the rollout workers; LoRA
-        policies on one base: every adapter's tensors alone, by adapter (rl/policies.py `adapter_states`)."""
+        policies on one base: every adapter's tensors alone, by adapter (rl/policies.py `adapter_states`);
+        several policies each with its model: each one's weights (as one policy's), by policy."""
         if self.policies[0].adapter is not None:
             return adapter_states(self.policies)
+        if len(self.policies) > 1:
+            return {p.name: policy_state(p.model, p.cfg.lora.enabled) for p in self.policies}
         return policy_state(self.model, self.cfg.lora.enabled)
 
     def _checkpoint_extra(self) -> Callable[[Path], None]:

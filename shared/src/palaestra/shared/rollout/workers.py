@@ -28,9 +28,12 @@ loading each one's weights when they differ from the ones it holds), also when
 its shard runs again on a replacement.
 ``submit`` starts a rollout and ``collect`` waits for it (``run`` is both).
 
-Several LoRA policies on one base model (rl/policies.py): each worker's model gets one adapter per policy
-(``adapters``: their settings and which agent each plays), each agent's turns are sampled with its own, and
-a sync carries the adapters' tensors alone, by adapter.
+Several policies (rl/policies.py): each worker holds a `Replica` serving them all, either LoRA adapters on
+one base model (``adapters``, `worker_adapters`: one adapter per policy) or one model per policy (``models``,
+`worker_models`: separate weights, each policy's own ``llm``); each agent's turns are sampled by its policy's
+client, and a sync carries each policy's weights by key (adapter or policy name: the adapters' tensors alone,
+or each model's state dict), each part loading into its own policy's client alone, with the version it names
+(pinned, offered or loaded now, as above). NCCL weight sync is for one model's weights only.
 """
 
 from __future__ import annotations
@@ -42,15 +45,25 @@ from palaestra.shared.config import ClusterConfig
 from palaestra.shared.extras import MissingExtraError
 from palaestra.shared.llm.base import LLMClient, LLMConfig, LLMError, make_client
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine, RolloutResult
+from palaestra.shared.rollout.policy_version import PolicyVersion
 from palaestra.shared.rollout.vllm_weight_sync import NcclWeightSync, WeightSync
 
 
 class LocalRollouts:
     """Rollouts in this process, on the learner's own client."""
 
-    def __init__(self, client: LLMClient, cfg: RolloutConfig, route: Callable[[str], LLMClient] | None = None):
-        # route: each agent's client when several policies play (rl/policies.py); they too share their models
+    def __init__(
+        self,
+        client: LLMClient,
+        cfg: RolloutConfig,
+        route: Callable[[str], LLMClient] | None = None,
+        agents: Sequence[str] = (),
+    ):
+        # route: each agent's client when several policies play (rl/policies.py); they too share their models.
+        # agents: one of each policy's (`policy_agents`), whose clients then take every sync's version
         self.engine = RolloutEngine(client, cfg, route)
+        for agent in agents:
+            self.engine.sampler(agent)
 
     def run(self, specs: Sequence[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None) -> RolloutResult:
         return self.engine.run(specs, seed, cfg)
@@ -65,36 +78,85 @@ class LocalRollouts:
         pass
 
 
-class RolloutWorker:
-    """A Ray actor: one model replica and an engine (wrapped with ``ray.remote`` by `RayRollouts`)."""
+class Replica:
+    """A model replica's engine and where weights load into it (a Ray worker's, or rl/async_rollouts.py's
+    background engine). One policy: the engine's client takes the whole state dict. Several policies
+    (rl/policies.py), ``adapters`` (`worker_adapters`: LoRA adapters on one base) or ``models``
+    (`worker_models`: a model each): a client per policy, each agent's turns on its policy's client; a state
+    holds each policy's part by key (adapter or policy name), and each part loads into its own policy's client
+    alone, which tags its tokens with its own version (no version runs ahead of the weights it names)."""
 
-    def __init__(self, llm: LLMConfig, cfg: RolloutConfig, torch_threads: int = 1, adapters: dict | None = None):
+    def __init__(self, llm: LLMConfig, cfg: RolloutConfig, adapters: dict | None = None, models: dict | None = None):
+        from palaestra.shared.rl.policies import adapter_engine, policy_agents, serve_adapters, serve_models
+
+        self.parts: dict[str, PolicyVersion] = {}  # several policies: each key's client's version
+        self.nested = adapters is not None  # an adapter client takes {adapter: tensors}, a model its state dict
+        if models is not None:
+            first, route = serve_models(models)
+            self.client = first
+        else:
+            self.client = make_client(llm) if adapters is None else adapter_engine(llm, adapters)  # vLLM: LoRA on
+            if adapters is None:
+                self.engine = RolloutEngine(self.client, cfg)
+                self.policy = self.engine.policy
+                return
+            first, route = serve_adapters(self.client, adapters)  # type: ignore[assignment]
+        self.engine = RolloutEngine(first, cfg, route)  # type: ignore[arg-type]
+        self.policy = self.engine.policy
+        for key, agent in policy_agents(models or adapters or {}).items():  # every client registered now
+            self.parts[key] = self.engine.sampler(agent).policy
+
+    def run(self, specs: Sequence[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None) -> RolloutResult:
+        return self.engine.run(specs, seed, cfg)
+
+    def _parts(self, state: dict | None) -> list[tuple[PolicyVersion, dict | None]]:
+        """Each client's version holder and its part of `state` (one policy: the engine's, all of it)."""
+        if not self.parts:
+            return [(self.policy, state)]
+        part = lambda key: None if state is None else {key: state[key]} if self.nested else state[key]  # noqa: E731
+        return [(policy, part(key)) for key, policy in self.parts.items()]
+
+    def load_now(self, state: dict | None, version: int) -> None:
+        """Load `state` (None: only the version moves) at once and take its version."""
+        for policy, part in self._parts(state):
+            policy.load_now(part, version)
+
+    def offer(self, state: dict | None, version: int) -> None:
+        """`state` for each client's next generate call (rollout/policy_version.py)."""
+        for policy, part in self._parts(state):
+            policy.offer(part, version)
+
+    def load(self, state: dict) -> None:
+        """Load `state` now, keeping the version."""
+        for policy, part in self._parts(state):
+            policy.client.load_weights(part)
+
+
+class RolloutWorker:
+    """A Ray actor: one model replica and an engine (wrapped with ``ray.remote`` by `RayRollouts`); several
+    policies: a `Replica` serving each (``adapters`` or ``models``)."""
+
+    def __init__(
+        self,
+        llm: LLMConfig,
+        cfg: RolloutConfig,
+        torch_threads: int = 1,
+        adapters: dict | None = None,
+        models: dict | None = None,
+    ):
         import torch
 
         torch.set_num_threads(torch_threads)
         self.startup_error: Exception | None = None
         self.pinned_version: int | None = None  # the version of the last pinned rollout's weights, while held
         try:
-            if adapters is None:
-                self.client = make_client(llm)
-            else:  # LoRA policies on one base: a vLLM engine starts with LoRA on for them
-                from palaestra.shared.rl.policies import adapter_engine
-
-                self.client = adapter_engine(llm, adapters)
+            self.replica = Replica(llm, cfg, adapters, models)
         except (LLMError, MissingExtraError, FileNotFoundError) as err:
             # the user's to fix (a missing backend or model): `pid` raises it in the driver, where the CLI prints
             # it in one line; raised here, Ray would also print the worker's traceback
             self.startup_error = err
             return
-        if adapters is None:
-            self.engine = RolloutEngine(self.client, cfg)
-            return
-        # LoRA policies on one base (rl/policies.py): one adapter per policy, each agent's turns on its own; the
-        # weight sync brings the adapters' tensors alone
-        from palaestra.shared.rl.policies import serve_adapters
-
-        first, route = serve_adapters(self.client, adapters)
-        self.engine = RolloutEngine(first, cfg, route)  # type: ignore[arg-type]
+        self.client, self.engine = self.replica.client, self.replica.engine
 
     def run(
         self, specs: list[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None, pinned: tuple | None = None
@@ -103,7 +165,7 @@ class RolloutWorker:
         if pinned is not None and pinned[0] != self.pinned_version:
             import ray
 
-            self.engine.policy.load_now(ray.get(pinned[1][0]), pinned[0])
+            self.replica.load_now(ray.get(pinned[1][0]), pinned[0])
             self.pinned_version = pinned[0]
         return self.engine.run(specs, seed, cfg)
 
@@ -111,14 +173,14 @@ class RolloutWorker:
         """Load the weights now (None: they came another way, e.g. NCCL) and take their version."""
         if version is None:
             assert state_dict is not None, "weights without a version must be given"
-            self.client.load_weights(state_dict)
+            self.replica.load(state_dict)
         else:
-            self.engine.policy.load_now(state_dict, version)
+            self.replica.load_now(state_dict, version)
         return True
 
     def offer_weights(self, state_dict: dict | None, version: int) -> bool:
         """Weights for the next generate call, also of a rollout running now (a concurrent actor)."""
-        self.engine.policy.offer(state_dict, version)
+        self.replica.offer(state_dict, version)
         self.pinned_version = None  # the weights held are no longer a pinned rollout's
         return True
 
@@ -151,6 +213,7 @@ class RayRollouts:
         concurrent: bool = False,
         pin_versions: bool = False,
         adapters: dict | None = None,
+        models: dict | None = None,
     ):
         from palaestra.shared import cluster as ray_cluster
 
@@ -162,8 +225,11 @@ class RayRollouts:
         self.concurrent = concurrent
         if pin_versions and (concurrent or weight_sync == WeightSync.nccl):
             raise ValueError("pinned versions need sequential workers and weights through the object store")
+        if models is not None and weight_sync == WeightSync.nccl:
+            raise ValueError("several policies' models get their weights through the object store, not NCCL")
         self.pin_versions = pin_versions
         self.adapters = adapters  # LoRA policies on one base (rl/policies.py `worker_adapters`)
+        self.models = models  # policies with a model each (rl/policies.py `worker_models`)
         self.version: int | None = None
         self.max_restarts = max_restarts_per_step
         self.weights_ref: Any = None
@@ -197,7 +263,7 @@ class RayRollouts:
                 )
 
     def _start(self):
-        worker = self.actor_cls.remote(self.llm, self.cfg, 1, self.adapters)
+        worker = self.actor_cls.remote(self.llm, self.cfg, 1, self.adapters, self.models)
         # pinned: each rollout brings its weights (the current ones would be newer than a rerun shard's)
         if self.weights_ref is not None and not self.pin_versions:
             self.ray.get(worker.load_weights.remote(self.weights_ref, self.version))
@@ -289,7 +355,7 @@ class RayRollouts:
 
 
 def _on_cpu(state: dict) -> dict:
-    """The weights' tensors on the CPU (detached); nested by adapter for LoRA policies on one base."""
+    """The weights' tensors on the CPU (detached); several policies' nested by adapter or policy."""
     return {k: _on_cpu(v) if isinstance(v, dict) else v.detach().cpu() for k, v in state.items()}
 
 
