@@ -219,7 +219,11 @@ class VLLMClient(LLMClient):
             lora_id = known.lora_int_id if known is not None else len(self.adapters) + 1
             request = LoRARequest(adapter, lora_id, str(directory))
             # load_inplace: read the directory again under the same id (without it vLLM keeps the adapter it holds)
-            self.llm.llm_engine.add_lora(LoRARequest(adapter, lora_id, str(directory), load_inplace=True))
+            try:
+                self.llm.llm_engine.add_lora(LoRARequest(adapter, lora_id, str(directory), load_inplace=True))
+            except Exception as err:  # vLLM's worker error, e.g. a target module it cannot serve on this model
+                targets = self.lora["target_modules"]
+                raise LLMError(f"vLLM could not load LoRA adapter {adapter} (target_modules {targets}): {err}") from err
             self.adapters[adapter] = request
         self.llm.reset_prefix_cache()  # cached KV blocks of an adapter were computed with its old weights
 

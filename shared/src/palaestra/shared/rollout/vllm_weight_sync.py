@@ -10,7 +10,9 @@ and its layerwise reload included (shared/tests/test_vllm_weight_sync.py, on vLL
 themselves need GPUs: ``tools/gpu_check_vllm_sync.py`` is the check to run where two GPUs and vLLM are.
 
 The default, ``object_store``, stays what rollout/workers.py does on CPU and with transformers
-workers: the state dict goes into Ray's object store once and every worker loads it.
+workers: the state dict goes into Ray's object store once and every worker loads it. LoRA policies on one
+base (rl/policies.py) always sync that way, the adapters' tensors alone (megabytes), which each vLLM engine
+reloads as LoRA adapters (llm/vllm_backend.py `VLLMClient.load_adapters`); ``nccl`` is refused for them.
 
 One sync with ``nccl`` (vLLM's NCCL backend, the pattern of vLLM's RLHF examples, OpenRLHF and verl):
 
