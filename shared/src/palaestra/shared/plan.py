@@ -41,6 +41,9 @@ sharded parts divided by N under ``fsdp``, whole under ``ddp``):
 Several policies (``policies``, rl/policies.py) share the learner's process and update one at a time: every
 policy's weights, gradients, AdamW moments and reference are held together, the transient parts (activations,
 logits, masks) of the largest once (`policies_memory`); LoRA adapters on one base model count the base once.
+A policy with ``learner.world_size`` > 1 (the run's or its own) has a sharded learner of its own: its ranks
+on devices of their own (the learner device's figure is the largest policy's rank), its GPUs counted apart,
+and its float32 copy (two while the references are made) on the trainer's device.
 
 With ``learner.world_size`` > 1 and ``llm.device`` on a GPU, the trainer's process keeps a
 float32 copy of the weights there (rollouts in process, evaluation, checkpoints): one more GPU.
@@ -245,31 +248,81 @@ HELD = ("weights", "gradients", "optimizer", "reference")
 """What a policy holds for the whole run; its other parts live only while it scores or updates."""
 
 
-def policies_memory(cfg, first: dict[str, float], on_gpu: bool, compute: int, master: int) -> tuple[float, list[str]]:
-    """Several policies (``policies``, rl/policies.py) in the learner's process, one updating at a time: the
-    bytes beyond the first policy's `first` parts (every other policy's own weights, gradients, AdamW moments
-    and reference, and the transient parts of the largest) and a line per policy. LoRA adapters on one base
-    model: the base once (the parts above count every weight's gradient and moments, more than adapters'
-    need)."""
+@dataclass
+class PoliciesPlan:
+    """What several policies change in the plan of the run's learner (`policies_memory`)."""
+
+    extra: float = 0.0
+    """Bytes on the plan's learner device beyond the run's learner's parts."""
+    lines: list[str] = field(default_factory=list)
+    learner_gpus: int | None = None
+    """The learners' GPUs (None: the run's learner's count)."""
+    driver_bytes: float | None = None
+    """Bytes on the trainer's GPU beside the sharded learners' ranks, its reserve left out (None: the run's)."""
+    fits: bool = True
+    """Whether the devices counted apart (sharded policies' ranks beside an in-process learner) fit."""
+
+
+def policies_memory(
+    cfg, first: dict[str, float], on_gpu: bool, compute: int, master: int, gpu_gb: float
+) -> PoliciesPlan:
+    """Several policies (``policies``, rl/policies.py): in the learner's process (world size 1) they update one at
+    a time: every other policy's own weights, gradients, AdamW moments and reference, and the transient parts of
+    the largest, beyond the run's learner's `first` parts. LoRA adapters on one base model: the base once (the
+    parts above count every weight's gradient and moments, more than adapters' need). A policy with world size
+    > 1 has its own ranks (`learner_total` per rank) and its float32 copy on the trainer's device (two while the
+    reference is made: `trainer_weight_copies`)."""
     if len(cfg.policies) < 2:
-        return 0.0, []
+        return PoliciesPlan()
     from palaestra.shared.rl.policies import policy_config, shares_base  # torch only for such configs
 
     if shares_base(cfg):
-        return 0.0, [f"  policies: {len(cfg.policies)} LoRA adapters on one base model (counted above)"]
+        return PoliciesPlan(lines=[f"  policies: {len(cfg.policies)} LoRA adapters on one base model (counted above)"])
     held = lambda parts: sum(parts[k] for k in HELD)  # noqa: E731
     transient = lambda parts: learner_total(parts) - held(parts) - parts["reserve"]  # noqa: E731
     own = {name: policy_config(cfg, name) for name in cfg.policies}
-    parts = {
-        n: learner_memory(model_arch(c.llm.model)[0], learner_shape(c, compute, master), on_gpu) for n, c in own.items()
-    }
-    extra = sum(held(p) for p in parts.values()) - held(first)  # `first`: the run's llm, the plan's lines above
-    extra += max(transient(p) for p in parts.values()) - transient(first)
-    lines = [
-        f"    {n} ({c.llm.model}): weights, gradients, optimizer, reference {held(parts[n]) / GB:8.2f}"
-        for n, c in own.items()
-    ]
-    return extra, [f"  policies: {len(own)}, each its own model, one updating at a time:", *lines]
+    sharded = {n for n, c in own.items() if c.learner.world_size > 1}
+    device = lambda c: c.learner.num_gpus > 0 if c.learner.world_size > 1 else c.llm.device != "cpu"  # noqa: E731
+    parts = {}
+    for n, c in own.items():
+        parts[n] = learner_memory(model_arch(c.llm.model)[0], learner_shape(c, compute, master), device(c))
+    in_process = [parts[n] for n in own if n not in sharded]
+    together = sum(held(p) for p in in_process) + max(map(transient, in_process), default=0.0)
+    copies = sum(  # the sharded policies' float32 copies in the trainer's process
+        trainer_weight_copies(learner_shape(own[n], compute, master).reference_model)
+        * 4
+        * model_arch(own[n].llm.model)[0].params()
+        for n in sharded
+    )
+    if not sharded:
+        how = "one updating at a time"
+    elif len(sharded) == len(own):
+        how = "on ranks of its own (the total: the largest policy's rank)"
+    else:
+        how = "those in the learner's process updating one at a time, the others on ranks of their own"
+    lines = [f"  policies: {len(own)}, each its own model, {how}:"]
+    out = PoliciesPlan(lines=lines)
+    for n, c in own.items():
+        if n in sharded:
+            rank = learner_total(parts[n])
+            ok = rank <= gpu_gb * GB
+            out.fits = out.fits and ok
+            where = f"{c.learner.world_size} ranks x {c.learner.num_gpus:g} GPU, {c.learner.strategy}, per rank"
+            lines.append(f"    {n} ({c.llm.model}): {where} {rank / GB:8.2f}  {'fits' if ok else 'DOES NOT FIT'}")
+        else:
+            lines.append(
+                f"    {n} ({c.llm.model}): weights, gradients, optimizer, reference {held(parts[n]) / GB:8.2f}"
+            )
+    ranks = sum(math.ceil(own[n].learner.world_size * own[n].learner.num_gpus) for n in sharded)
+    if cfg.learner.world_size > 1:  # the plan's device: a rank (the largest policy's); the rest on the trainer's
+        out.extra = max(learner_total(parts[n]) for n in sharded) - learner_total(first) if sharded else 0.0
+        out.driver_bytes = copies + together
+        out.learner_gpus = ranks
+    else:  # the plan's device: the trainer's learner, with the sharded policies' copies beside it
+        reserve = first["reserve"] if in_process else 0.0
+        out.extra = together + reserve + copies - learner_total(first)
+        out.learner_gpus = (1 if on_gpu else 0) + ranks
+    return out
 
 
 def trainer_weight_copies(reference_model: bool) -> int:
@@ -348,8 +401,8 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str,
     shape = learner_shape(cfg, compute, master)
     tokens = shape.micro_batch_tokens
     parts = learner_memory(arch, shape, on_gpu)
-    extra, policy_lines = policies_memory(cfg, parts, on_gpu, compute, master)
-    total = learner_total(parts) + extra
+    several = policies_memory(cfg, parts, on_gpu, compute, master, gpu_gb)
+    total = learner_total(parts) + several.extra
     g = lambda b: f"{b / GB:8.2f}"  # noqa: E731
     if world == 1:
         layout = "1 process (the trainer's own), whole model"
@@ -374,13 +427,24 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str,
         f"  attention mask           {g(parts['attention_mask'])}",
         f"  logits                   {g(parts['logits'])}",
         f"  runtime reserve          {g(parts['reserve'])}",
-        *policy_lines,
+        *several.lines,
         f"  total                    {g(total)}  {'fits' if total <= gpu_gb * GB else 'DOES NOT FIT'}",
     ]
-    fits = total <= gpu_gb * GB
+    fits = total <= gpu_gb * GB and several.fits
     learner_gpus = math.ceil(world * learner.num_gpus) if world > 1 else (1 if on_gpu else 0)
+    if several.learner_gpus is not None:
+        learner_gpus = several.learner_gpus
     driver_gpus = 1 if world > 1 and cfg.llm.device != "cpu" else 0
-    if driver_gpus:  # the trainer's own copy of the weights (rollouts, evaluation, checkpoints)
+    if driver_gpus and several.driver_bytes is not None:  # every policy's copy (and in-process learners)
+        driver = several.driver_bytes + RUNTIME_RESERVE_GB * GB
+        ok = driver <= gpu_gb * GB
+        lines.append(
+            f"trainer process GPU ({cfg.llm.device}): the policies' float32 copies (with a reference: two each "
+            f"while they start) and in-process learners {several.driver_bytes / GB:.2f} "
+            f"+ reserve {RUNTIME_RESERVE_GB:g} = {driver / GB:.2f} GB  {'fits' if ok else 'DOES NOT FIT'}"
+        )
+        fits = fits and ok
+    elif driver_gpus:  # the trainer's own copy of the weights (rollouts, evaluation, checkpoints)
         copies = trainer_weight_copies(shape.reference_model)
         driver = copies * 4 * arch.params() + RUNTIME_RESERVE_GB * GB
         ok = driver <= gpu_gb * GB

@@ -10,7 +10,7 @@ With a ``policies`` section (rl/policies.py) each policy has its subdirectory::
 
     step_000010/            trainer_state.pt (step, RNG states) + manifest.json
       <name>/               the policy's model (an HF directory with its tokenizer; LoRA: its adapter)
-                            + optimizer.pt
+                            + optimizer.pt (+ sharded/: its own sharded learner's files)
     policies/<name>/reference/   its frozen reference (when KL is on)
 
 A checkpoint is written to a temporary directory and renamed, so a crash never
@@ -67,10 +67,16 @@ def save(root: Path, step: int, model, tokenizer, optimizer, extra: Callable[[Pa
     return final
 
 
-def save_policies(root: Path, step: int, policies: dict[str, tuple[Any, Any, Any, str | None]]) -> Path:
+def save_policies(
+    root: Path,
+    step: int,
+    policies: dict[str, tuple[Any, Any, Any, str | None]],
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
     """Write step `step` of several policies under `root`: ``{name: (model, tokenizer, optimizer, adapter)}``,
     each in its subdirectory (`adapter`: the policy's LoRA adapter on a base model holding several, saved
-    alone); the step and RNG states once, in ``trainer_state.pt``."""
+    alone); the step and RNG states once, in ``trainer_state.pt``; `extra(dir)` adds more before the rename
+    (each sharded learner's state, in its policy's subdirectory)."""
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -84,6 +90,8 @@ def save_policies(root: Path, step: int, policies: dict[str, tuple[Any, Any, Any
         torch.save({"optimizer": optimizer.state_dict()}, tmp / name / "optimizer.pt")
     torch.save({"step": step, "rng": rng_state(), "policies": list(policies)}, tmp / "trainer_state.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "policies": list(policies)}))
+    if extra is not None:
+        extra(tmp)
     write_manifest(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

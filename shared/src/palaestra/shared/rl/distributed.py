@@ -7,6 +7,16 @@ face of rl/learner.py's `Learner`, as `LocalLearner` in process), on N
 ROLL place theirs (DESIGN.md §6). ``learner.world_size`` 1 never comes here:
 the model then lives in the trainer's own process.
 
+Several policies (rl/policies.py): each policy with ``learner.world_size`` > 1
+has a `DistributedLearner` of its own, built from its config (its optimizer and
+learner settings): its placement group, its ranks (separate actor processes, so
+each group is its ranks' default process group and no two share one), its
+reference and its checkpoint shards (under its policy's subdirectory). The
+trainer starts them one after another, so each group's rank 0 already listens
+on its rendezvous port when the next group's rank 0 picks a free one. The
+cluster must hold every policy's ranks at once (policies x world size x
+``learner.num_cpus`` / ``num_gpus``).
+
 - Process group: gloo on CPU, NCCL on GPU (``learner.num_gpus`` > 0; Ray gives
   each rank its own GPU, ``cuda:0`` inside the actor). Rank 0 publishes its
   address and a free port; every rank joins with ``init_method=tcp://``.
@@ -61,9 +71,11 @@ from palaestra.shared.rl.update import StepData
 
 class DistributedLearner:
     """The driver's handle on the N learner ranks (the `learner.Learner` face); every call runs on all ranks
-    and returns rank 0's answer. ``cfg`` (the run's `TrainConfig`) travels with each call: what the ranks
-    compute is what it says at that call. ``mirror``: a model in the driver's process that every `update`
-    refreshes with the ranks' new weights (the trainer's copy, which the rollouts and checkpoints read)."""
+    and returns rank 0's answer. ``cfg`` (the run's `TrainConfig`; with a ``policies`` section its policy's,
+    `policy_config`) travels with each call: what the ranks compute is what it says at that call. ``mirror``:
+    a model in the driver's process that every `update` refreshes with the ranks' new weights (the trainer's
+    copy, which the rollouts and checkpoints read). ``name``: whose ranks these are, for messages (a policy's,
+    with several)."""
 
     def __init__(
         self,
@@ -74,6 +86,7 @@ class DistributedLearner:
         reference_dir: str | None = None,
         mirror: torch.nn.Module | None = None,
         placement_timeout_s: float = 120.0,
+        name: str = "the learner",
     ):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -97,9 +110,10 @@ class DistributedLearner:
 
             remove_placement_group(self.group)
             raise RuntimeError(
-                f"the learner's {self.world_size} ranks x {bundle} could not be placed within "
+                f"{name}'s {self.world_size} ranks x {bundle} could not be placed within "
                 f"{placement_timeout_s:g} s; the cluster has {self.ray.cluster_resources()} in all "
-                "(rollout workers hold theirs too): raise cluster.num_cpus / num_gpus or lower learner.num_cpus"
+                "(rollout workers and other policies' learners hold theirs too): raise cluster.num_cpus / num_gpus "
+                "or lower learner.num_cpus"
             ) from None
         actor = self.ray.remote(num_cpus=learner.num_cpus, num_gpus=learner.num_gpus)(LearnerRank)
         threads = max(1, int(learner.num_cpus))

@@ -32,6 +32,10 @@ engine holds a copy of every policy's model (or of the base with every adapter);
 take each policy's weights of the pinned or offered version; each policy's client tags its tokens with its own
 weights' version.
 
+Sharded learners (``learner.world_size`` > 1, the run's or a policy's own): each such policy has a sharded
+learner of its own (rl/distributed.py: its ranks and process group, its optimizer and learner settings, its
+reference, its shards under its checkpoint subdirectory); LoRA stays on world size 1.
+
 No section: one policy (named ``policy``) plays every agent, as self-play always did; its checkpoints and
 metrics keep their single-policy layout and names. A section with one policy trains exactly the same
 (the same weights and metrics bit for bit); its checkpoints take the per-policy layout.
@@ -161,8 +165,11 @@ def shares_base(cfg: TrainConfig) -> bool:
 def build_policies(cfg: TrainConfig) -> list[Policy]:
     """Every policy of the run with its model and optimizer built (in the section's order; no section: one)."""
     names = list(cfg.policies) or [DEFAULT]
-    if cfg.policies and cfg.learner.world_size > 1:
-        raise ConfigError("policies: a policies section needs learner.world_size 1 (the sharded learner holds one)")
+    for name in names:  # each policy may have a sharded learner of its own (rl/trainer.py `start_learner`)
+        pcfg = policy_config(cfg, name) if cfg.policies else cfg
+        if pcfg.learner.world_size > 1 and pcfg.lora.enabled:
+            where = f"policy {name}: " if cfg.policies else ""
+            raise ConfigError(f"{where}learner.world_size > 1 does not support LoRA (lora.enabled); use world_size 1")
     if len(names) > 1 and cfg.workers.num_workers > 0 and not shares_base(cfg):
         own_llm = [name for name in names if cfg.policies[name].llm is not None]
         if cfg.workers.llm is not None and own_llm:
@@ -197,8 +204,6 @@ def build_policies(cfg: TrainConfig) -> list[Policy]:
     out = []
     for name in names:
         pcfg = policy_config(cfg, name) if cfg.policies else cfg
-        if pcfg.learner.world_size > 1 and pcfg.lora.enabled:
-            raise ConfigError("learner.world_size > 1 does not support LoRA (lora.enabled); use world_size 1")
         client, model, compute_dtype = load_policy(pcfg)  # float32 master weights
         optimizer = make_optimizer((p for p in model.parameters() if p.requires_grad), pcfg.optim)
         agents = tuple(cfg.policies[name].agents) if cfg.policies else ()

@@ -98,7 +98,9 @@ rollout/trajectories, rollout/response_tokens_mean.
 Several policies (``policies:``, rl/policies.py): each agent's turns are sampled by its policy's model,
 and steps 2-5 run per policy on its own agents' trajectories (its advantages, update, schedule), its
 metrics under ``policy/<name>/...``; every policy is saved and resumed (its checkpoint subdirectory).
-Without the section one policy plays every agent, exactly as before.
+Each has its own learner: with ``learner.world_size`` > 1 (the run's or its own) a sharded learner of its
+own, whose ranks, reference and shards are its alone. Without the section one policy plays every agent,
+exactly as before.
 
 Small models on CPU: the RL learning rate wants to be far below the SFT one
 (Adam moves every weight by about lr per step); see experiments/shared/toy_rl.yaml.
@@ -253,38 +255,44 @@ class Trainer:
             if not self.cfg.loss.kl_coef or p.cfg.lora.enabled or p.ref_model is not None:
                 continue
             p.ref_model = copy.deepcopy(p.model).eval().requires_grad_(False)
-            root = self.ckpt_dir / "policies" / p.name if self.several else self.ckpt_dir  # its reference/
+            root = self.reference_root(p)
             if self.resumed:
                 checkpoint.load_reference(root, p.ref_model)
             else:
                 checkpoint.save_reference(root, p.ref_model)
 
     def start_learner(self) -> None:
-        """The learner (rl/learner.py): `LocalLearner` on this process's model, or with ``learner.world_size``
-        > 1 the ranks, started from this model's weights (after the warm start or resume) and, on resume,
-        restored from their sharded weights and optimizer state. This process keeps its model as the copy
-        the rollouts and checkpoints read, refreshed after every update."""
-        if self.learner is not None:
-            return
-        cfg = self.cfg
-        if cfg.learner.world_size <= 1:
-            for p in self.policies:  # each policy its learner, with its own optimizer and learner settings
+        """Each policy's learner (rl/learner.py) with its own optimizer and learner settings (``p.cfg``):
+        `LocalLearner` on this process's model, or with its ``learner.world_size`` > 1 a sharded learner of its
+        own (its ranks, process group and reference; rl/distributed.py), started from this model's weights
+        (after the warm start or resume) and, on resume, restored from its sharded weights and optimizer state
+        (in its policy's subdirectory with a ``policies`` section). This process keeps each model as the copy the
+        rollouts and checkpoints read, refreshed after every update. The policies' ranks start one group after
+        another: a group's rank 0 holds its rendezvous port before the next group's rank 0 picks one."""
+        latest = checkpoint.latest(self.ckpt_dir) if self.resumed else None
+        for p in self.policies:
+            if p.learner is not None:
+                continue
+            if p.cfg.learner.world_size <= 1:
                 p.learner = LocalLearner(p.cfg, p.model, p.optimizer, p.compute_dtype, p.ref_model, p.adapter)
-            return
-        from palaestra.shared.rl.distributed import DistributedLearner
+                continue
+            from palaestra.shared.rl.distributed import DistributedLearner
 
-        policy = self.policies[0]  # the sharded learner: one policy (rl/policies.py `build_policies`)
-        policy.learner = DistributedLearner(
-            cfg,
-            initial_state=self.model.state_dict(),
-            reference=self.ref_model is not None,
-            reference_dir=str(self.ckpt_dir / "reference") if self.ref_model is not None else None,
-            mirror=self.model,
-        )
-        latest = checkpoint.latest(self.ckpt_dir)
-        if self.resumed and latest is not None:
-            policy.learner.load(latest)
-        policy.ref_model = None  # the ranks hold the reference (it stays saved under checkpoints/reference)
+            p.learner = DistributedLearner(
+                p.cfg,
+                initial_state=p.model.state_dict(),
+                reference=p.ref_model is not None,
+                reference_dir=str(self.reference_root(p) / "reference") if p.ref_model is not None else None,
+                mirror=p.model,
+                name=f"policy {p.name}'s learner" if self.several else "the learner",
+            )
+            if latest is not None:  # a policies section: its subdirectory of the checkpoint
+                p.learner.load(latest / p.name if self.several else latest)
+            p.ref_model = None  # its ranks hold the reference (it stays saved under its reference/)
+
+    def reference_root(self, policy: Policy) -> Path:
+        """The directory holding `policy`'s reference/ (rl/checkpoint.py): its own with a ``policies`` section."""
+        return self.ckpt_dir / "policies" / policy.name if self.several else self.ckpt_dir
 
     def start_rollouts(self) -> None:
         if self.rollouts is not None:
@@ -519,27 +527,29 @@ class Trainer:
         return policy_state(self.model, self.cfg.lora.enabled)
 
     def _checkpoint_extra(self) -> Callable[[Path], None]:
-        """A checkpoint's parts beyond the model and optimizer: the learner's (the ranks' shards; none before it
-        starts) and the rollouts in flight (rl/async_rollouts.py), waited for first: in-process ones sample
-        with torch's random state, which the checkpoint reads."""
-        learner, stream = self.learner, self.stream
+        """A checkpoint's parts beyond the models and optimizers: each policy's learner's (a sharded learner's
+        shards, in its policy's subdirectory with a ``policies`` section; none before the learners start) and
+        the rollouts in flight (rl/async_rollouts.py), waited for first: in-process ones sample with torch's
+        random state, which the checkpoint reads."""
+        learners = [(p.name, p.learner) for p in self.policies if p.learner is not None]
+        several, stream = self.several, self.stream
         if stream is not None:
             stream.drain()
 
         def extra(directory: Path) -> None:
-            if learner is not None:
-                learner.save(directory)
+            for name, learner in learners:
+                learner.save(directory / name if several else directory)
             if stream is not None:
                 stream.save(directory)
 
         return extra
 
     def save(self) -> Path:
-        # what the learner holds beyond this model and optimizer (the ranks' shards), and the rollouts in flight
+        # what the learners hold beyond these models and optimizers (the ranks' shards), and the rollouts in flight
         extra = self._checkpoint_extra()
         if self.several:  # one subdirectory per policy (rl/policies.py)
             parts = {p.name: (p.model, p.client.tokenizer, p.optimizer, p.adapter) for p in self.policies}
-            path = checkpoint.save_policies(self.ckpt_dir, self.step, parts)
+            path = checkpoint.save_policies(self.ckpt_dir, self.step, parts, extra)
         else:
             path = checkpoint.save(self.ckpt_dir, self.step, self.model, self.tokenizer, self.optimizer, extra)
         checkpoint.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
