@@ -21,7 +21,9 @@ torch.set_num_threads(1)
 
 
 class Duel(TextEnv):
-    """Two seats alternate for 4 moves; a digit answer earns its seat 0.05, the last mover +1 and the other -1."""
+    """Two seats alternate for 4 moves; each answer earns its seat a reward that varies with its text (so groups
+    of random answers have non-zero advantages: the updates are real policy-gradient steps), the last mover +1 and
+    the other -1."""
 
     agents = ["p0", "p1"]
     env_type = "duel"
@@ -40,7 +42,7 @@ class Duel(TextEnv):
     def step(self, action):
         mover = self.agents[self.t % 2]
         self.t += 1
-        reward = 0.05 if action.strip()[:1].isdigit() else 0.0
+        reward = (sum(map(ord, action)) % 7) / 10
         if self.t == 4:
             return Step(rewards={mover: 1.0 + reward, self.agents[self.t % 2]: -1.0}, terminated=True)
         return Step(rewards={mover: reward})
@@ -113,6 +115,8 @@ def test_two_policies_update_as_two_single_policy_runs_on_the_same_rows(tmp_path
     metrics = [two.train_step() for _ in range(2)]
     two.close()
     assert {t.agent for r in seen for t in r.trajectories} == {"p0", "p1"}
+    for agent in ("p0", "p1"):  # rewards differ within each seat's rows: the updates follow non-zero advantages
+        assert len({t.total_reward for r in seen for t in r.trajectories if t.agent == agent}) > 1
     for policy, agent, optim in (
         (two.policies[0], "p0", OptimConfig(lr=1e-3)),
         (two.policies[1], "p1", TWO["b"].optim),
