@@ -170,31 +170,27 @@ def build_policies(cfg: TrainConfig) -> list[Policy]:
         if pcfg.learner.world_size > 1 and pcfg.lora.enabled:
             where = f"policy {name}: " if cfg.policies else ""
             raise ConfigError(f"{where}learner.world_size > 1 does not support LoRA (lora.enabled); use world_size 1")
-    if len(names) > 1 and cfg.workers.num_workers > 0 and not shares_base(cfg):
+    on_workers = len(names) > 1 and cfg.workers.num_workers > 0  # several policies served by rollout workers
+    if on_workers and not shares_base(cfg):
         own_llm = [name for name in names if cfg.policies[name].llm is not None]
         if cfg.workers.llm is not None and own_llm:
             raise ConfigError(
                 f"policies: workers.llm names one model for every rollout worker, but policies {', '.join(own_llm)} "
                 "have an llm of their own; leave workers.llm unset (each policy's model is then served as its llm)"
             )
-        if cfg.workers.weight_sync != WeightSync.object_store:
-            raise ConfigError(
-                "policies: rollout workers get several models' weights through Ray's object store only "
-                f"(set workers.weight_sync object_store, not {cfg.workers.weight_sync})"
-            )
+    if on_workers and cfg.workers.weight_sync != WeightSync.object_store:
+        raise ConfigError(
+            "policies: rollout workers get several policies' weights (models or LoRA adapters) through Ray's object "
+            f"store only; set workers.weight_sync object_store (got {cfg.workers.weight_sync})"
+        )
     backend = (cfg.workers.llm or cfg.llm).backend
-    if len(names) > 1 and cfg.workers.num_workers > 0 and shares_base(cfg):
+    if on_workers and shares_base(cfg):
         if backend not in ADAPTER_BACKENDS:
             raise ConfigError(
                 f"policies: rollout workers serve LoRA adapters on the {' and '.join(ADAPTER_BACKENDS)} backends only "
                 f"(the workers' llm.backend is {backend})"
             )
-        if cfg.workers.weight_sync != "object_store":
-            raise ConfigError(
-                "policies: LoRA adapters reach the rollout workers through Ray's object store (megabytes), not over "
-                f"NCCL; set workers.weight_sync object_store (got {cfg.workers.weight_sync})"
-            )
-    elif len(names) > 1 and cfg.workers.num_workers > 0 and backend != "transformers":
+    elif on_workers and backend != "transformers":
         raise ConfigError(
             "policies: rollout workers serve several policies' own models on the transformers backend only "
             f"(the workers' llm.backend is {backend}); LoRA adapters on one base are served on vLLM too"
@@ -249,8 +245,7 @@ def worker_adapters(policies: Sequence[Policy]) -> dict[str, Any] | None:
     return {
         "lora": dataclasses.asdict(policies[0].cfg.lora),
         "adapters": [p.adapter for p in policies],
-        "agents": {agent: p.adapter for p in policies for agent in p.agents},
-        "default": next((p.adapter for p in policies if not p.agents), None),
+        **routing(policies),
     }
 
 
@@ -279,15 +274,7 @@ def serve_adapters(client: LLMClient, spec: dict[str, Any]) -> tuple[Any, Callab
         for name in names[1:]:
             model.add_adapter(name, peft_config(lora))
         clients = {name: AdapterClient(client, model, name) for name in names}
-    agents, default = spec["agents"], spec["default"]
-
-    def route(agent: str) -> Any:
-        name = agents.get(agent, default)
-        if name is None:
-            raise ConfigError(f"agent {agent!r} has no policy (policies' agents: {agents}); add it to one policy")
-        return clients[name]
-
-    return clients[names[0]], route
+    return clients[names[0]], _route(clients, spec)
 
 
 def worker_models(policies: Sequence[Policy], llm: LLMConfig | None = None) -> dict[str, Any] | None:
@@ -311,15 +298,20 @@ def serve_models(spec: dict[str, Any]) -> tuple[LLMClient, Callable[[str], LLMCl
     """On a rollout worker: one client per policy of `spec` (`worker_models`), each with its own model; the first
     policy's client and the route of each agent to its policy's."""
     clients = {name: make_client(llm) for name, llm in spec["models"].items()}
+    return next(iter(clients.values())), _route(clients, spec)
+
+
+def _route(clients: dict[str, Any], spec: dict[str, Any]) -> Callable[[str], Any]:
+    """Each agent to its policy's client, by `routing`'s keys (`spec`'s ``agents`` and ``default``)."""
     agents, default = spec["agents"], spec["default"]
 
-    def route(agent: str) -> LLMClient:
+    def route(agent: str) -> Any:
         name = agents.get(agent, default)
         if name is None:
             raise ConfigError(f"agent {agent!r} has no policy (policies' agents: {agents}); add it to one policy")
         return clients[name]
 
-    return next(iter(clients.values())), route
+    return route
 
 
 def policy_agents(spec: dict[str, Any]) -> dict[str, str]:
