@@ -15,37 +15,26 @@ from palaestra.shared.rl.config import EnvSpec, OptimConfig, PolicySpec, TrainCo
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine, RolloutFailures, RolloutResult
-from palaestra.shared.rollout.env import ENVS, Step, TextEnv
+from palaestra.shared.rollout.env import ENVS, Step
+from palaestra.shared.testing import TakeTurns
 
 torch.set_num_threads(1)
 
 
-class Duel(TextEnv):
-    """Two seats alternate for 4 moves; each answer earns its seat a reward that varies with its text (so groups
-    of random answers have non-zero advantages: the updates are real policy-gradient steps), the last mover +1 and
-    the other -1."""
+class Duel(TakeTurns):
+    """Each answer earns its seat a reward that varies with its text (so groups of random answers have non-zero
+    advantages: the updates are real policy-gradient steps); at the end the last mover gets +1, the other -1."""
 
-    agents = ["p0", "p1"]
-    env_type = "duel"
-
-    def reset(self, seed=None):
-        self.t = 0
-        return {}
-
-    @property
-    def current_agent(self):
-        return self.agents[self.t % 2]
-
-    def observe(self, agent):
-        return [{"role": "user", "content": f"move {self.t}"}]
+    def move_reward(self, action):
+        return (sum(map(ord, action)) % 7) / 10
 
     def step(self, action):
-        mover = self.agents[self.t % 2]
-        self.t += 1
-        reward = (sum(map(ord, action)) % 7) / 10
-        if self.t == 4:
-            return Step(rewards={mover: 1.0 + reward, self.agents[self.t % 2]: -1.0}, terminated=True)
-        return Step(rewards={mover: reward})
+        other = self.agents[(self.t + 1) % 2]
+        out = super().step(action)
+        if out.terminated:
+            mover = self.agents[(self.t - 1) % 2]
+            out.rewards = {mover: 1.0 + out.rewards[mover], other: -1.0}
+        return out
 
 
 @pytest.fixture(autouse=True)

@@ -17,8 +17,7 @@ from palaestra.shared.rl.config import EnvSpec, OptimConfig, PolicySpec, TrainCo
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
-from palaestra.shared.rollout.env import Step, TextEnv
-from palaestra.shared.testing import TEST_CLUSTER
+from palaestra.shared.testing import TEST_CLUSTER, TakeTurns
 
 torch.set_num_threads(1)
 
@@ -30,27 +29,15 @@ ROLES = {
 RAY = WorkersConfig(num_workers=1, num_cpus=0.5)
 
 
-class Talk(TextEnv):
+class Talk(TakeTurns):
     """Solver, critic, solver, critic: each move earns its mover the number of distinct characters it wrote / 10
     (rewards that vary within a group, so both policies learn from the first step)."""
 
     agents = ["solver", "critic"]
+    env_type = "text"
 
-    def reset(self, seed=None):
-        self.t = 0
-        return {}
-
-    @property
-    def current_agent(self):
-        return self.agents[self.t % 2]
-
-    def observe(self, agent):
-        return [{"role": "user", "content": f"move {self.t}"}]
-
-    def step(self, action):
-        mover = self.current_agent
-        self.t += 1
-        return Step(rewards={mover: len(set(action)) / 10}, terminated=self.t == 4)
+    def move_reward(self, action):
+        return len(set(action)) / 10
 
 
 def talk(trainer: Trainer) -> Trainer:

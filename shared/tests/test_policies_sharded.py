@@ -17,8 +17,8 @@ from palaestra.shared.rl.config import EnvSpec, LearnerConfig, LoraConfig, Optim
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.rollout.engine import RolloutConfig, RolloutResult
-from palaestra.shared.rollout.env import ENVS, Step, TextEnv
-from palaestra.shared.testing import TEST_CLUSTER
+from palaestra.shared.rollout.env import ENVS
+from palaestra.shared.testing import TEST_CLUSTER, TakeTurns
 
 torch.set_num_threads(1)
 ENV = "test_policies_sharded_duel"
@@ -30,28 +30,12 @@ lr * g / (|g| + 1e-8), so an element whose gradient is near zero turns a roundin
 lr; a wrong gradient (rows lost or counted twice) flips the signs of many elements and misses this by far."""
 
 
-class Duel(TextEnv):
-    """Two seats alternate for 4 moves, each move earning its seat its answer's distinct characters / 10 (a dense
-    reward, so every group's advantages differ: the updates are the policy gradient's, not rounding's)."""
+class Duel(TakeTurns):
+    """Each move earns its seat its answer's distinct characters / 10 (a dense reward, so every group's
+    advantages differ: the updates are the policy gradient's, not rounding's)."""
 
-    agents = ["p0", "p1"]
-    env_type = "duel"
-
-    def reset(self, seed=None):
-        self.t = 0
-        return {}
-
-    @property
-    def current_agent(self):
-        return self.agents[self.t % 2]
-
-    def observe(self, agent):
-        return [{"role": "user", "content": f"move {self.t}"}]
-
-    def step(self, action):
-        mover = self.agents[self.t % 2]
-        self.t += 1
-        return Step(rewards={mover: len(set(action)) / 10}, terminated=self.t == 4)
+    def move_reward(self, action):
+        return len(set(action)) / 10
 
 
 @pytest.fixture(scope="module", autouse=True)

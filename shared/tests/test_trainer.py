@@ -13,8 +13,8 @@ from palaestra.shared.rl.advantages import ADVANTAGES, AdvantageStep
 from palaestra.shared.rl.config import EnvSpec, LoraConfig, OptimConfig, TrainConfig, WorkersConfig
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.trainer import Trainer, TrainingError
-from palaestra.shared.rollout.env import ENVS, Step, TextEnv
-from palaestra.shared.testing import small_train_config
+from palaestra.shared.rollout.env import ENVS
+from palaestra.shared.testing import TakeTurns, small_train_config
 
 METRICS = [
     "train/reward_mean",
@@ -138,27 +138,11 @@ def test_lora_with_kl_trains_adapters_only(tmp_path, tiny_llm):
     assert (tmp_path / "out" / "checkpoints" / "step_000001" / "adapter_model.safetensors").is_file()
 
 
-class Duel(TextEnv):
-    """Two seats alternate for 4 moves; reward +1 to the seat whose answer was a digit last."""
+class Duel(TakeTurns):
+    """Two seats alternate for 4 moves; a move whose answer starts with a digit earns its seat 0.05."""
 
-    agents = ["p0", "p1"]
-    env_type = "duel"
-
-    def reset(self, seed=None):
-        self.t = 0
-        return {}
-
-    @property
-    def current_agent(self):
-        return self.agents[self.t % 2]
-
-    def observe(self, agent):
-        return [{"role": "user", "content": f"move {self.t}"}]
-
-    def step(self, action):
-        self.t += 1
-        reward = 0.05 if action.strip()[:1].isdigit() else 0.0
-        return Step(rewards={self.agents[(self.t - 1) % 2]: reward}, terminated=self.t >= 4)
+    def move_reward(self, action):
+        return 0.05 if action.strip()[:1].isdigit() else 0.0
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,8 @@ from palaestra.shared.llm.vllm_backend import VLLMClient
 from palaestra.shared.rl.config import EnvSpec, LoraConfig, OptimConfig, PolicySpec, TrainConfig, WorkersConfig
 from palaestra.shared.rl.policies import adapter_states, agent_clients, build_policies, worker_adapters
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
-from palaestra.shared.rollout.env import Step, TextEnv
 from palaestra.shared.rollout.vllm_weight_sync import WeightSync
+from palaestra.shared.testing import TakeTurns
 
 torch.set_num_threads(1)
 
@@ -33,26 +33,11 @@ GREEDY = RolloutConfig(group_size=1, max_tokens_per_turn=6, temperature=0.0)
 PROMPTS = ["Hello world", "The capital of France is", "1 2 3", "Once upon a time", "the the the"]
 
 
-class Duel(TextEnv):
-    """Two seats alternate for 4 moves (what matters here: each seat's turns are its policy's)."""
-
-    agents = ["p0", "p1"]
-    env_type = "duel"
-
-    def reset(self, seed=None):
-        self.t, self.seed = 0, seed
-        return {}
-
-    @property
-    def current_agent(self):
-        return self.agents[self.t % 2]
+class Duel(TakeTurns):
+    """Two seats alternate for 4 moves on a prompt that names the game (no reward: only the tokens are compared)."""
 
     def observe(self, agent):
         return [{"role": "user", "content": f"game {self.seed} move {self.t}"}]
-
-    def step(self, action):
-        self.t += 1
-        return Step(rewards={}, terminated=self.t == 4)
 
 
 def config(tmp_path, **workers) -> TrainConfig:

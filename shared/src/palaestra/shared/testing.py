@@ -11,7 +11,9 @@
 - `small_train_config`: the few-second ``rl.train`` config that the trainer's tests vary;
 - `vllm_tiny`: one vLLM engine on `tiny` (float32) for the whole session (an engine takes about a minute to
   start on CPU); tests that take it are marked ``vllm`` and skipped where vLLM is not importable (``make test``
-  runs them in ``.venv-vllm``).
+  runs them in ``.venv-vllm``);
+- `TakeTurns`: two agents alternating for four moves, the game of the several-policies and trainer tests (each
+  subclass gives the reward per move its test needs).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 
 from palaestra.shared.config import ClusterConfig, JobConfig, TrackingConfig
 from palaestra.shared.jobs import Job
+from palaestra.shared.rollout.env import Step, TextEnv
 
 TEST_CLUSTER = ClusterConfig(num_cpus=2, object_store_mb=128)
 
@@ -198,3 +201,30 @@ def probe(cfg: ProbeConfig, tracker: Any) -> dict:
 
 
 PROBE_JOB = Job("palaestra.shared.testing:PROBE_JOB", ProbeConfig, probe, metric="score")
+
+
+class TakeTurns(TextEnv):
+    """Two agents alternate for four moves, each move earning its mover `move_reward` of its answer (0 here)."""
+
+    agents = ["p0", "p1"]
+    env_type = "duel"
+    moves = 4
+
+    def reset(self, seed: int | None = None) -> dict[str, Any]:
+        self.t, self.seed = 0, seed
+        return {}
+
+    @property
+    def current_agent(self) -> str:
+        return self.agents[self.t % 2]
+
+    def observe(self, agent: str) -> list[dict]:
+        return [{"role": "user", "content": f"move {self.t}"}]
+
+    def move_reward(self, action: str) -> float:
+        return 0.0
+
+    def step(self, action: str) -> Step:
+        mover = self.current_agent
+        self.t += 1
+        return Step(rewards={mover: self.move_reward(action)}, terminated=self.t == self.moves)
