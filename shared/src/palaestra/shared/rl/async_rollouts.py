@@ -62,7 +62,7 @@ from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.loss import LossConfig, behaviour_weights
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutResult, VersionSchedule
 from palaestra.shared.rollout.trajectory import Trajectory
-from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts, Replica
+from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts, Replica, map_tensors
 
 Rollouts = LocalRollouts | RayRollouts
 AHEAD_FILE = "rollouts_ahead.pkl"
@@ -191,7 +191,7 @@ class RolloutStream:
         policies': by policy or adapter)."""
         if self.engine is not None:
             # a copy: the learner updates its tensors in place while the background engine may still load them
-            weights = _copy(state())
+            weights = map_tensors(state(), lambda t: t.detach().clone())
             if self.schedule == VersionSchedule.fixed:
                 self.pinned = (weights, version)  # for the rollouts submitted from now on
             else:
@@ -253,11 +253,6 @@ def background_engine(
     replica = Replica(float32(cfg.llm), cfg.rollout, adapters, models)
     replica.load_now(state, version)
     return replica
-
-
-def _copy(state: dict[str, Any]) -> dict[str, Any]:
-    """The weights' tensors copied (detached); several policies' nested by policy or adapter."""
-    return {k: _copy(v) if isinstance(v, dict) else v.detach().clone() for k, v in state.items()}
 
 
 def behaviour_tensors(trajs: list[Trajectory], shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -260,10 +260,10 @@ def adapter_engine(llm: LLMConfig, spec: dict[str, Any]) -> LLMClient:
     return make_client(llm)
 
 
-def serve_adapters(client: LLMClient, spec: dict[str, Any]) -> tuple[Any, Callable[[str], Any]]:
+def serve_adapters(client: LLMClient, spec: dict[str, Any]) -> tuple[dict[str, Any], Callable[[str], Any]]:
     """On a rollout worker: the adapters of `spec` (`worker_adapters`) on `client` (`adapter_engine`'s): peft
-    adapters on its model, or a vLLM engine's own LoRA adapters; the client of the first adapter and the route of
-    each agent to its own (each client's `load_weights` takes adapters' weights by adapter)."""
+    adapters on its model, or a vLLM engine's own LoRA adapters; each adapter's client, in `spec`'s order, and the
+    route of each agent to its own (each client's `load_weights` takes adapters' weights by adapter)."""
     names = spec["adapters"]
     clients: dict[str, Any]
     if hasattr(client, "adapter_client"):  # vLLM: the engine holds them (`VLLMClient.load_adapters`)
@@ -274,7 +274,7 @@ def serve_adapters(client: LLMClient, spec: dict[str, Any]) -> tuple[Any, Callab
         for name in names[1:]:
             model.add_adapter(name, peft_config(lora))
         clients = {name: AdapterClient(client, model, name) for name in names}
-    return clients[names[0]], _route(clients, spec)
+    return clients, _route(clients, spec)
 
 
 def worker_models(policies: Sequence[Policy], llm: LLMConfig | None = None) -> dict[str, Any] | None:
@@ -294,11 +294,11 @@ def routing(policies: Sequence[Policy]) -> dict[str, Any]:
     }
 
 
-def serve_models(spec: dict[str, Any]) -> tuple[LLMClient, Callable[[str], LLMClient]]:
-    """On a rollout worker: one client per policy of `spec` (`worker_models`), each with its own model; the first
-    policy's client and the route of each agent to its policy's."""
+def serve_models(spec: dict[str, Any]) -> tuple[dict[str, LLMClient], Callable[[str], LLMClient]]:
+    """On a rollout worker: one client per policy of `spec` (`worker_models`), each with its own model, by policy
+    name, and the route of each agent to its policy's."""
     clients = {name: make_client(llm) for name, llm in spec["models"].items()}
-    return next(iter(clients.values())), _route(clients, spec)
+    return clients, _route(clients, spec)
 
 
 def _route(clients: dict[str, Any], spec: dict[str, Any]) -> Callable[[str], Any]:
@@ -312,18 +312,6 @@ def _route(clients: dict[str, Any], spec: dict[str, Any]) -> Callable[[str], Any
         return clients[name]
 
     return route
-
-
-def policy_agents(spec: dict[str, Any]) -> dict[str, str]:
-    """An agent each policy of `spec` (`routing`) plays, by key; the catch-all's is a name no policy lists. An
-    engine asked for these agents' clients up front registers every policy's client (it would otherwise meet
-    one at its agent's first turn), so each takes the weights and their version from the first sync."""
-    out: dict[str, str] = {}
-    for agent, key in spec["agents"].items():
-        out.setdefault(key, agent)
-    if spec["default"] is not None:
-        out[spec["default"]] = max(spec["agents"], key=len, default="") + "*"  # longer than every named agent
-    return out
 
 
 def policy_of(policies: Sequence[Policy], agent: str) -> Policy:

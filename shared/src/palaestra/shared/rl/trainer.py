@@ -133,8 +133,6 @@ from palaestra.shared.rl.policies import (
     adapter_states,
     agent_clients,
     build_policies,
-    policy_agents,
-    routing,
     split_by_policy,
     warm_start_from,
     worker_adapters,
@@ -319,8 +317,8 @@ class Trainer:
             )
             self.rollouts.sync(self.policy_state(), self.step)
         else:
-            agents = list(policy_agents(routing(self.policies)).values()) if len(self.policies) > 1 else []
-            self.rollouts = LocalRollouts(self.client, cfg.rollout, agent_clients(self.policies), agents)
+            clients = [p.client for p in self.policies] if len(self.policies) > 1 else []
+            self.rollouts = LocalRollouts(self.client, cfg.rollout, agent_clients(self.policies), clients)
             self.rollouts.sync(None, self.step)
         seed = lambda step: cfg.seed * 100_003 + step  # noqa: E731
         # in-process rollouts ahead: their own copy of every policy (rl/async_rollouts.py)

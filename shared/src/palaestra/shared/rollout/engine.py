@@ -242,7 +242,11 @@ class RolloutEngine:
 
     def sampler(self, agent: str) -> _Sampler:
         """The client (with its version, chat tokens, prefix) that samples `agent`'s turns."""
-        client = self.client if self.route is None else self.route(agent)
+        return self.client_sampler(self.client if self.route is None else self.route(agent))
+
+    def client_sampler(self, client: LLMClient) -> _Sampler:
+        """`client`'s sampler, made at its first use (several policies' clients are registered up front, so each
+        takes the weights and version of the first sync rather than meeting them at its agent's first turn)."""
         if id(client) not in self.samplers:
             self.samplers[id(client)] = self._with_prefix(_Sampler(client, PolicyVersion(client), ChatTokens(client)))
         return self.samplers[id(client)]

@@ -57,13 +57,13 @@ class LocalRollouts:
         client: LLMClient,
         cfg: RolloutConfig,
         route: Callable[[str], LLMClient] | None = None,
-        agents: Sequence[str] = (),
+        clients: Sequence[LLMClient] = (),
     ):
         # route: each agent's client when several policies play (rl/policies.py); they too share their models.
-        # agents: one of each policy's (`policy_agents`), whose clients then take every sync's version
+        # clients: every policy's, registered now so each takes every sync's version
         self.engine = RolloutEngine(client, cfg, route)
-        for agent in agents:
-            self.engine.sampler(agent)
+        for c in clients:
+            self.engine.client_sampler(c)
 
     def run(self, specs: Sequence[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None) -> RolloutResult:
         return self.engine.run(specs, seed, cfg)
@@ -87,24 +87,23 @@ class Replica:
     alone, which tags its tokens with its own version (no version runs ahead of the weights it names)."""
 
     def __init__(self, llm: LLMConfig, cfg: RolloutConfig, adapters: dict | None = None, models: dict | None = None):
-        from palaestra.shared.rl.policies import adapter_engine, policy_agents, serve_adapters, serve_models
+        from palaestra.shared.rl.policies import adapter_engine, serve_adapters, serve_models
 
         self.parts: dict[str, PolicyVersion] = {}  # several policies: each key's client's version
         self.nested = adapters is not None  # an adapter client takes {adapter: tensors}, a model its state dict
+        clients: dict[str, Any] = {}
+        route = None
         if models is not None:
-            first, route = serve_models(models)
-            self.client = first
+            clients, route = serve_models(models)
+            self.client = next(iter(clients.values()))
         else:
             self.client = make_client(llm) if adapters is None else adapter_engine(llm, adapters)  # vLLM: LoRA on
-            if adapters is None:
-                self.engine = RolloutEngine(self.client, cfg)
-                self.policy = self.engine.policy
-                return
-            first, route = serve_adapters(self.client, adapters)  # type: ignore[assignment]
-        self.engine = RolloutEngine(first, cfg, route)  # type: ignore[arg-type]
+            if adapters is not None:
+                clients, route = serve_adapters(self.client, adapters)
+        self.engine = RolloutEngine(next(iter(clients.values()), self.client), cfg, route)
         self.policy = self.engine.policy
-        for key, agent in policy_agents(models or adapters or {}).items():  # every client registered now
-            self.parts[key] = self.engine.sampler(agent).policy
+        for key, client in clients.items():  # every client registered now: each takes the first sync
+            self.parts[key] = self.engine.client_sampler(client).policy
 
     def run(self, specs: Sequence[EpisodeSpec], seed: int, cfg: RolloutConfig | None = None) -> RolloutResult:
         return self.engine.run(specs, seed, cfg)
@@ -276,14 +275,14 @@ class RayRollouts:
             return
         self.version = version
         if self.pin_versions:  # the next submitted rollouts carry them
-            self.weights_ref = self.ray.put(_on_cpu(state_dict))
+            self.weights_ref = self.ray.put(map_tensors(state_dict, lambda t: t.detach().cpu()))
             return
         if self.nccl is not None:
             self.nccl.send(state_dict)
             if version is not None:
                 self._call_all(lambda w: w.load_weights.remote(None, version))
             return
-        self.weights_ref = self.ray.put(_on_cpu(state_dict))
+        self.weights_ref = self.ray.put(map_tensors(state_dict, lambda t: t.detach().cpu()))
         if self.concurrent and version is not None:
             # waited for (an offer returns at once, also while the worker generates): a concurrent actor runs its
             # calls on several threads, so an unawaited offer could land after a later rollout had started
@@ -354,9 +353,10 @@ class RayRollouts:
         self.workers = []
 
 
-def _on_cpu(state: dict) -> dict:
-    """The weights' tensors on the CPU (detached); several policies' nested by adapter or policy."""
-    return {k: _on_cpu(v) if isinstance(v, dict) else v.detach().cpu() for k, v in state.items()}
+def map_tensors(state: dict, fn: Callable[[Any], Any]) -> dict:
+    """`fn` of every tensor of a weights dict, keeping its nesting (several policies' are nested by adapter or
+    policy)."""
+    return {k: map_tensors(v, fn) if isinstance(v, dict) else fn(v) for k, v in state.items()}
 
 
 def _split(items: list, parts: int) -> list[list]:
