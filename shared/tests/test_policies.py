@@ -251,7 +251,7 @@ def test_lora_policies_share_one_base_each_updating_its_adapter_as_a_single_lora
     from peft import set_peft_model_state_dict
 
     from palaestra.shared.llm import LLMConfig, SamplingParams, make_client
-    from palaestra.shared.rl.config import LoraConfig
+    from palaestra.shared.llm.lora import LoraConfig
     from palaestra.shared.rl.policies import adapter_states
 
     lora = LoraConfig(enabled=True, r=4, alpha=8)
@@ -311,8 +311,8 @@ def test_a_rollout_worker_serves_the_lora_policies_from_their_adapters_alone(tmp
     """A rollout worker (here in this process) given the adapters' settings and, as its weight sync, the
     adapters' tensors alone plays every agent as the learner's own rollouts do, token for token."""
     from palaestra.shared.llm import LLMConfig
-    from palaestra.shared.rl.config import LoraConfig
-    from palaestra.shared.rl.policies import worker_adapters
+    from palaestra.shared.llm.lora import LoraConfig
+    from palaestra.shared.rl.policies import worker_serving
     from palaestra.shared.rollout.workers import RolloutWorker
 
     trainer = Trainer(config(tmp_path, policies=TWO, lora=LoraConfig(enabled=True, r=4, alpha=8)))
@@ -321,7 +321,7 @@ def test_a_rollout_worker_serves_the_lora_policies_from_their_adapters_alone(tmp
         payload = trainer.policy_state()
         assert set(payload) == {"policy_a", "policy_b"} and all("lora_" in k for s in payload.values() for k in s)
         worker = RolloutWorker(
-            LLMConfig(model="tiny", device="cpu"), trainer.cfg.rollout, 1, worker_adapters(trainer.policies)
+            LLMConfig(model="tiny", device="cpu"), trainer.cfg.rollout, 1, worker_serving(trainer.policies)
         )
         worker.load_weights(payload, trainer.step)
         specs = [EpisodeSpec(Duel, seed=i, group_id=str(i)) for i in range(2)]
@@ -335,8 +335,9 @@ def test_ray_workers_train_lora_policies_with_adapter_only_syncs(tmp_path, ray_l
     """Over Ray: every sync sends the adapters' tensors alone, and the worker's rollout (the task env's one
     agent, played by policy b) equals this process's worker with the same adapters."""
     from palaestra.shared.llm import LLMConfig
-    from palaestra.shared.rl.config import LoraConfig, WorkersConfig
-    from palaestra.shared.rl.policies import worker_adapters
+    from palaestra.shared.llm.lora import LoraConfig
+    from palaestra.shared.rl.config import WorkersConfig
+    from palaestra.shared.rl.policies import worker_serving
     from palaestra.shared.rollout.workers import RayRollouts, RolloutWorker
 
     policies = {"a": PolicySpec(agents=["nobody"]), "b": PolicySpec()}  # b plays every other agent
@@ -359,7 +360,7 @@ def test_ray_workers_train_lora_policies_with_adapter_only_syncs(tmp_path, ray_l
         assert "policy/b/train/loss" in metrics and "policy/a/train/loss" not in metrics
         specs = trainer.draw_tasks(7)
         theirs = trainer.rollouts.run(specs, seed=3)
-        local = RolloutWorker(LLMConfig(model="tiny", device="cpu"), cfg.rollout, 1, worker_adapters(trainer.policies))
+        local = RolloutWorker(LLMConfig(model="tiny", device="cpu"), cfg.rollout, 1, worker_serving(trainer.policies))
         local.load_weights(trainer.policy_state(), trainer.step)
         ours = local.run(specs, seed=3 * 1009)  # the seed of the pool's first (only) shard
     assert payloads and all(set(p) == {"policy_a", "policy_b"} for p in payloads)
@@ -415,7 +416,7 @@ def test_solver_critic_warm_start_data_is_balanced_over_the_answers():
 
 
 def test_solver_and_critic_as_lora_policies_train_in_one_step(tmp_path):
-    from palaestra.shared.rl.config import LoraConfig
+    from palaestra.shared.llm.lora import LoraConfig
 
     roles = {"solver": PolicySpec(agents=["solver"]), "critic": PolicySpec(agents=["critic"])}
     cfg = config(

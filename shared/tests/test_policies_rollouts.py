@@ -183,7 +183,7 @@ def test_lora_policies_one_step_ahead_on_ray_as_in_process(tmp_path, ray_local):
     """k = 1, fixed, two LoRA policies as adapters on one base: the background engine's copy of the base with
     both adapters and the Ray worker's give the same run; every token of either policy is of version
     max(0, s - 1) (each adapter's client tags its own)."""
-    from palaestra.shared.rl.config import LoraConfig
+    from palaestra.shared.llm.lora import LoraConfig
 
     roles = {"solver": ROLES["solver"], "critic": dataclasses.replace(ROLES["critic"], llm=None)}
     lora = dict(policies=roles, lora=LoraConfig(enabled=True, r=4, alpha=8), loss=LossConfig(kl_coef=0.0))

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from palaestra.shared.config import ConfigError, TrackingConfig
+from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.rl.advantages import AdvantageStep
-from palaestra.shared.rl.config import EnvSpec, LearnerConfig, LoraConfig, OptimConfig, PolicySpec, TrainConfig
+from palaestra.shared.rl.config import EnvSpec, LearnerConfig, OptimConfig, PolicySpec, TrainConfig
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.rollout.engine import RolloutConfig, RolloutResult

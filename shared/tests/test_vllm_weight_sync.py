@@ -3,7 +3,7 @@
 Without vLLM: what is sent (each tensor once, in order, cast), which ranks each engine takes, the RPC
 rounds the workers see, and the config setting. With vLLM (``vllm`` marker, ``.venv-vllm`` under
 ``make test``): the bucket format against vLLM's own trainer engine, and the whole protocol with gloo in
-NCCL's place (rollout/vllm_cpu_transport.py): vLLM's trainer engine here, a real vLLM engine's workers
+NCCL's place (llm/vllm_cpu_transport.py): vLLM's trainer engine here, a real vLLM engine's workers
 receiving, unpacking and reloading, next to a second engine of two ranks. The NCCL calls themselves need
 GPUs (tools/gpu_check_vllm_sync.py).
 """
@@ -404,7 +404,7 @@ def test_the_nccl_protocol_with_gloo_reaches_a_real_vllm_engine(vllm_tiny, monke
     import vllm.distributed.weight_transfer.packed_tensor as packed
     import vllm.model_executor.model_loader.reload as reload
 
-    from palaestra.shared.rollout.vllm_cpu_transport import GlooBroadcast
+    from palaestra.shared.llm.vllm_cpu_transport import GlooBroadcast
     from palaestra.shared.testing import greedy_rollouts as rollouts
     from palaestra.shared.testing import learner_step, tiny_learner
 

@@ -65,7 +65,7 @@ class WeightLoaderExtension:
 
     def palaestra_cpu_transport(self) -> bool:
         """Swap NCCL for gloo in this worker (CPU rehearsals and tests: rollout/vllm_cpu_transport.py)."""
-        from palaestra.shared.rollout.vllm_cpu_transport import install
+        from palaestra.shared.llm.vllm_cpu_transport import install
 
         install()
         return True

@@ -61,6 +61,7 @@ from palaestra.shared.rl.batch import TrainBatch
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.loss import LossConfig, behaviour_weights
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutResult, VersionSchedule
+from palaestra.shared.rollout.serving import ModelServing, Serving
 from palaestra.shared.rollout.trajectory import Trajectory
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts, Replica, map_tensors
 
@@ -240,17 +241,15 @@ class RolloutStream:
         self.sources.clear()
 
 
-def background_engine(
-    cfg: TrainConfig, state: dict[str, Any], version: int, adapters: dict | None = None, models: dict | None = None
-) -> Replica:
+def background_engine(cfg: TrainConfig, state: dict[str, Any], version: int, serving: Serving | None = None) -> Replica:
     """An engine over its own copy of the policy (``llm``, loaded with `state` of `version`): in-process
-    rollouts ahead of the learner cannot share the model the learner is updating. Several policies: a copy of
-    each policy's model (``models``, rl/policies.py `worker_models`) or of the base with every policy's adapter
-    (``adapters``, `worker_adapters`), each agent's turns on its policy's (rollout/workers.py `Replica`)."""
+    rollouts ahead of the learner cannot share the model the learner is updating. Several policies
+    (`serving`, rollout/serving.py): a copy of each policy's model or of the base with every policy's
+    adapter, each agent's turns on its policy's (rollout/workers.py `Replica`)."""
     float32 = lambda llm: dataclasses.replace(llm, dtype=DType.float32)  # noqa: E731  (as the learner's)
-    if models is not None:
-        models = {**models, "models": {name: float32(llm) for name, llm in models["models"].items()}}
-    replica = Replica(float32(cfg.llm), cfg.rollout, adapters, models)
+    if isinstance(serving, ModelServing):
+        serving = serving.with_llm(float32)
+    replica = Replica(float32(cfg.llm), cfg.rollout, serving)
     replica.load_now(state, version)
     return replica
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from palaestra.shared.config import ConfigError, JobConfig, registry_kwargs, registry_name, value_check
 from palaestra.shared.llm.base import LLMConfig
+from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.sft import SFTOptions
@@ -79,15 +80,6 @@ class OptimConfig:
             raise ConfigError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.min_lr <= self.lr:
             raise ConfigError(f"optim.min_lr must be in [0, optim.lr={self.lr}], got {self.min_lr}")
-
-
-@dataclass
-class LoraConfig:
-    enabled: bool = False
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
 @dataclass

@@ -17,13 +17,13 @@ LoRA on one model (``lora.enabled``, no policy with its own ``llm`` or ``lora``)
 (``policy_<name>``) on one base model (`shares_base`): each client generates with its adapter active
 (`AdapterClient`), each learner activates it before its forwards, each optimizer and checkpoint holds it
 alone; the KL reference is the base (adapters off). Rollout workers serve them the same way
-(`worker_adapters`, `serve_adapters`), the weight sync sending the adapters' tensors alone (`adapter_states`):
+(`worker_serving`, rollout/serving.py), the weight sync sending the adapters' tensors alone (`adapter_states`):
 on the transformers backend as peft adapters on the worker's model, on vLLM with vLLM's multi-LoRA serving (one
-engine started for the adapters, `adapter_engine`; each agent's requests carry its adapter's ``LoRARequest``;
+engine started for the adapters; each agent's requests carry its adapter's ``LoRARequest``;
 llm/vllm_backend.py). The adapters travel through Ray's object store (megabytes), not over NCCL.
 
 Policies with a model each (separate weights, possibly each its own ``llm``): rollout workers hold one model
-per policy (`worker_models`, `serve_models`; the transformers backend, e.g. small models on CPU) and route each
+per policy (`worker_serving`; the transformers backend, e.g. small models on CPU) and route each
 agent's turns to its policy's; the weight sync sends every policy's weights by policy (`Trainer.policy_state`),
 each loading into its own policy's model alone (rollout/workers.py `Replica`), through Ray's object store (NCCL
 and a ``workers.llm`` beside policies' own ``llm`` are refused). Rollouts ahead of the learner
@@ -44,7 +44,6 @@ metrics keep their single-policy layout and names. A section with one policy tra
 from __future__ import annotations
 
 import copy
-import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,10 +52,12 @@ from typing import Any
 import torch
 
 from palaestra.shared.config import ConfigError
-from palaestra.shared.llm.base import LLMClient, LLMConfig, make_client
-from palaestra.shared.rl.config import LoraConfig, TrainConfig, check_learner_llm
+from palaestra.shared.llm.base import LLMClient, LLMConfig
+from palaestra.shared.llm.lora import AdapterClient, peft_config
+from palaestra.shared.rl.config import TrainConfig, check_learner_llm
 from palaestra.shared.rl.optim import make_optimizer
-from palaestra.shared.rl.policy import load_policy, peft_config, with_lora
+from palaestra.shared.rl.policy import load_policy
+from palaestra.shared.rollout.serving import AdapterServing, ModelServing, PolicyRoutes, Serving
 from palaestra.shared.rollout.trajectory import Trajectory
 from palaestra.shared.rollout.vllm_weight_sync import WeightSync
 
@@ -82,44 +83,6 @@ class Policy:
     learner: Any = None  # rl/learner.py `Learner`, started by the trainer's `prepare`
     adapter: str | None = None
     """Its LoRA adapter when the policies share one base model (`shares_base`): ``model`` is that peft model."""
-
-
-class AdapterClient:
-    """The shared base model's client generating with one policy's adapter active (everything else is the
-    base client's: tokenizer, chat template). Its ``model`` runs the base with this adapter active too (a
-    scorer reading a policy off the model, e.g. mars's exploitability, calls it)."""
-
-    def __init__(self, client: LLMClient, model: Any, adapter: str):
-        self.client, self.peft, self.adapter = client, model, adapter
-        self.model = _AdapterModel(model, adapter)
-
-    def generate(self, prompts, params):
-        self.peft.set_adapter(self.adapter)
-        return self.client.generate(prompts, params)
-
-    def load_weights(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Adapters' weights by adapter (`adapter_states`), into this base model's adapters."""
-        from peft import set_peft_model_state_dict
-
-        for adapter, tensors in state.items():
-            set_peft_model_state_dict(self.peft, tensors, adapter_name=adapter)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client, name)
-
-
-class _AdapterModel:
-    """A peft model called with one adapter active (its other attributes are the model's)."""
-
-    def __init__(self, model: Any, adapter: str):
-        self.peft, self.adapter = model, adapter
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.peft.set_adapter(self.adapter)
-        return self.peft(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.peft, name)
 
 
 def check_policies(value: dict, owner: TrainConfig) -> str | None:
@@ -237,81 +200,19 @@ def adapter_states(policies: Sequence[Policy]) -> dict[str, dict[str, torch.Tens
     return {p.adapter: get_peft_model_state_dict(p.model, adapter_name=p.adapter) for p in policies if p.adapter}
 
 
-def worker_adapters(policies: Sequence[Policy]) -> dict[str, Any] | None:
-    """What a rollout worker needs to serve LoRA policies on one base (`serve_adapters`): the adapters' settings
-    and names, and which agent each plays (plain data: it travels to Ray actors). None without adapters."""
-    if len(policies) < 2 or policies[0].adapter is None:
+def worker_serving(policies: Sequence[Policy], llm: LLMConfig | None = None) -> Serving | None:
+    """What a rollout worker needs to serve several policies (rollout/serving.py; it travels to Ray actors):
+    the adapters on one base, or each policy's model (`llm`, the workers' own, else the policy's llm).
+    None with one policy: the worker's own client serves it."""
+    if len(policies) < 2:
         return None
-    return {
-        "lora": dataclasses.asdict(policies[0].cfg.lora),
-        "adapters": [p.adapter for p in policies],
-        **routing(policies),
-    }
-
-
-def adapter_engine(llm: LLMConfig, spec: dict[str, Any]) -> LLMClient:
-    """On a rollout worker: the base model's client to serve the adapters of `spec` (`worker_adapters`) on; a vLLM
-    engine is started with multi-LoRA serving for them (llm/vllm_backend.py), a transformers model gets them from
-    `serve_adapters`."""
-    if llm.backend == "vllm":
-        from palaestra.shared.llm.vllm_backend import VLLMClient
-
-        return VLLMClient(llm, lora=spec["lora"], max_loras=len(spec["adapters"]))
-    return make_client(llm)
-
-
-def serve_adapters(client: LLMClient, spec: dict[str, Any]) -> tuple[dict[str, Any], Callable[[str], Any]]:
-    """On a rollout worker: the adapters of `spec` (`worker_adapters`) on `client` (`adapter_engine`'s): peft
-    adapters on its model, or a vLLM engine's own LoRA adapters; each adapter's client, in `spec`'s order, and the
-    route of each agent to its own (each client's `load_weights` takes adapters' weights by adapter)."""
-    names = spec["adapters"]
-    clients: dict[str, Any]
-    if hasattr(client, "adapter_client"):  # vLLM: the engine holds them (`VLLMClient.load_adapters`)
-        clients = {name: client.adapter_client(name) for name in names}
-    else:
-        lora = LoraConfig(**spec["lora"])
-        model: Any = with_lora(client.model, lora, names[0])
-        for name in names[1:]:
-            model.add_adapter(name, peft_config(lora))
-        clients = {name: AdapterClient(client, model, name) for name in names}
-    return clients, _route(clients, spec)
-
-
-def worker_models(policies: Sequence[Policy], llm: LLMConfig | None = None) -> dict[str, Any] | None:
-    """What a rollout worker needs to serve several policies that each have a model of their own (`serve_models`):
-    each policy's model (`llm`, the workers' own, else the policy's llm) and which agent each plays (plain data:
-    it travels to Ray actors). None with one policy, or with adapters on one base (`worker_adapters`)."""
-    if len(policies) < 2 or policies[0].adapter is not None:
-        return None
-    return {"models": {p.name: llm or p.cfg.llm for p in policies}, **routing(policies)}
-
-
-def routing(policies: Sequence[Policy]) -> dict[str, Any]:
-    """Which policy plays each agent, by key (its adapter on one base, else its name), and the catch-all's key."""
-    return {
-        "agents": {agent: p.adapter or p.name for p in policies for agent in p.agents},
-        "default": next((p.adapter or p.name for p in policies if not p.agents), None),
-    }
-
-
-def serve_models(spec: dict[str, Any]) -> tuple[dict[str, LLMClient], Callable[[str], LLMClient]]:
-    """On a rollout worker: one client per policy of `spec` (`worker_models`), each with its own model, by policy
-    name, and the route of each agent to its policy's."""
-    clients = {name: make_client(llm) for name, llm in spec["models"].items()}
-    return clients, _route(clients, spec)
-
-
-def _route(clients: dict[str, Any], spec: dict[str, Any]) -> Callable[[str], Any]:
-    """Each agent to its policy's client, by `routing`'s keys (`spec`'s ``agents`` and ``default``)."""
-    agents, default = spec["agents"], spec["default"]
-
-    def route(agent: str) -> Any:
-        name = agents.get(agent, default)
-        if name is None:
-            raise ConfigError(f"agent {agent!r} has no policy (policies' agents: {agents}); add it to one policy")
-        return clients[name]
-
-    return route
+    routes = PolicyRoutes(
+        agents={agent: p.adapter or p.name for p in policies for agent in p.agents},
+        default=next((p.adapter or p.name for p in policies if not p.agents), None),
+    )
+    if policies[0].adapter is not None:
+        return AdapterServing(policies[0].cfg.lora, tuple(p.adapter or p.name for p in policies), routes)
+    return ModelServing({p.name: llm or p.cfg.llm for p in policies}, routes)
 
 
 def policy_of(policies: Sequence[Policy], agent: str) -> Policy:

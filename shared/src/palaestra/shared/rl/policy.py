@@ -19,8 +19,9 @@ import torch
 from palaestra.shared.config import ConfigError
 from palaestra.shared.llm.base import DType, LLMClient, make_client
 from palaestra.shared.llm.hf_backend import resolve_device
+from palaestra.shared.llm.lora import with_lora
 from palaestra.shared.rl import checkpoint
-from palaestra.shared.rl.config import LoraConfig, TrainConfig, learner_dtypes
+from palaestra.shared.rl.config import TrainConfig, learner_dtypes
 
 
 def check_learner(cfg: TrainConfig) -> None:
@@ -51,22 +52,6 @@ def autocast(device: torch.device, compute_dtype: torch.dtype):
     if compute_dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=compute_dtype)
-
-
-def peft_config(cfg: LoraConfig):
-    """peft's config of an adapter with `cfg`'s settings."""
-    from peft import LoraConfig as PeftLoraConfig
-
-    return PeftLoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules)
-    )
-
-
-def with_lora(model, cfg: LoraConfig, adapter: str = "default"):
-    from peft import get_peft_model
-
-    # wraps in place: the rollout client's model sees the adapters
-    return get_peft_model(model, peft_config(cfg), adapter_name=adapter)
 
 
 def policy_state(model, lora: bool) -> dict[str, torch.Tensor]:

@@ -135,8 +135,7 @@ from palaestra.shared.rl.policies import (
     build_policies,
     split_by_policy,
     warm_start_from,
-    worker_adapters,
-    worker_models,
+    worker_serving,
 )
 from palaestra.shared.rl.policy import check_learner, policy_state, think_token_ids
 from palaestra.shared.rl.sft import run_sft
@@ -312,8 +311,7 @@ class Trainer:
                 weight_sync=w.weight_sync,
                 concurrent=k > 0 and not fixed,
                 pin_versions=fixed,
-                adapters=worker_adapters(self.policies),  # LoRA policies on one base: the workers' adapters
-                models=worker_models(self.policies, w.llm),  # policies with a model each: one per policy
+                serving=worker_serving(self.policies, w.llm),  # several policies: adapters or a model each
             )
             self.rollouts.sync(self.policy_state(), self.step)
         else:
@@ -322,8 +320,8 @@ class Trainer:
             self.rollouts.sync(None, self.step)
         seed = lambda step: cfg.seed * 100_003 + step  # noqa: E731
         # in-process rollouts ahead: their own copy of every policy (rl/async_rollouts.py)
-        copies = (worker_adapters(self.policies), worker_models(self.policies))
-        engine = lambda: background_engine(cfg, self.policy_state(), self.step, *copies)  # noqa: E731
+        serving = worker_serving(self.policies)
+        engine = lambda: background_engine(cfg, self.policy_state(), self.step, serving)  # noqa: E731
         ahead = (cfg.rollout.version_schedule, cfg.rollout.max_inflight)
         self.stream = RolloutStream(self.rollouts, k, self.draw_tasks, seed, engine, steps, *ahead)
         if self.resumed:  # the rollouts in flight at the checkpoint

@@ -5,7 +5,7 @@ Runs on vLLM's own weight-transfer engine, ``vllm.distributed.weight_transfer`` 
 ``WeightSource`` (0.32: ``metadata()`` and iteration; 0.33: a cached ``metadata`` property and
 ``iter_full()``; `build_weight_source` builds the one installed) and in what later syncs resend (0.33 sends names,
 dtypes and shapes with the first sync only; 0.32 with every sync). On CPU (``cpu_transport``,
-rollout/vllm_cpu_transport.py) gloo takes NCCL's place and the whole protocol runs, vLLM's receiving side
+llm/vllm_cpu_transport.py) gloo takes NCCL's place and the whole protocol runs, vLLM's receiving side
 and its layerwise reload included (shared/tests/test_vllm_weight_sync.py, on vLLM 0.32); the NCCL calls
 themselves need GPUs: ``tools/gpu_check_vllm_sync.py`` is the check to run where two GPUs and vLLM are.
 
@@ -176,7 +176,7 @@ class VLLMWorkersClient:
         self._all("shutdown_weight_transfer")
 
     def use_cpu_transport(self) -> None:
-        """Gloo instead of NCCL in every engine (rollout/vllm_cpu_transport.py)."""
+        """Gloo instead of NCCL in every engine (llm/vllm_cpu_transport.py)."""
         self._all("use_cpu_transport")
 
 
@@ -227,7 +227,7 @@ class NcclWeightSync:
 
         self.client = VLLMWorkersClient(self.workers, self.get)
         if self.cpu_transport:
-            from palaestra.shared.rollout.vllm_cpu_transport import install
+            from palaestra.shared.llm.vllm_cpu_transport import install
 
             install()
             self.client.use_cpu_transport()

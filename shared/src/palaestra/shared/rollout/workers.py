@@ -28,9 +28,9 @@ loading each one's weights when they differ from the ones it holds), also when
 its shard runs again on a replacement.
 ``submit`` starts a rollout and ``collect`` waits for it (``run`` is both).
 
-Several policies (rl/policies.py): each worker holds a `Replica` serving them all, either LoRA adapters on
-one base model (``adapters``, `worker_adapters`: one adapter per policy) or one model per policy (``models``,
-`worker_models`: separate weights, each policy's own ``llm``); each agent's turns are sampled by its policy's
+Several policies (rollout/serving.py): each worker holds a `Replica` serving them all, either LoRA adapters on
+one base model (`AdapterServing`: one adapter per policy) or one model per policy (`ModelServing`:
+separate weights, each policy's own ``llm``); each agent's turns are sampled by its policy's
 client, and a sync carries each policy's weights by key (adapter or policy name: the adapters' tensors alone,
 or each model's state dict), each part loading into its own policy's client alone, with the version it names
 (pinned, offered or loaded now, as above). NCCL weight sync is for one model's weights only.
@@ -46,6 +46,7 @@ from palaestra.shared.extras import MissingExtraError
 from palaestra.shared.llm.base import LLMClient, LLMConfig, LLMError, make_client
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine, RolloutResult
 from palaestra.shared.rollout.policy_version import PolicyVersion
+from palaestra.shared.rollout.serving import Serving, serve
 from palaestra.shared.rollout.vllm_weight_sync import NcclWeightSync, WeightSync
 
 
@@ -59,7 +60,7 @@ class LocalRollouts:
         route: Callable[[str], LLMClient] | None = None,
         clients: Sequence[LLMClient] = (),
     ):
-        # route: each agent's client when several policies play (rl/policies.py); they too share their models.
+        # route: each agent's client when several policies play (rollout/serving.py); they too share their models.
         # clients: every policy's, registered now so each takes every sync's version
         self.engine = RolloutEngine(client, cfg, route)
         for c in clients:
@@ -81,25 +82,19 @@ class LocalRollouts:
 class Replica:
     """A model replica's engine and where weights load into it (a Ray worker's, or rl/async_rollouts.py's
     background engine). One policy: the engine's client takes the whole state dict. Several policies
-    (rl/policies.py), ``adapters`` (`worker_adapters`: LoRA adapters on one base) or ``models``
-    (`worker_models`: a model each): a client per policy, each agent's turns on its policy's client; a state
+    (`serving`, rollout/serving.py): a client per policy, each agent's turns on its policy's client; a state
     holds each policy's part by key (adapter or policy name), and each part loads into its own policy's client
     alone, which tags its tokens with its own version (no version runs ahead of the weights it names)."""
 
-    def __init__(self, llm: LLMConfig, cfg: RolloutConfig, adapters: dict | None = None, models: dict | None = None):
-        from palaestra.shared.rl.policies import adapter_engine, serve_adapters, serve_models
-
+    def __init__(self, llm: LLMConfig, cfg: RolloutConfig, serving: Serving | None = None):
         self.parts: dict[str, PolicyVersion] = {}  # several policies: each key's client's version
-        self.nested = adapters is not None  # an adapter client takes {adapter: tensors}, a model its state dict
+        self.nested = serving is not None and serving.nested  # adapters take {adapter: tensors}, a model its dict
         clients: dict[str, Any] = {}
         route = None
-        if models is not None:
-            clients, route = serve_models(models)
-            self.client = next(iter(clients.values()))
+        if serving is None:
+            self.client = make_client(llm)
         else:
-            self.client = make_client(llm) if adapters is None else adapter_engine(llm, adapters)  # vLLM: LoRA on
-            if adapters is not None:
-                clients, route = serve_adapters(self.client, adapters)
+            self.client, clients, route = serve(llm, serving)
         self.engine = RolloutEngine(next(iter(clients.values()), self.client), cfg, route)
         self.policy = self.engine.policy
         for key, client in clients.items():  # every client registered now: each takes the first sync
@@ -133,15 +128,14 @@ class Replica:
 
 class RolloutWorker:
     """A Ray actor: one model replica and an engine (wrapped with ``ray.remote`` by `RayRollouts`); several
-    policies: a `Replica` serving each (``adapters`` or ``models``)."""
+    policies: a `Replica` serving each (``serving``)."""
 
     def __init__(
         self,
         llm: LLMConfig,
         cfg: RolloutConfig,
         torch_threads: int = 1,
-        adapters: dict | None = None,
-        models: dict | None = None,
+        serving: Serving | None = None,
     ):
         import torch
 
@@ -149,7 +143,7 @@ class RolloutWorker:
         self.startup_error: Exception | None = None
         self.pinned_version: int | None = None  # the version of the last pinned rollout's weights, while held
         try:
-            self.replica = Replica(llm, cfg, adapters, models)
+            self.replica = Replica(llm, cfg, serving)
         except (LLMError, MissingExtraError, FileNotFoundError) as err:
             # the user's to fix (a missing backend or model): `pid` raises it in the driver, where the CLI prints
             # it in one line; raised here, Ray would also print the worker's traceback
@@ -211,8 +205,7 @@ class RayRollouts:
         weight_sync: WeightSync = WeightSync.object_store,
         concurrent: bool = False,
         pin_versions: bool = False,
-        adapters: dict | None = None,
-        models: dict | None = None,
+        serving: Serving | None = None,
     ):
         from palaestra.shared import cluster as ray_cluster
 
@@ -224,11 +217,8 @@ class RayRollouts:
         self.concurrent = concurrent
         if pin_versions and (concurrent or weight_sync == WeightSync.nccl):
             raise ValueError("pinned versions need sequential workers and weights through the object store")
-        if models is not None and weight_sync == WeightSync.nccl:
-            raise ValueError("several policies' models get their weights through the object store, not NCCL")
         self.pin_versions = pin_versions
-        self.adapters = adapters  # LoRA policies on one base (rl/policies.py `worker_adapters`)
-        self.models = models  # policies with a model each (rl/policies.py `worker_models`)
+        self.serving = serving  # several policies (rollout/serving.py)
         self.version: int | None = None
         self.max_restarts = max_restarts_per_step
         self.weights_ref: Any = None
@@ -262,7 +252,7 @@ class RayRollouts:
                 )
 
     def _start(self):
-        worker = self.actor_cls.remote(self.llm, self.cfg, 1, self.adapters, self.models)
+        worker = self.actor_cls.remote(self.llm, self.cfg, 1, self.serving)
         # pinned: each rollout brings its weights (the current ones would be newer than a rerun shard's)
         if self.weights_ref is not None and not self.pin_versions:
             self.ray.get(worker.load_weights.remote(self.weights_ref, self.version))
