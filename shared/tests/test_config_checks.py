@@ -61,10 +61,17 @@ def test_correct_names_and_choices_resolve():
 
 
 def test_enum_field_lists_every_reduction_the_loss_accepts():
-    from palaestra.shared.rl.loss import REDUCTIONS
+    """Each member has its own normalizer: rows 2 (grpo), rows with a token 1, tokens 3, rows x max_len 10."""
+    import torch
 
-    assert {m.value for m in Reduction} == set(REDUCTIONS)
+    from palaestra.shared.rl.loss import loss_normalizer
+
+    mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    got = {m.value: loss_normalizer(mask, LossConfig(reduction=m, max_len=5)) for m in Reduction}
+    assert got == {"grpo": 2.0, "seq-mean-token-sum": 1.0, "dapo": 3.0, "dr_grpo": 10.0}
     assert LossConfig().reduction == "grpo"
+    # one spelling: each member's name is its value, so the config's error lists what a config writes
+    assert [m.name for m in Reduction] == [m.value for m in Reduction]
 
 
 def test_a_name_registered_at_run_time_is_accepted():

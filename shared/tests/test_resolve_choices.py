@@ -80,3 +80,65 @@ def test_pipeline_only_names_its_stages(tmp_path, capsys):
     assert cli.main(["run", str(path), "--dry-run", "only=[trian]"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "palaestra: error: invalid value for 'only': unknown stage(s) ['trian']; stages: ['train']"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "advantages=[{name: grpo, options: {scale: grop}}]",
+            "invalid value for 'advantages.0.options.scale': 'grop' is not one of group, batch, none; "
+            "did you mean 'group'?",
+        ),
+        (
+            "advantages=[{name: grpo}, {name: entropy_clipped, options: {span: thnik}}]",
+            "'advantages.1.options.span': 'thnik' is not one of think, response; did you mean 'think'?",
+        ),
+        (
+            "advantages=[{name: grpo}, {name: entropy_clipped, options: {lam: high}}]",
+            "invalid value for 'advantages.1.options.lam': expected float, got 'high'",
+        ),
+        (
+            "advantages=[{name: grpo}, {name: entropy_clipped, options: {lam: 3.0, alpha: 2.0}}]",
+            "advantage estimator 'entropy_clipped': lam (3.0) >= alpha (2.0) could flip the advantage's sign",
+        ),
+        (
+            "advantages=[{name: grpo, options: {sacle: batch}}]",
+            "unknown key 'advantages.0.options.sacle': advantage estimator 'grpo' takes no argument 'sacle'; "
+            "did you mean 'scale'?",
+        ),
+        (
+            "advantages=[{name: entropy_clipped}]",
+            "invalid value for 'advantages': 'entropy_clipped' transforms advantages and has nothing before it; "
+            "put e.g. grpo first",
+        ),
+        ("advantages=[{name: agent_norm}]", "'agent_norm' transforms advantages and has nothing before it"),
+        (
+            "advantages=[{name: turn_level}, {name: grpo}]",
+            "'grpo' (advantages[1]) makes values from rewards, so it must come first",
+        ),
+        ("advantages=[]", "the advantage pipeline is empty"),
+    ],
+)
+def test_advantage_options_and_order_are_one_line_dry_run_errors(tmp_path, capsys, override, message):
+    code, err = dry_run(tmp_path, capsys, override)
+    assert code == 2
+    assert err.startswith("palaestra: error: ") and "\n" not in err
+    assert message in err
+
+
+def test_valid_advantage_pipelines_still_resolve():
+    """Negative control of the refusals above: the same estimators with valid options and order resolve."""
+    cfg = load_config(
+        RL,
+        [
+            "advantages=[{name: grpo, options: {scale: batch}}, "
+            "{name: entropy_clipped, options: {lam: 0.4, alpha: 2, span: response}}]"
+        ],
+    )
+    assert [(a.name, a.options) for a in cfg.advantages] == [
+        ("grpo", {"scale": "batch"}),
+        ("entropy_clipped", {"lam": 0.4, "alpha": 2, "span": "response"}),
+    ]
+    mars = load_config(RL, ["advantages=[{name: turn_level, options: {gamma: 0.9}}, {name: agent_norm}]"])
+    assert [a.name for a in mars.advantages] == ["turn_level", "agent_norm"]

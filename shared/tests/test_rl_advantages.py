@@ -180,15 +180,15 @@ def test_mars_code_norm_matches_token_level_reference(seed):
 
 
 def test_mars_code_norm_starts_a_pipeline():
-    with pytest.raises(ValueError, match="starts a pipeline"):
+    with pytest.raises(ValueError, match="makes values from rewards, so it must come first"):
         run([("turn_level", {}), ("mars_code_norm", {})], batch([[1.0], [0.0]]))
 
 
 def test_pipeline_errors_are_clear():
-    with pytest.raises(ValueError, match="put grpo or turn_level before it"):
+    with pytest.raises(ValueError, match="transforms advantages and has nothing before it; put e.g. grpo first"):
         run([("agent_norm", {})], batch([[1]]))
-    with pytest.raises(ValueError, match="unknown option 'lamda'"):
-        check_pipeline([AdvantageStep("entropy_clipped", {"lamda": 0.4})])
+    with pytest.raises(ValueError, match="takes no argument 'lamda'; did you mean 'lam'"):
+        check_pipeline([AdvantageStep("grpo"), AdvantageStep("entropy_clipped", {"lamda": 0.4})])
     with pytest.raises(KeyError, match="did you mean 'grpo'"):
         check_pipeline([AdvantageStep("grpoo")])
     with pytest.raises(ValueError, match="flip"):

@@ -120,8 +120,8 @@ def test_dual_clip_bounds_negative_advantage_loss():
 
 def test_bad_config_is_a_clear_error():
     logps, old, _, adv, mask, _ = tensors()
-    with pytest.raises(ValueError, match="unknown loss reduction 'gspo'"):
-        policy_loss(logps, old, adv, mask, LossConfig(reduction="gspo"))
+    with pytest.raises(ValueError, match="dr_grpo needs loss.max_len > 0"):
+        policy_loss(logps, old, adv, mask, LossConfig(reduction="dr_grpo"))
     with pytest.raises(ValueError, match="reference logprobs"):
         policy_loss(logps, old, adv, mask, LossConfig(kl_coef=0.1))
 

@@ -16,7 +16,7 @@ The refusals (unmarked: they need no vLLM) check which workers' settings the LoR
 import pytest
 import torch
 
-from palaestra.shared.config import ConfigError, TrackingConfig
+from palaestra.shared.config import ConfigError, TrackingConfig, check_fields
 from palaestra.shared.llm import LLMConfig, SamplingParams
 from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.llm.vllm_backend import VLLMClient
@@ -149,6 +149,6 @@ def test_an_adapter_only_sync_moves_the_engine_to_the_new_adapter_weights(polici
 
 def test_lora_policies_on_workers_take_transformers_or_vllm_through_the_object_store(tmp_path):
     with pytest.raises(ConfigError, match="transformers and vllm backends only"):
-        build_policies(config(tmp_path, llm=LLMConfig(backend="openai", model="tiny")))
+        check_fields(config(tmp_path, llm=LLMConfig(backend="openai", model="tiny")))
     with pytest.raises(ConfigError, match="object store"):
-        build_policies(config(tmp_path, weight_sync=WeightSync.nccl))
+        check_fields(config(tmp_path, weight_sync=WeightSync.nccl))

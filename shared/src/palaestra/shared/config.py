@@ -24,6 +24,9 @@ that a config class puts on its fields:
   (``"name"`` the sibling field holding the name): keys the entry's signature
   does not take fail, and parameters annotated
   ``Annotated[str, RegistryName(REG)]`` are checked like a registry name;
+  a parameter typed with an enum (nearest choice suggested) or as bool, int,
+  float or str takes only such values; an entry's ``check_arguments(options)``
+  (its defaults filled in) returns an error across its arguments, or None;
 - a keyword parameter holding the keyword arguments of another named entry
   (``source_kwargs`` of the ``task`` env) is annotated
   ``Annotated[dict, EntryKwargs(REG, "source")]`` (``"source"`` the parameter
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import inspect
 import re
 import typing
@@ -446,9 +450,39 @@ def check_kwargs(target: Any, kwargs: dict[str, Any], what: str, key: str, root:
         return
     given = {p: v.default for p, v in params.items() if v.default is not v.empty} | dict(kwargs)
     for name, value in kwargs.items():
-        for meta in getattr(hints.get(name), "__metadata__", ()):
+        annotation = hints.get(name)
+        if (problem := _type_problem(value, annotation)) is not None:
+            raise ConfigError(f"invalid value for '{key}.{name}': {problem}")
+        for meta in getattr(annotation, "__metadata__", ()):
             if hasattr(meta, "check") and value is not None:
                 meta.check(value, given, f"{key}.{name}", root)
+    check = getattr(target, "check_arguments", None)  # the entry's own check across its arguments
+    if callable(check) and (problem := check(given)):
+        raise ConfigError(f"invalid value for '{key}': {what}: {problem}")
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """Why `value` does not fit a plain parameter type (an enum, bool, int, float or str), or None."""
+    if value is None:
+        return None
+    if typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        choices = [str(m.value) for m in hint]
+        if str(value) in choices and isinstance(value, str | enum.Enum):
+            return None
+        close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+        hint_ = f"; did you mean '{close[0]}'?" if close else ""
+        return f"{value!r} is not one of {', '.join(choices)}{hint_}"
+    fits = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+    }
+    if hint in fits and not fits[hint](value):
+        return f"expected {hint.__name__}, got {value!r}"
+    return None
 
 
 def confined_path(output_dir: str | Path, *parts: str | Path, key: str = "output") -> Path:

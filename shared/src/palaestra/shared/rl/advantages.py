@@ -32,15 +32,15 @@ Formulas:
 
 from __future__ import annotations
 
-import inspect
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
-from palaestra.shared.config import registry_kwargs, registry_name
+from palaestra.shared.config import ConfigError, check_kwargs, registry_kwargs, registry_name
 from palaestra.shared.registry import Registry
 from palaestra.shared.rollout.trajectory import Trajectory
 
@@ -104,14 +104,15 @@ class AdvantageStep:
 
 
 def compute_advantages(steps: Sequence[AdvantageStep], batch: AdvantageInput) -> Values:
-    """Run the pipeline; the first step makes values from rewards, the others transform them."""
-    if not steps:
-        raise ValueError("the advantage pipeline is empty; e.g. advantages: [{name: grpo}]")
+    """Run the pipeline; the first step makes values from rewards, the others transform them.
+
+    A config's pipeline is checked when it resolves (`check_chain`, the options by each estimator's
+    signature); a pipeline built in code is checked here by the same function.
+    """
+    check_pipeline(steps)
     values: Values | None = None
     for step in steps:
-        fn = ADVANTAGES.get(step.name)
-        _check_options(step, fn)
-        values = fn(values, batch, **step.options)
+        values = ADVANTAGES.get(step.name)(values, batch, **step.options)
     assert values is not None  # the pipeline is not empty
     return values
 
@@ -123,17 +124,36 @@ def reads_entropy(steps: Sequence[AdvantageStep]) -> bool:
 
 
 def check_pipeline(steps: Sequence[AdvantageStep]) -> None:
-    """Fail early (before any rollout) on unknown names or options."""
-    for step in steps:
-        _check_options(step, ADVANTAGES.get(step.name))
+    """Raise `ConfigError` on what a config's resolve refuses: the chain's order and each step's options."""
+    if problem := check_chain(list(steps)):
+        raise ConfigError(f"invalid value for 'advantages': {problem}")
+    for i, step in enumerate(steps):
+        check_kwargs(
+            ADVANTAGES.get(step.name), step.options, f"advantage estimator '{step.name}'", f"advantages.{i}.options"
+        )
 
 
-def _check_options(step: AdvantageStep, fn: Estimator) -> None:
-    params = inspect.signature(fn).parameters
-    known = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
-    for key in step.options:
-        if key not in known:
-            raise ValueError(f"advantage step {step.name!r}: unknown option {key!r}; options: {known}")
+def starts(step: AdvantageStep) -> bool | None:
+    """Whether `step`'s estimator makes values from rewards (``starts_pipeline = True``) or transforms them
+    (``False``); None when the estimator does not say (its place in the chain is then not checked)."""
+    return getattr(ADVANTAGES.get(step.name), "starts_pipeline", None)
+
+
+def check_chain(steps: list[AdvantageStep], owner: Any = None) -> str | None:
+    """A value check of ``advantages``: the first step makes values from rewards, every later one transforms.
+
+    Unknown names are left to the name's own check (its did-you-mean).
+    """
+    if not steps:
+        return "the advantage pipeline is empty; e.g. advantages: [{name: grpo}]"
+    if any(step.name not in ADVANTAGES for step in steps):
+        return None
+    if starts(steps[0]) is False:
+        return f"'{steps[0].name}' transforms advantages and has nothing before it; put e.g. grpo first"
+    for i, step in enumerate(steps[1:], 1):
+        if starts(step):
+            return f"'{step.name}' (advantages[{i}]) makes values from rewards, so it must come first"
+    return None
 
 
 def _safe_norm(x: np.ndarray, mean: float, std: float, eps: float) -> np.ndarray:
@@ -143,19 +163,26 @@ def _safe_norm(x: np.ndarray, mean: float, std: float, eps: float) -> np.ndarray
     return (x - mean) / (std + eps)
 
 
-def _require(values: Values | None, name: str) -> Values:
-    if values is None:
-        raise ValueError(f"advantage step {name!r} transforms values: put grpo or turn_level before it")
-    return values
+class GrpoScale(StrEnum):
+    """What `grpo` divides the centred rewards by."""
+
+    group = "group"
+    batch = "batch"
+    none = "none"
+
+
+class EntropySpan(StrEnum):
+    """The tokens whose mean entropy `entropy_clipped` reads."""
+
+    think = "think"
+    response = "response"
 
 
 @ADVANTAGES.register("grpo")
-def grpo(values: Values | None, batch: AdvantageInput, *, eps: float = 1e-6, scale: str = "group") -> Values:
+def grpo(
+    values: Values | None, batch: AdvantageInput, *, eps: float = 1e-6, scale: GrpoScale = GrpoScale.group
+) -> Values:
     """Group-relative advantage of each trajectory's total reward, broadcast to all its turns."""
-    if values is not None:
-        raise ValueError("advantage step 'grpo' starts a pipeline (it reads rewards); put it first")
-    if scale not in ("group", "batch", "none"):
-        raise ValueError(f"grpo: scale must be group | batch | none, got {scale!r}")
     returns = np.array([r.sum() for r in batch.turn_rewards])
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, key in enumerate(zip(batch.group_ids, batch.agents)):
@@ -176,8 +203,6 @@ def grpo(values: Values | None, batch: AdvantageInput, *, eps: float = 1e-6, sca
 @ADVANTAGES.register("turn_level")
 def turn_level(values: Values | None, batch: AdvantageInput, *, gamma: float = 1.0) -> Values:
     """Per-agent returns to go over turn rewards (MARS)."""
-    if values is not None:
-        raise ValueError("advantage step 'turn_level' starts a pipeline (it reads rewards); put it first")
     out = []
     for r in batch.turn_rewards:
         ret = np.zeros_like(r)
@@ -205,7 +230,7 @@ def agent_norm(values: Values | None, batch: AdvantageInput, *, eps: float = 1e-
     them and the advantages over all response tokens of the batch (long turns weigh more), and re-centres
     on the mean of the distinct values per agent across games; the two agree in sign mostly, not in value.
     """
-    values = _require(values, "agent_norm")
+    assert values is not None  # a transform (check_chain)
     groups = _player_groups(batch) if by_env else _group_by(batch.agents)
     out = [v.astype(np.float64).copy() for v in values]
     for idx in groups.values():
@@ -246,8 +271,6 @@ def mars_code_norm(values: Values | None, batch: AdvantageInput, *, eps: float =
     carries that turn's return to go, and one value per turn is exact. An agent whose values are all 0 keeps
     them (MARS returns zeros there). Step 2 uses MARS's fixed eps 1e-8; ``eps`` is step 5's.
     """
-    if values is not None:
-        raise ValueError("advantage step 'mars_code_norm' starts a pipeline (it reads rewards); put it first")
     rewards = [r.astype(np.float64) for r in batch.turn_rewards]
     if not rewards:
         return []
@@ -285,19 +308,18 @@ def mars_code_norm(values: Values | None, batch: AdvantageInput, *, eps: float =
 
 @ADVANTAGES.register("entropy_clipped")
 def entropy_clipped(
-    values: Values | None, batch: AdvantageInput, *, lam: float = 0.4, alpha: float = 2.0, span: str = "think"
+    values: Values | None,
+    batch: AdvantageInput,
+    *,
+    lam: float = 0.4,
+    alpha: float = 2.0,
+    span: EntropySpan = EntropySpan.think,
 ) -> Values:
     """EGPO: A + λ·clip(H, -|A|/α, |A|/α), H the (detached) mean entropy of the think span.
 
     ``span="response"`` takes H over the whole response instead (for tasks without a think block).
     """
-    values = _require(values, "entropy_clipped")
-    if alpha <= 0 or lam < 0:
-        raise ValueError(f"entropy_clipped: need alpha > 0 and lam >= 0, got lam={lam}, alpha={alpha}")
-    if lam >= alpha:
-        raise ValueError(f"entropy_clipped: lam ({lam}) >= alpha ({alpha}) could flip the advantage's sign")
-    if span not in ("think", "response"):
-        raise ValueError(f"entropy_clipped: span must be think | response, got {span!r}")
+    assert values is not None  # a transform (check_chain)
     entropy = batch.think_entropy if span == "think" else batch.response_entropy
     if entropy is None:
         raise ValueError("entropy_clipped needs token entropies (the trainer computes them)")
@@ -326,4 +348,18 @@ def entropy_clipped(
     return out
 
 
+def _entropy_clipped_check(options: dict[str, Any]) -> str | None:
+    lam, alpha = options["lam"], options["alpha"]
+    if alpha <= 0 or lam < 0:
+        return f"need alpha > 0 and lam >= 0, got lam={lam}, alpha={alpha}"
+    if lam >= alpha:
+        return f"lam ({lam}) >= alpha ({alpha}) could flip the advantage's sign"
+    return None
+
+
 entropy_clipped.uses_entropy = True  # type: ignore[attr-defined]
+entropy_clipped.check_arguments = _entropy_clipped_check  # type: ignore[attr-defined]
+for _maker in (grpo, turn_level, mars_code_norm):  # they make values from rewards: a pipeline's first step
+    _maker.starts_pipeline = True  # type: ignore[attr-defined]
+for _transform in (agent_norm, entropy_clipped):  # they transform the values of the steps before them
+    _transform.starts_pipeline = False  # type: ignore[attr-defined]

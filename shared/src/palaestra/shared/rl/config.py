@@ -241,7 +241,11 @@ class TrainConfig(JobConfig):
     """The policy (and the learner's model: its backend must be transformers)."""
     envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec()])
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    advantages: list[AdvantageStep] = field(default_factory=lambda: [AdvantageStep("grpo")])
+    advantages: list[AdvantageStep] = field(
+        default_factory=lambda: [AdvantageStep("grpo")],
+        metadata=value_check("palaestra.shared.rl.advantages:check_chain"),
+    )
+    """The advantage pipeline (rl/advantages.py): a step that makes values from rewards, then transforms."""
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -64,7 +64,7 @@ import torch
 
 from palaestra.shared.rl.batch import TrainBatch
 from palaestra.shared.rl.config import TrainConfig
-from palaestra.shared.rl.distributed_rank import STRATEGIES, LearnerRank
+from palaestra.shared.rl.distributed_rank import LearnerRank
 from palaestra.shared.rl.learner import ppo_update
 from palaestra.shared.rl.update import StepData
 
@@ -96,8 +96,6 @@ class DistributedLearner:
         learner = cfg.learner
         if learner.world_size < 2:
             raise ValueError(f"a distributed learner needs learner.world_size >= 2, got {learner.world_size}")
-        if learner.strategy not in STRATEGIES:
-            raise ValueError(f"learner.strategy must be one of {', '.join(STRATEGIES)}, got {learner.strategy!r}")
         self.cfg, self.mirror = cfg, mirror
         self.ray = ray_cluster.init(cfg.cluster)
         self.world_size = learner.world_size

@@ -25,8 +25,6 @@ from palaestra.shared.rl.logprobs import token_logprobs_and_entropy
 from palaestra.shared.rl.optim import make_optimizer, set_learning_rate
 from palaestra.shared.rl.update import Collectives, Forward, StepData, minibatch_step, score_rows
 
-STRATEGIES = ("fsdp", "ddp")
-
 
 class LogProbs(torch.nn.Module):
     """The root that FSDP2 / DDP wrap: its forward is `token_logprobs_and_entropy` over the HF model

@@ -43,8 +43,6 @@ import torch
 
 from palaestra.shared.config import value_check
 
-REDUCTIONS = ("grpo", "dapo", "dr_grpo", "seq-mean-token-sum")
-
 
 class BehaviourCorrection(StrEnum):
     """Importance-sampling correction of the behaviour-vs-learner gap per token (module docstring)."""
@@ -54,13 +52,15 @@ class BehaviourCorrection(StrEnum):
     mis = "mis"
 
 
-class Reduction(StrEnum):
-    """How token losses become one loss (see the module docstring)."""
-
-    grpo = "grpo"
-    dapo = "dapo"
-    dr_grpo = "dr_grpo"
-    seq_mean_token_sum = "seq-mean-token-sum"
+# made by name so that every member's name is its value: the config, its errors and `palaestra show` all
+# spell ROLL's ``seq-mean-token-sum`` one way (a class body would need a second, Python-safe name)
+Reduction = StrEnum(
+    "Reduction",
+    [("grpo", "grpo"), ("dapo", "dapo"), ("dr_grpo", "dr_grpo"), ("seq-mean-token-sum", "seq-mean-token-sum")],
+    module=__name__,
+)
+Reduction.__doc__ = "How token losses become one loss (see the module docstring)."
+SEQ_MEAN_TOKEN_SUM = Reduction("seq-mean-token-sum")
 
 
 @dataclass
@@ -183,11 +183,11 @@ def loss_normalizer(mask: torch.Tensor, cfg: LossConfig) -> float:
     """What `reduce_tokens` divides by for the rows of `mask` (B, T): sequences (grpo), tokens (dapo) or
     sequences x ``max_len`` (dr_grpo). Counts add up: a distributed caller all-reduces (sums) each rank's."""
     _check_reduction(cfg)
-    if cfg.reduction == "grpo":
+    if cfg.reduction == Reduction.grpo:
         return float(mask.shape[0])
-    if cfg.reduction == "seq-mean-token-sum":
+    if cfg.reduction == SEQ_MEAN_TOKEN_SUM:
         return float((mask.sum(-1) > 0).sum())
-    if cfg.reduction == "dapo":
+    if cfg.reduction == Reduction.dapo:
         return float(mask.sum())
     return float(mask.shape[0] * cfg.max_len)
 
@@ -199,7 +199,7 @@ def reduce_tokens(
     (default: `loss_normalizer` of these rows, i.e. these rows are the whole minibatch)."""
     if normalizer is None:
         normalizer = loss_normalizer(mask, cfg)
-    if cfg.reduction in ("grpo", "seq-mean-token-sum"):
+    if cfg.reduction in (Reduction.grpo, SEQ_MEAN_TOKEN_SUM):
         total = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum()
     else:
         total = (per_token * mask).sum()
@@ -207,7 +207,6 @@ def reduce_tokens(
 
 
 def _check_reduction(cfg: LossConfig) -> None:
-    if cfg.reduction not in REDUCTIONS:
-        raise ValueError(f"unknown loss reduction {cfg.reduction!r}; known: {', '.join(REDUCTIONS)}")
-    if cfg.reduction == "dr_grpo" and cfg.max_len <= 0:
+    # a LossConfig built in code may miss the max_len that TrainConfig.__post_init__ fills in
+    if cfg.reduction == Reduction.dr_grpo and cfg.max_len <= 0:
         raise ValueError("dr_grpo needs loss.max_len > 0 (the constant normalizer)")

@@ -86,8 +86,8 @@ class Policy:
 
 
 def check_policies(value: dict, owner: TrainConfig) -> str | None:
-    """Config check of ``policies``: safe names, no agent named twice, at most one catch-all, and each own
-    model one the learner can train."""
+    """Config check of ``policies``: safe names, no agent named twice, at most one catch-all, each own model
+    one the learner can train, and what rollout workers can serve."""
     seen: dict[str, str] = {}
     catch_all = [name for name, spec in value.items() if not spec.agents]
     if len(catch_all) > 1:
@@ -101,6 +101,44 @@ def check_policies(value: dict, owner: TrainConfig) -> str | None:
             seen[agent] = name
         if spec.llm is not None and (problem := check_learner_llm(spec.llm, owner)):
             return f"{name}.llm: {problem}"
+    return _sharding_problem(owner) or _serving_problem(owner)
+
+
+def _sharding_problem(cfg: TrainConfig) -> str | None:
+    for name in list(cfg.policies) or [DEFAULT]:  # each policy may have a sharded learner of its own
+        pcfg = policy_config(cfg, name) if cfg.policies else cfg
+        if pcfg.learner.world_size > 1 and pcfg.lora.enabled:
+            where = f"policy {name}: " if cfg.policies else ""
+            return f"{where}learner.world_size > 1 does not support LoRA (lora.enabled); use world_size 1"
+    return None
+
+
+def _serving_problem(cfg: TrainConfig) -> str | None:
+    """What rollout workers cannot serve of several policies."""
+    if len(cfg.policies) < 2 or cfg.workers.num_workers == 0:
+        return None
+    backend = (cfg.workers.llm or cfg.llm).backend
+    own_llm = [name for name, spec in cfg.policies.items() if spec.llm is not None]
+    if not shares_base(cfg) and cfg.workers.llm is not None and own_llm:
+        return (
+            f"workers.llm names one model for every rollout worker, but policies {', '.join(own_llm)} "
+            "have an llm of their own; leave workers.llm unset (each policy's model is then served as its llm)"
+        )
+    if cfg.workers.weight_sync != WeightSync.object_store:
+        return (
+            "rollout workers get several policies' weights (models or LoRA adapters) through Ray's object "
+            f"store only; set workers.weight_sync object_store (got {cfg.workers.weight_sync})"
+        )
+    if shares_base(cfg) and backend not in ADAPTER_BACKENDS:
+        return (
+            f"rollout workers serve LoRA adapters on the {' and '.join(ADAPTER_BACKENDS)} backends only "
+            f"(the workers' llm.backend is {backend})"
+        )
+    if not shares_base(cfg) and backend != "transformers":
+        return (
+            "rollout workers serve several policies' own models on the transformers backend only "
+            f"(the workers' llm.backend is {backend}); LoRA adapters on one base are served on vLLM too"
+        )
     return None
 
 
@@ -127,37 +165,7 @@ def shares_base(cfg: TrainConfig) -> bool:
 
 def build_policies(cfg: TrainConfig) -> list[Policy]:
     """Every policy of the run with its model and optimizer built (in the section's order; no section: one)."""
-    names = list(cfg.policies) or [DEFAULT]
-    for name in names:  # each policy may have a sharded learner of its own (rl/trainer.py `start_learner`)
-        pcfg = policy_config(cfg, name) if cfg.policies else cfg
-        if pcfg.learner.world_size > 1 and pcfg.lora.enabled:
-            where = f"policy {name}: " if cfg.policies else ""
-            raise ConfigError(f"{where}learner.world_size > 1 does not support LoRA (lora.enabled); use world_size 1")
-    on_workers = len(names) > 1 and cfg.workers.num_workers > 0  # several policies served by rollout workers
-    if on_workers and not shares_base(cfg):
-        own_llm = [name for name in names if cfg.policies[name].llm is not None]
-        if cfg.workers.llm is not None and own_llm:
-            raise ConfigError(
-                f"policies: workers.llm names one model for every rollout worker, but policies {', '.join(own_llm)} "
-                "have an llm of their own; leave workers.llm unset (each policy's model is then served as its llm)"
-            )
-    if on_workers and cfg.workers.weight_sync != WeightSync.object_store:
-        raise ConfigError(
-            "policies: rollout workers get several policies' weights (models or LoRA adapters) through Ray's object "
-            f"store only; set workers.weight_sync object_store (got {cfg.workers.weight_sync})"
-        )
-    backend = (cfg.workers.llm or cfg.llm).backend
-    if on_workers and shares_base(cfg):
-        if backend not in ADAPTER_BACKENDS:
-            raise ConfigError(
-                f"policies: rollout workers serve LoRA adapters on the {' and '.join(ADAPTER_BACKENDS)} backends only "
-                f"(the workers' llm.backend is {backend})"
-            )
-    elif on_workers and backend != "transformers":
-        raise ConfigError(
-            "policies: rollout workers serve several policies' own models on the transformers backend only "
-            f"(the workers' llm.backend is {backend}); LoRA adapters on one base are served on vLLM too"
-        )
+    names = list(cfg.policies) or [DEFAULT]  # checked by `check_policies` when the config resolved
     if shares_base(cfg):
         return _adapters_on_one_base(cfg)
     out = []

@@ -119,8 +119,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from palaestra.shared.config import check_fields
 from palaestra.shared.rl import checkpoint
-from palaestra.shared.rl.advantages import AdvantageInput, check_pipeline, compute_advantages, reads_entropy
+from palaestra.shared.rl.advantages import AdvantageInput, EntropySpan, compute_advantages, reads_entropy
 from palaestra.shared.rl.async_rollouts import RolloutStream, background_engine, behaviour_data, check_admission
 from palaestra.shared.rl.batch import build_batch, think_entropy, token_advantages
 from palaestra.shared.rl.batch_rules import make_batch_rule
@@ -137,7 +138,7 @@ from palaestra.shared.rl.policies import (
     warm_start_from,
     worker_serving,
 )
-from palaestra.shared.rl.policy import check_learner, policy_state, think_token_ids
+from palaestra.shared.rl.policy import policy_state, think_token_ids
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.task_sampling import TaskSampler
 from palaestra.shared.rl.update import NonFiniteLoss, StepData
@@ -145,7 +146,6 @@ from palaestra.shared.rollout.engine import EpisodeSpec, check_failures
 from palaestra.shared.rollout.workers import LocalRollouts, RayRollouts
 from palaestra.shared.tracking import Tracker
 
-SPANS = ("think", "response")
 EvalHook = Callable[["Trainer", int], dict[str, float]]
 
 
@@ -161,12 +161,7 @@ class Trainer:
         eval_hook: EvalHook | None = None,
         batch_rule: str = "all",
     ):
-        check_pipeline(cfg.advantages)
-        if cfg.llm.backend != "transformers":
-            raise ValueError(
-                f"the learner needs llm.backend=transformers (got {cfg.llm.backend!r}); put vllm under workers.llm"
-            )
-        check_learner(cfg)
+        check_fields(cfg)  # a config built in code gets the checks a resolved one had
         self.cfg, self.tracker = cfg, tracker or Tracker(cfg.tracking)
         # model (float32 master weights) and optimizer of every policy (rl/policies.py); one without `policies`
         self.policies: list[Policy] = build_policies(cfg)
@@ -448,7 +443,7 @@ class Trainer:
             data.behaviour_logps, stale = behaviour_data(trajs, batch, cfg, self.step, data.old_logps)
         # 4. advantages
         entropy = data.entropies
-        entropies = (None, None) if entropy is None else (think_entropy(entropy, batch, s) for s in SPANS)
+        entropies = (None, None) if entropy is None else (think_entropy(entropy, batch, s) for s in EntropySpan)
         adv_in = AdvantageInput.from_trajectories(trajs, *entropies)
         values = compute_advantages(cfg.advantages, adv_in)
         data.advantages = token_advantages(values, batch.turn_index)
