@@ -167,7 +167,7 @@ def test_sharded_learner_one_step_ahead(tmp_path, ray_local):
     )
     with Trainer(cfg) as tr:
         history = [tr.train_step() for _ in range(2)]
-        gathered, own = tr.learner.state_dict(), tr.model.state_dict()
+        gathered, own = tr.policies[0].learner.state_dict(), tr.policies[0].model.state_dict()
         assert all(torch.equal(own[k], v) for k, v in gathered.items())
     m = history[1]
     assert m["async/tokens_lag_1"] == m["rollout/response_tokens_mean"] * m["rollout/trajectories"]
@@ -200,12 +200,12 @@ def test_fixed_schedule_on_ray_resumes_bit_exact(tmp_path, ray_local):
 
     with Trainer(cfg("straight")) as tr:
         straight = [comparable(tr.train_step()) for _ in range(3)]
-        final = {k: v.clone() for k, v in tr.model.state_dict().items()}
+        final = {k: v.clone() for k, v in tr.policies[0].model.state_dict().items()}
     with Trainer(cfg("cut")) as tr:
         first = [comparable(tr.train_step())]
         tr.save()
     with Trainer(cfg("cut", resume=True)) as tr:
         rest = [comparable(tr.train_step()) for _ in range(2)]
-        after = tr.model.state_dict()
+        after = tr.policies[0].model.state_dict()
     assert first + rest == straight
     assert all(torch.equal(after[k], v) for k, v in final.items())

@@ -171,7 +171,7 @@ def test_staleness_zero_samples_each_step_with_the_previous_updates_weights(tmp_
     same tokens when the engine replays step 1's tasks and seed on a copy of those weights)."""
     with Trainer(config(tmp_path, loss=LossConfig(behaviour_correction="tis", logprob_temperature=1.0))) as tr:
         tr.train_step()
-        after_first = copy.deepcopy(tr.model.state_dict())
+        after_first = copy.deepcopy(tr.policies[0].model.state_dict())
         taken = []
         stream = tr.stream
         original = stream.take
@@ -244,7 +244,7 @@ def test_fixed_schedule_resumes_bit_exact(tmp_path, k):
     the same metrics and weights, bit for bit. The schedule: step s samples with version max(0, s - k) only."""
     with Trainer(_fixed(tmp_path, "straight", k)) as tr:
         straight = [tr.train_step() for _ in range(4)]
-        final = copy.deepcopy(tr.model.state_dict())
+        final = copy.deepcopy(tr.policies[0].model.state_dict())
     for s, m in enumerate(straight):
         tokens = m["rollout/response_tokens_mean"] * m["rollout/trajectories"]
         assert m[f"async/tokens_lag_{min(s, k)}"] == tokens  # every token of step s: version max(0, s - k)
@@ -256,7 +256,7 @@ def test_fixed_schedule_resumes_bit_exact(tmp_path, k):
         tr.prepare()
         assert tr.step == 2 and sorted(tr.stream.inflight) == list(range(2, 2 + k))
         resumed = [tr.train_step() for _ in range(2)]
-        after = tr.model.state_dict()
+        after = tr.policies[0].model.state_dict()
     assert [_comparable(m) for m in first + resumed] == [_comparable(m) for m in straight]
     assert after.keys() == final.keys() and all(torch.equal(after[n], final[n]) for n in final)
 

@@ -39,7 +39,7 @@ def test_crafted_pickle_in_trainer_state_does_not_run(tmp_path):
     torch.save(state, ckpt / "trainer_state.pt")
     checkpoint.write_manifest(ckpt)  # even a run that wrote it itself: weights_only refuses the payload
     with pytest.raises(pickle.UnpicklingError):
-        checkpoint.load(ckpt, model, optimizer)
+        checkpoint.load(ckpt, [checkpoint.Part("", model, optimizer)])
     assert not marker.exists()
     # the same file loaded the unsafe way would have run the payload: the test's payload is real
     torch.load(ckpt / "trainer_state.pt", weights_only=False)
@@ -53,13 +53,12 @@ def test_genuine_trainer_state_round_trips(tmp_path):
     random.seed(7)
     np.random.seed(7)
     torch.manual_seed(7)
-    torch.save(
-        {"step": 5, "optimizer": optimizer.state_dict(), "rng": checkpoint.rng_state()}, ckpt / "trainer_state.pt"
-    )
+    torch.save({"step": 5, "rng": checkpoint.rng_state(), "sections": [""]}, ckpt / "trainer_state.pt")
+    torch.save({"optimizer": optimizer.state_dict()}, ckpt / "optimizer.pt")
     checkpoint.write_manifest(ckpt)
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
     fresh = torch.optim.AdamW(model.parameters(), lr=0.1)
-    assert checkpoint.load(ckpt, model, fresh) == 5
+    assert checkpoint.load(ckpt, [checkpoint.Part("", model, fresh)]) == 5
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected  # RNG states restored
     saved = optimizer.state_dict()["state"][0]["exp_avg"]
     assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], saved)
@@ -76,7 +75,8 @@ def _sharded_checkpoint(tmp_path: Path, tiny_llm) -> tuple[Path, torch.nn.Module
     def sharded(path: Path) -> None:
         dcp.save({"model": {k: v.clone() for k, v in model.state_dict().items()}}, checkpoint_id=str(path / "sharded"))
 
-    ckpt = checkpoint.save(tmp_path, 3, hf, tiny_llm.tokenizer, torch.optim.AdamW(hf.parameters()), sharded)
+    part = checkpoint.Part("", hf, torch.optim.AdamW(hf.parameters()), tiny_llm.tokenizer)
+    ckpt = checkpoint.save(tmp_path, 3, [part], sharded)
     assert (ckpt / "sharded" / ".metadata").is_file() and (ckpt / checkpoint.MANIFEST).is_file()
     return ckpt, hf, torch.optim.AdamW(hf.parameters())
 
@@ -87,11 +87,11 @@ def test_crafted_sharded_metadata_is_refused_before_anything_reads_it(tmp_path, 
     from torch.distributed.checkpoint.api import CheckpointException
 
     ckpt, model, optimizer = _sharded_checkpoint(tmp_path, tiny_llm)
-    assert checkpoint.load(ckpt, model, optimizer) == 3  # the genuine checkpoint loads
+    assert checkpoint.load(ckpt, [checkpoint.Part("", model, optimizer)]) == 3  # the genuine checkpoint loads
     marker = tmp_path / "pwned"
     (ckpt / "sharded" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
     with pytest.raises(checkpoint.CheckpointError, match=r"sharded/\.metadata: its sha256 differs") as err:
-        checkpoint.load(ckpt, model, optimizer)
+        checkpoint.load(ckpt, [checkpoint.Part("", model, optimizer)])
     assert "\n" not in str(err.value)
     assert not marker.exists()
     # torch's own loader, given the same directory, runs the payload: the file is a real attack
@@ -117,7 +117,7 @@ def test_any_change_to_a_saved_checkpoint_is_refused_naming_the_file(tmp_path, t
         (ckpt / checkpoint.MANIFEST).unlink()
         named, why = ckpt / checkpoint.MANIFEST, "missing"
     with pytest.raises(checkpoint.CheckpointError) as err:
-        checkpoint.load(ckpt, model, optimizer)
+        checkpoint.load(ckpt, [checkpoint.Part("", model, optimizer)])
     assert str(err.value).startswith(f"{named}: ") and why in str(err.value)
 
 

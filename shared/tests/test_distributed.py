@@ -168,13 +168,14 @@ def test_trainer_with_two_ranks_checkpoints_the_shards_and_keeps_its_copy_in_ste
         minibatch_size=3,
     )
     with Trainer(cfg) as trainer:
-        before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        before = {k: v.clone() for k, v in trainer.policies[0].model.state_dict().items()}
         trainer.train()
-        assert trainer.learner is not None and trainer.ref_model is None  # the ranks hold the reference
-        gathered = trainer.learner.state_dict()
-        own = trainer.model.state_dict()
+        policy = trainer.policies[0]
+        assert policy.learner is not None and policy.ref_model is None  # the ranks hold the reference
+        gathered = trainer.policies[0].learner.state_dict()
+        own = trainer.policies[0].model.state_dict()
         assert all(torch.equal(own[k], v) for k, v in gathered.items())
         assert any(not torch.equal(before[k], v) for k, v in gathered.items())
     ckpt = tmp_path / "out" / "checkpoints" / "step_000001"
     assert (ckpt / "sharded" / ".metadata").is_file() and (ckpt / "model.safetensors").is_file()
-    assert trainer.learner is None  # closed with the trainer
+    assert trainer.policies[0].learner is None  # closed with the trainer

@@ -112,7 +112,7 @@ def test_evaluate_plays_on_the_training_rollouts_with_the_training_settings(tmp_
     assert run_cfg.response_prefix == "<think>" and run_cfg.group_size == 2
     # ... and what the model was asked with
     assert params and all((p.temperature, p.top_p, p.top_k, p.max_tokens) == (0.7, 0.9, 5, 4) for p in params)
-    prefix = trainer.tokenizer.encode("<think>", add_special_tokens=False)
+    prefix = trainer.policies[0].tokenizer.encode("<think>", add_special_tokens=False)
     assert prompts and all(p[-len(prefix) :] == prefix for p in prompts)
     # every trajectory counted, the truncated ones by name (4-token answers of a random model run out of tokens)
     trajs = result.trajectories

@@ -89,9 +89,9 @@ def test_one_declared_policy_is_self_play_bit_for_bit(tmp_path):
         with trainer:
             runs.append([timeless(trainer.train_step()) for _ in range(2)])
     assert runs[0] == runs[1]
-    assert same(weights(plain.model), weights(declared.model))
+    assert same(weights(plain.policies[0].model), weights(declared.policies[0].model))
     fresh = Trainer(config(tmp_path / "fresh"))
-    assert not same(weights(plain.model), weights(fresh.model))  # the two steps did train
+    assert not same(weights(plain.policies[0].model), weights(fresh.policies[0].model))  # the two steps did train
 
 
 def test_two_policies_update_as_two_single_policy_runs_on_the_same_rows(tmp_path):
@@ -116,8 +116,8 @@ def test_two_policies_update_as_two_single_policy_runs_on_the_same_rows(tmp_path
         alone.batch_rule.select = lambda step, result, rows=rows: rows[step]  # the same rows, this seat's alone
         single = [alone.train_step() for _ in range(2)]
         alone.close()
-        assert same(weights(policy.model), weights(alone.model)), policy.name
-        assert same(policy.optimizer.state_dict()["state"][0], alone.optimizer.state_dict()["state"][0])
+        assert same(weights(policy.model), weights(alone.policies[0].model)), policy.name
+        assert same(policy.optimizer.state_dict()["state"][0], alone.policies[0].optimizer.state_dict()["state"][0])
         for m, s in zip(metrics, single):
             assert {k: m[f"policy/{policy.name}/{k}"] for k in timeless(s) if k.startswith("train/")} == {
                 k: v for k, v in s.items() if k.startswith("train/")
@@ -271,13 +271,13 @@ def test_lora_policies_share_one_base_each_updating_its_adapter_as_a_single_lora
     # policy b against a single-policy LoRA run started from b's adapter, on p1's rows
     alone = Trainer(config(tmp_path / "alone", optim=TWO["b"].optim, lora=lora))
     alone.prepare()
-    set_peft_model_state_dict(alone.model, start_b)
+    set_peft_model_state_dict(alone.policies[0].model, start_b)
     rows = [RolloutResult([t for t in r.trajectories if t.agent == "p1"], r.stats) for r in seen]
     alone.batch_rule.select = lambda step, result: rows[step]
     for _ in range(2):
         alone.train_step()
     alone.close()
-    assert same(adapter(b.model, b.adapter), adapter(alone.model, "default"))
+    assert same(adapter(b.model, b.adapter), adapter(alone.policies[0].model, "default"))
     # generation with b's adapter is the base with b merged in
     merged = make_client(LLMConfig(model="tiny", device="cpu"))
     b.model.set_adapter(b.adapter)

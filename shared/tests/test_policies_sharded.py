@@ -102,7 +102,7 @@ def sharded_run(tmp_path_factory, ray_local):
     seen: list[RolloutResult] = []
     select = trainer.batch_rule.select
     trainer.batch_rule.select = lambda step, result: seen.append(select(step, result)) or seen[-1]
-    before = weights(trainer.model)
+    before = weights(trainer.policies[0].model)
     with trainer:
         trainer.prepare()
         assert [type(p.learner).__name__ for p in trainer.policies] == ["DistributedLearner"] * 2
@@ -170,9 +170,11 @@ def test_one_declared_sharded_policy_is_the_sharded_run_without_a_section_bit_fo
     runs = []
     for out, policies in ((tmp_path / "plain", {}), (tmp_path / "one", {"solo": PolicySpec()})):
         with Trainer(config(out, 2, policies=policies, steps=1, learner=learner(2, "fsdp"))) as trainer:
-            before = weights(trainer.model)
+            before = weights(trainer.policies[0].model)
             metrics = trainer.train_step()
-            runs.append(({k: v for k, v in metrics.items() if not k.startswith("perf/")}, weights(trainer.model)))
+            runs.append(
+                ({k: v for k, v in metrics.items() if not k.startswith("perf/")}, weights(trainer.policies[0].model))
+            )
     assert runs[0][0] == runs[1][0]
     assert max_relative_difference(runs[0][1], runs[1][1]) == 0.0
     assert max_relative_difference(runs[0][1], before) > 0.0  # the step did train

@@ -56,12 +56,12 @@ def test_resume_continues_exactly(tmp_path):
     resumed.prepare()
     assert resumed.step == 2
     resumed.train()
-    a, b = weights(straight.model), weights(resumed.model)
+    a, b = weights(straight.policies[0].model), weights(resumed.policies[0].model)
     assert all(torch.equal(a[k], b[k]) for k in a)
     # and the training did move the weights
     fresh = Trainer(small_config(tmp_path / "c", steps=0))
-    assert any(not torch.equal(a[k], fresh.model.state_dict()[k]) for k in a)
-    sa, sb = straight.optimizer.state_dict(), resumed.optimizer.state_dict()
+    assert any(not torch.equal(a[k], fresh.policies[0].model.state_dict()[k]) for k in a)
+    sa, sb = straight.policies[0].optimizer.state_dict(), resumed.policies[0].optimizer.state_dict()
     assert all(torch.equal(sa["state"][i]["exp_avg"], sb["state"][i]["exp_avg"]) for i in sa["state"])
 
 
@@ -78,14 +78,14 @@ def test_trainer_warms_up_from_zero(tmp_path):
     )
     trainer = Trainer(cfg)
     trainer.prepare()
-    before = weights(trainer.model)
+    before = weights(trainer.policies[0].model)
     first = trainer.train_step()
     assert first["train/lr"] == 0.0
-    assert all(torch.equal(before[k], v) for k, v in weights(trainer.model).items())
+    assert all(torch.equal(before[k], v) for k, v in weights(trainer.policies[0].model).items())
     second = trainer.train_step()
     assert second["train/lr"] == pytest.approx(5e-4)
-    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
-    assert any(not torch.equal(before[k], v) for k, v in weights(trainer.model).items())
+    assert trainer.policies[0].optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
+    assert any(not torch.equal(before[k], v) for k, v in weights(trainer.policies[0].model).items())
     trainer.close()
 
 
@@ -253,6 +253,6 @@ def test_step_with_micro_batches_and_checkpointing_runs(tmp_path):
 
     learner = LearnerConfig(micro_batch_tokens=40, gradient_checkpointing=True)
     trainer = Trainer(small_config(tmp_path, steps=1, learner=learner, loss=LossConfig(kl_coef=0.1)))
-    assert trainer.model.model.gradient_checkpointing
+    assert trainer.policies[0].model.model.gradient_checkpointing
     metrics = trainer.train_step()
     assert np.isfinite(metrics["train/loss"]) and metrics["train/kl"] >= 0

@@ -21,7 +21,7 @@ from palaestra.shared.llm import LLMConfig, SamplingParams
 from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.llm.vllm_backend import VLLMClient
 from palaestra.shared.rl.config import EnvSpec, OptimConfig, PolicySpec, TrainConfig, WorkersConfig
-from palaestra.shared.rl.policies import adapter_states, agent_clients, build_policies, worker_serving
+from palaestra.shared.rl.policies import adapter_states, build_policies, worker_serving
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
 from palaestra.shared.rollout.vllm_weight_sync import WeightSync
 from palaestra.shared.testing import TakeTurns
@@ -113,7 +113,7 @@ def test_two_adapters_on_one_vllm_engine_generate_as_peft(policies, worker):
     tokens = lambda cs: [c.token_ids for c in cs]  # noqa: E731
     assert tokens(outputs["a"]) != tokens(outputs["b"]) != tokens(base) != tokens(outputs["a"])
     # a rollout: each agent's turns with its own policy's adapter, as the learner's own rollouts
-    ours, theirs = duel(worker), duel(RolloutEngine(policies[0].client, GREEDY, agent_clients(policies)))
+    ours, theirs = duel(worker), duel(RolloutEngine(policies.base_client, GREEDY, policies.client_of))
     assert ours == theirs and {agent for agent, _ in ours} == {"p0", "p1"}
 
 

@@ -2,16 +2,13 @@
 
 Layout under ``<output_dir>/checkpoints``::
 
-    step_000010/            model (loadable as an HF directory with its tokenizer) + trainer_state.pt
-                            (+ sharded/: the sharded learner's torch.distributed.checkpoint files) + manifest.json
-    reference/              the frozen reference model (when KL is on), saved once at the start; manifest.json
-
-With a ``policies`` section (rl/policies.py) each policy has its subdirectory::
-
-    step_000010/            trainer_state.pt (step, RNG states) + manifest.json
-      <name>/               the policy's model (an HF directory with its tokenizer; LoRA: its adapter)
+    step_000010/            trainer_state.pt (step, RNG states, the sections) + manifest.json
+      <section>/            each policy's model (an HF directory with its tokenizer; LoRA: its adapter)
                             + optimizer.pt (+ sharded/: its own sharded learner's files)
-    policies/<name>/reference/   its frozen reference (when KL is on)
+    <reference dir>/reference/   each policy's frozen reference (when KL is on), saved once at the start
+
+Each policy's section is `Part.section` (rl/policies.py): its name with a ``policies`` section, else ``""``,
+so a run without one keeps its model in ``step_*/`` itself and its reference in ``reference/``.
 
 A checkpoint is written to a temporary directory and renamed, so a crash never
 leaves a half-written ``step_*`` behind.
@@ -31,8 +28,9 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,48 +46,38 @@ class CheckpointError(ValueError):
     """A checkpoint that is not the one its run wrote (a file changed, missing or added, or no manifest)."""
 
 
-def save(root: Path, step: int, model, tokenizer, optimizer, extra: Callable[[Path], None] | None = None) -> Path:
-    """Write step `step` under `root`; `extra(dir)` adds more to it before the rename (the sharded learner's state)."""
+@dataclass
+class Part:
+    """One policy's share of a checkpoint: its section (a subdirectory; ``""``: the step directory itself),
+    model, optimizer, tokenizer (saved beside the model) and LoRA adapter (on a base holding several: saved
+    alone)."""
+
+    section: str
+    model: Any
+    optimizer: Any
+    tokenizer: Any = None
+    adapter: str | None = None
+
+
+def save(root: Path, step: int, parts: Sequence[Part], extra: Callable[[Path], None] | None = None) -> Path:
+    """Write step `step` under `root`: each part in its section, then the step and RNG states once in
+    ``trainer_state.pt``; `extra(dir)` adds more before the rename (each sharded learner's state)."""
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    state = {"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state()}
-    torch.save(state, tmp / "trainer_state.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
-    if extra is not None:
-        extra(tmp)
-    write_manifest(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    return final
-
-
-def save_policies(
-    root: Path,
-    step: int,
-    policies: dict[str, tuple[Any, Any, Any, str | None]],
-    extra: Callable[[Path], None] | None = None,
-) -> Path:
-    """Write step `step` of several policies under `root`: ``{name: (model, tokenizer, optimizer, adapter)}``,
-    each in its subdirectory (`adapter`: the policy's LoRA adapter on a base model holding several, saved
-    alone); the step and RNG states once, in ``trainer_state.pt``; `extra(dir)` adds more before the rename
-    (each sharded learner's state, in its policy's subdirectory)."""
-    final = root / f"step_{step:06d}"
-    tmp = root / f".tmp_step_{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name, (model, tokenizer, optimizer, adapter) in policies.items():
-        if adapter is None:
-            model.save_pretrained(tmp / name)
+    for part in parts:
+        directory = tmp / part.section
+        if part.adapter is None:
+            part.model.save_pretrained(directory)
         else:
-            save_adapter(model, adapter, tmp / name)
-        tokenizer.save_pretrained(tmp / name)
-        torch.save({"optimizer": optimizer.state_dict()}, tmp / name / "optimizer.pt")
-    torch.save({"step": step, "rng": rng_state(), "policies": list(policies)}, tmp / "trainer_state.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "policies": list(policies)}))
+            save_adapter(part.model, part.adapter, directory)
+        if part.tokenizer is not None:
+            part.tokenizer.save_pretrained(directory)
+        torch.save({"optimizer": part.optimizer.state_dict()}, directory / "optimizer.pt")
+    sections = [part.section for part in parts]
+    torch.save({"step": step, "rng": rng_state(), "sections": sections}, tmp / "trainer_state.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "sections": sections}))
     if extra is not None:
         extra(tmp)
     write_manifest(tmp)
@@ -98,23 +86,29 @@ def save_policies(
     return final
 
 
-def load_policies(path: Path, policies: dict[str, tuple[Any, Any, str | None]]) -> int:
-    """Restore every policy's weights and optimizer (``{name: (model, optimizer, adapter)}``) and the RNG states
-    from `path` (checked against its manifest first); return its step. A policy the checkpoint lacks is an
-    error."""
+def load(path: Path, parts: Sequence[Part]) -> int:
+    """Restore every part's weights and optimizer and the RNG states from `path` (all of its files checked
+    against its manifest first, the sharded learners' included, which load later from the same directory);
+    return its step. A checkpoint of other sections than the run's is an error."""
     verify(path)
+    # weights_only: a crafted trainer_state.pt cannot run code; numpy's RNG state (an array) is allowlisted
     with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
         state = torch.load(path / "trainer_state.pt", weights_only=True)
-    saved = state.get("policies")
-    if saved is None or set(saved) != set(policies):
-        raise CheckpointError(
-            f"{path}: holds policies {saved or 'none (a single-policy checkpoint)'}, the run has {list(policies)}"
-        )
-    for name, (model, optimizer, adapter) in policies.items():
-        load_weights(path / name, model, adapter or "default")
-        optimizer.load_state_dict(torch.load(path / name / "optimizer.pt", weights_only=True)["optimizer"])
+    saved, wanted = state.get("sections"), [part.section for part in parts]
+    if saved is None or set(saved) != set(wanted):
+        raise CheckpointError(f"{path}: holds policies {_named(saved)}, the run has {_named(wanted)}")
+    for part in parts:
+        load_weights(path / part.section, part.model, part.adapter or "default")
+        optimizer = torch.load(path / part.section / "optimizer.pt", weights_only=True)["optimizer"]
+        part.optimizer.load_state_dict(optimizer)
     set_rng_state(state["rng"])
     return int(state["step"])
+
+
+def _named(sections: list[str] | None) -> str:
+    if not sections:
+        return "none"
+    return ", ".join(s or "one (no policies section)" for s in sections)
 
 
 def latest(root: Path) -> Path | None:
@@ -126,19 +120,6 @@ def prune(root: Path, keep: int) -> None:
     steps = sorted(p for p in Path(root).glob("step_*") if (p / "trainer_state.pt").is_file())
     for old in steps[: max(0, len(steps) - max(keep, 1))]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def load(path: Path, model, optimizer) -> int:
-    """Restore weights, optimizer and RNG states from `path` (all of its files checked against its manifest
-    first, the sharded learner's included, which it loads later from the same directory); return its step."""
-    verify(path)
-    load_weights(path, model)
-    # weights_only: a crafted trainer_state.pt cannot run code; numpy's RNG state (an array) is allowlisted
-    with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
-        state = torch.load(path / "trainer_state.pt", weights_only=True)
-    optimizer.load_state_dict(state["optimizer"])
-    set_rng_state(state["rng"])
-    return int(state["step"])
 
 
 def save_adapter(model, adapter: str, path: Path) -> None:

@@ -8,10 +8,11 @@ agents each plays, and what each has of its own; every unset section is the run'
       second: {agents: [player_1], optim: {lr: 1.0e-4}}  # its own optimizer settings
 
 Each policy is a `Policy`: its model (separate weights, float32 master copy), optimizer, learner, frozen
-reference and checkpoint subdirectory. The rollout engine samples every agent's turn from its policy's
-client (`agent_clients`: rollout/engine.py routes by agent); the trainer (rl/trainer.py) then splits the
-step's trajectories by agent (`split_by_policy`) and runs the advantage pipeline, the update and the
-learning-rate schedule per policy on its own rows, logging ``policy/<name>/...`` metrics.
+reference, checkpoint section and metric names. The run holds a `PolicySet`, also of one policy: the rollout
+engine samples every agent's turn from its policy's client (`PolicySet.client_of`); the trainer
+(rl/trainer.py) splits the step's trajectories by agent (`PolicySet.split`) and runs the advantage pipeline,
+the update and the learning-rate schedule per policy on its own rows, logging ``policy/<name>/...`` metrics
+when there are several.
 
 LoRA on one model (``lora.enabled``, no policy with its own ``llm`` or ``lora``): the policies are adapters
 (``policy_<name>``) on one base model (`shares_base`): each client generates with its adapter active
@@ -24,7 +25,7 @@ llm/vllm_backend.py). The adapters travel through Ray's object store (megabytes)
 
 Policies with a model each (separate weights, possibly each its own ``llm``): rollout workers hold one model
 per policy (`worker_serving`; the transformers backend, e.g. small models on CPU) and route each
-agent's turns to its policy's; the weight sync sends every policy's weights by policy (`Trainer.policy_state`),
+agent's turns to its policy's; the weight sync sends every policy's weights by policy (`PolicySet.weights`),
 each loading into its own policy's model alone (rollout/workers.py `Replica`), through Ray's object store (NCCL
 and a ``workers.llm`` beside policies' own ``llm`` are refused). Rollouts ahead of the learner
 (``rollout.max_staleness`` > 0, rl/async_rollouts.py) work with several policies too: in-process, the background
@@ -47,6 +48,7 @@ import copy
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,9 +56,10 @@ import torch
 from palaestra.shared.config import ConfigError
 from palaestra.shared.llm.base import LLMClient, LLMConfig
 from palaestra.shared.llm.lora import AdapterClient, peft_config
+from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.config import TrainConfig, check_learner_llm
 from palaestra.shared.rl.optim import make_optimizer
-from palaestra.shared.rl.policy import load_policy
+from palaestra.shared.rl.policy import load_policy, policy_state, think_token_ids
 from palaestra.shared.rollout.serving import AdapterServing, ModelServing, PolicyRoutes, Serving
 from palaestra.shared.rollout.trajectory import Trajectory
 from palaestra.shared.rollout.vllm_weight_sync import WeightSync
@@ -83,6 +86,100 @@ class Policy:
     learner: Any = None  # rl/learner.py `Learner`, started by the trainer's `prepare`
     adapter: str | None = None
     """Its LoRA adapter when the policies share one base model (`shares_base`): ``model`` is that peft model."""
+    section: str = ""
+    """Its checkpoint subdirectory: its name with a ``policies`` section, else "" (the step directory)."""
+    metric_prefix: str = ""
+    """What its metrics' names start with: ``policy/<name>/`` when the run trains several, else ""."""
+    think_ids: Any = None
+    """Its tokenizer's ``<think>`` markers (rl/policy.py `think_token_ids`)."""
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.client.tokenizer
+
+    @property
+    def reference_dir(self) -> Path:
+        """Where its reference/ lives under the checkpoints (rl/checkpoint.py)."""
+        return Path("policies", self.name) if self.section else Path()
+
+    @property
+    def learner_name(self) -> str:
+        """How messages name its learner."""
+        return f"policy {self.name}'s learner" if self.section else "the learner"
+
+    def checkpoint_part(self) -> checkpoint.Part:
+        return checkpoint.Part(self.section, self.model, self.optimizer, self.tokenizer, self.adapter)
+
+
+class PolicySet(Sequence[Policy]):
+    """Every policy of a run, in the section's order: one without a ``policies`` section.
+
+    The trainer asks the set, never how many policies there are: who plays an agent, which rows each trains
+    on, what the rollouts serve and load, and what a checkpoint holds.
+    """
+
+    def __init__(self, policies: list[Policy]):
+        self.policies = policies
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.policies[i]
+
+    def __len__(self) -> int:
+        return len(self.policies)
+
+    @property
+    def base_client(self) -> Any:
+        """The client the rollout engine is built on (its tokenizer and context length): the first policy's."""
+        return self.policies[0].client
+
+    def of(self, agent: str) -> Policy:
+        return policy_of(self.policies, agent)
+
+    def client_of(self, agent: str) -> LLMClient:
+        """The client that samples `agent`'s turns (the rollout engine's route)."""
+        return self.of(agent).client
+
+    def clients(self) -> list[LLMClient]:
+        return [p.client for p in self.policies]
+
+    def split(self, trajs: Sequence[Trajectory]) -> list[tuple[Policy, list[Trajectory]]]:
+        """The trajectories of each policy's agents, in the policies' order (a policy with none is left out);
+        the trajectories keep their order."""
+        rows: dict[str, list[Trajectory]] = {p.name: [] for p in self.policies}
+        for t in trajs:
+            rows[self.of(t.agent).name].append(t)
+        return [(p, rows[p.name]) for p in self.policies if rows[p.name]]
+
+    def eval(self) -> None:
+        """Every model in eval mode (no dropout) for rollouts and scoring."""
+        for p in self.policies:
+            p.model.eval()
+
+    def serving(self, llm: LLMConfig | None = None) -> Serving | None:
+        """What a rollout worker serves besides its own client (`worker_serving`)."""
+        return worker_serving(self.policies, llm)
+
+    def weights(self) -> dict[str, Any]:
+        """What the rollouts load after an update, shaped as `serving` says: the adapters' tensors alone by
+        adapter, or each model's weights by policy; one policy's weights as they are (LoRA merged in)."""
+        serving = self.serving()
+        if isinstance(serving, AdapterServing):
+            return adapter_states(self.policies)
+        if isinstance(serving, ModelServing):
+            return {p.name: policy_state(p.model, p.cfg.lora.enabled) for p in self.policies}
+        (only,) = self.policies
+        return policy_state(only.model, only.cfg.lora.enabled)
+
+    def warm_start(self, sft: Callable[[Policy], dict[str, float]]) -> dict[str, float]:
+        """`sft` on the first policy; every other starts from it (`warm_start_from`). Returns its metrics."""
+        first, *others = self.policies
+        metrics = sft(first)
+        for p in others:
+            warm_start_from(p, first, sft)
+        return metrics
+
+    def checkpoint_parts(self) -> list[checkpoint.Part]:
+        return [p.checkpoint_part() for p in self.policies]
 
 
 def check_policies(value: dict, owner: TrainConfig) -> str | None:
@@ -163,19 +260,24 @@ def shares_base(cfg: TrainConfig) -> bool:
     return all(c.lora.enabled and c.llm == own[0].llm and c.lora == own[0].lora for c in own)
 
 
-def build_policies(cfg: TrainConfig) -> list[Policy]:
+def build_policies(cfg: TrainConfig) -> PolicySet:
     """Every policy of the run with its model and optimizer built (in the section's order; no section: one)."""
     names = list(cfg.policies) or [DEFAULT]  # checked by `check_policies` when the config resolved
     if shares_base(cfg):
-        return _adapters_on_one_base(cfg)
-    out = []
-    for name in names:
-        pcfg = policy_config(cfg, name) if cfg.policies else cfg
-        client, model, compute_dtype = load_policy(pcfg)  # float32 master weights
-        optimizer = make_optimizer((p for p in model.parameters() if p.requires_grad), pcfg.optim)
-        agents = tuple(cfg.policies[name].agents) if cfg.policies else ()
-        out.append(Policy(name, pcfg, agents, client, model, compute_dtype, optimizer))
-    return out
+        out = _adapters_on_one_base(cfg)
+    else:
+        out = []
+        for name in names:
+            pcfg = policy_config(cfg, name) if cfg.policies else cfg
+            client, model, compute_dtype = load_policy(pcfg)  # float32 master weights
+            optimizer = make_optimizer((p for p in model.parameters() if p.requires_grad), pcfg.optim)
+            agents = tuple(cfg.policies[name].agents) if cfg.policies else ()
+            out.append(Policy(name, pcfg, agents, client, model, compute_dtype, optimizer))
+    for p in out:  # where each keeps its checkpoint and metrics, decided once here
+        p.section = p.name if cfg.policies else ""
+        p.metric_prefix = f"policy/{p.name}/" if len(out) > 1 else ""
+        p.think_ids = think_token_ids(p.tokenizer)
+    return PolicySet(out)
 
 
 def _adapters_on_one_base(cfg: TrainConfig) -> list[Policy]:
@@ -233,25 +335,6 @@ def policy_of(policies: Sequence[Policy], agent: str) -> Policy:
             return p
     named = ", ".join(f"{p.name}: {list(p.agents)}" for p in policies)
     raise ConfigError(f"agent {agent!r} has no policy (policies: {named}); add it to one policy's agents")
-
-
-def agent_clients(policies: Sequence[Policy]) -> Callable[[str], LLMClient] | None:
-    """For the rollout engine: the client that samples each agent's turns (its policy's); None (every agent on
-    the engine's own client) when one policy plays every agent."""
-    if len(policies) == 1 and not policies[0].agents:
-        return None
-    return lambda agent: policy_of(policies, agent).client
-
-
-def split_by_policy(policies: Sequence[Policy], trajs: Sequence[Trajectory]) -> list[tuple[Policy, list[Trajectory]]]:
-    """The trajectories of each policy's agents, in the policies' order (a policy with none is left out); the
-    trajectories keep their order. One policy of every agent: all of them."""
-    if len(policies) == 1 and not policies[0].agents:
-        return [(policies[0], list(trajs))]
-    rows: dict[str, list[Trajectory]] = {p.name: [] for p in policies}
-    for t in trajs:
-        rows[policy_of(policies, t.agent).name].append(t)
-    return [(p, rows[p.name]) for p in policies if rows[p.name]]
 
 
 def warm_start_from(policy: Policy, first: Policy, sft: Callable[[Policy], Any]) -> None:

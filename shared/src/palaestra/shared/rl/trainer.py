@@ -1,109 +1,39 @@
 """The policy-gradient trainer shared by egpo and mars (and any package that plugs in).
 
-How a package plugs in
-----------------------
-Everything is chosen by registry name in a `TrainConfig` (rl/config.py), so a
-package adds parts and writes a YAML config; it does not subclass the trainer::
+A package adds parts by registry name (envs, task sources, rewards, advantage estimators, batch rules) and
+writes a `TrainConfig` (rl/config.py); it does not subclass the trainer. docs/extending.md lists the doors.
 
-    # 1. an environment (multi-turn, multi-agent: any TextEnv) ...
-    from palaestra.shared.rollout.env import ENVS, TextEnv, Step
-    @ENVS.register("tic_tac_toe")
-    class TicTacToe(TextEnv): ...            # reset / current_agent / observe / step / tools
-
-    # ... or, for single-turn tasks, a task source + a reward (the built-in `task` env plays them)
-    from palaestra.shared.rollout.tasks import TASKS
-    from palaestra.shared.rewards import REWARDS
-    @TASKS.register("bfcl_tasks")
-    def bfcl_tasks(path: str) -> list[dict]: ...   # [{"messages": [...], "tools": [...], "ground_truth": ...}]
-    @REWARDS.register("fc_binary")
-    def fc_binary(sample, completion, **info) -> float: ...
-
-    # 2. (optional) an advantage step
-    from palaestra.shared.rl.advantages import ADVANTAGES
-    @ADVANTAGES.register("my_norm")
-    def my_norm(values, batch, *, eps: float = 1e-6): ...   # per-trajectory arrays, one value per turn
-
-    # 3. make the module importable by name: entry points `palaestra.envs`, `palaestra.tasks`,
-    #    `palaestra.rewards`, `palaestra.advantages` in the package's pyproject.toml (module path as value)
-
-    # 4. (optional) an evaluation run every ``eval_every`` steps: Trainer(cfg, tracker, eval_hook=fn)
-
-    # 5. (optional) a batch rule: how a step's tasks are drawn and which rows of their rollout form the batch
-    from palaestra.shared.rl.batch_rules import BATCH_RULES
-    @BATCH_RULES.register("first_finished")   # entry points `palaestra.batch_rules`
-    class FirstFinished: ...                  # draw(step) -> specs; select(step, result) -> result
-    Trainer(cfg, tracker, batch_rule="first_finished")   # default "all": the drawn tasks, every row
-
-Then a config (``job: rl.train``, or the package's own job)::
-
-    job: rl.train
-    llm: {model: tiny}                        # or Qwen/Qwen3-4B-Instruct-2507 with backend vllm on GPUs
-    envs:                                     # a mixture: each task draws an env by weight
-      - {name: task, weight: 1.0, kwargs: {source: bfcl_tasks, reward: fc_binary, source_kwargs: {path: ...}}}
-    rollout: {group_size: 8, max_tokens_per_turn: 512, temperature: 0.7}
-    advantages:                               # EGPO; MARS: [{name: turn_level}, {name: agent_norm}]
-      - {name: grpo}
-      - {name: entropy_clipped, options: {lam: 0.4, alpha: 2.0}}
-    loss: {epsilon: 0.2, dual_clip: 3.0, kl_coef: 0.001, reduction: grpo}
-    learner: {micro_batch_tokens: 16384, gradient_checkpointing: true}
-    tasks_per_step: 16
-    workers: {num_workers: 2}                 # 0: rollouts in the learner's process
-
-Lifecycle: ``Trainer(cfg, tracker, eval_hook, batch_rule)`` only builds (model, optimizer;
-rl/policy.py: float32 master weights, compute dtype, checkpointing, LoRA).
-`prepare` then resumes from the newest checkpoint (``resume: true``) or runs
-the SFT warm start (`warm_start`, rl/sft.py), keeps the frozen reference model
-(`init_reference`, when ``loss.kl_coef`` > 0), starts the learner that then
-scores and updates (rl/learner.py: `LocalLearner` on this process's model, or
-with ``learner.world_size`` > 1 the sharded `DistributedLearner`,
-rl/distributed.py; both run rl/update.py's one inner loop) and the rollout
-workers; `train` (which prepares if the job has not) may be
+Lifecycle: ``Trainer(cfg, tracker, eval_hook, batch_rule)`` only builds the policy set (rl/policies.py:
+each policy's model with float32 master weights, optimizer, checkpoint section and metric names).
+`prepare` resumes from the newest checkpoint (``resume: true``) or runs the SFT warm start (rl/sft.py),
+keeps each frozen reference (``loss.kl_coef`` > 0), starts each policy's learner (rl/learner.py: in this
+process, or sharded with ``learner.world_size`` > 1, rl/distributed.py) and the rollouts. `train` may be
 called again to go on; `close` (or ``with Trainer(...) as trainer:``) stops them.
 
-The loop (`Trainer.train_step`), top to bottom: draw tasks (the batch rule's `draw`, by default
-``task_sampling``: with replacement or in epochs, rl/task_sampling.py) -> rollout (batched
-across envs, locally or on Ray workers) -> the batch rule's `select` (rl/batch_rules.py)
--> old log-probs and entropies (skipped
-when the update is exactly on-policy: one PPO epoch, one minibatch, no
-advantage step reading entropies; the old log-probs are then the current ones
-detached, as TRL does) -> reference log-probs (when ``loss.kl_coef`` > 0) ->
-advantage pipeline -> the step's tensors (`update.StepData`) to the learner:
-``ppo_epochs`` x minibatches of PPO-clip updates, each minibatch accumulated
-over micro-batches of ``learner.micro_batch_tokens`` (rl/update.py), at the
-scheduled learning rate (rl/optim.py) -> weight sync to workers -> MLflow metrics -> checkpoint. A
-non-finite loss stops the run with a clear message; the last good checkpoint
-stays. The resumed run continues exactly where it stopped.
+The loop (`Trainer.train_step`), top to bottom:
 
-With ``rollout.max_staleness`` k > 0 the rollouts of the next k steps run while
-the learner updates (rl/async_rollouts.py: `RolloutStream`, the protocol), every
-token tagged with the policy version that sampled it; the loss may correct the
-gap per token (``loss.behaviour_correction``), and ``async/`` metrics report it.
+1. rollout: the batch rule draws tasks (rl/batch_rules.py, rl/task_sampling.py) and keeps rows of the
+   rollout (in process or on Ray workers; up to ``rollout.max_staleness`` steps ahead, rl/async_rollouts.py);
+2. per policy, on its own agents' trajectories: old log-probs and entropies (skipped when the update is
+   exactly on-policy, as TRL does);
+3. reference log-probs (``loss.kl_coef`` > 0);
+4. the advantage pipeline (rl/advantages.py);
+5. the learner's PPO epochs over minibatches at the scheduled learning rate (rl/update.py, rl/optim.py);
+6. weight sync to the rollouts (the version is the learner's step count);
+7. metrics, then checkpoints every ``checkpoint_every`` steps.
 
-Evaluation: the eval hook ``fn(trainer, step) -> metrics`` runs before
-training (``eval_before``), every ``eval_every`` steps and at the end; it logs
-its metrics (and any artifacts) at that step through ``trainer.tracker``, and
-``trainer.eval_history`` keeps (step, metrics). The default hook (when
-``eval_tasks`` > 0) is `Trainer.evaluate`: fixed tasks, ``eval/reward_mean``
-with a 95% CI, ``eval/failed`` and ``eval/truncated``. Evaluations play on the
-training rollouts (`eval_rollouts`: the same workers, backend and synced
-weights) with ``eval``'s settings, whose unset fields are the rollout's
-(context length, sampling, response prefix; rl/config.py `EvalConfig`).
+A single-policy run is a policy set of one: every step runs the same way for one policy or several. A
+non-finite loss stops the run, naming the last good checkpoint; a resumed run continues exactly.
 
-Metrics (MLflow, per step): train/reward_mean, train/advantage_mean,
-train/advantage_std, train/entropy, train/kl, train/clip_fraction, train/loss,
-train/grad_norm, perf/tokens_per_s (generated tokens per rollout second),
-perf/step_s, perf/rollout_s, rollout/failed, rollout/truncated,
-rollout/trajectories, rollout/response_tokens_mean.
+Evaluation: the eval hook ``fn(trainer, step) -> metrics`` runs before training (``eval_before``), every
+``eval_every`` steps and at the end. The default hook (``eval_tasks`` > 0) is `Trainer.evaluate`; it plays
+on the training rollouts (`eval_rollouts`) with ``eval``'s settings (rl/config.py `EvalConfig`).
 
-Several policies (``policies:``, rl/policies.py): each agent's turns are sampled by its policy's model,
-and steps 2-5 run per policy on its own agents' trajectories (its advantages, update, schedule), its
-metrics under ``policy/<name>/...``; every policy is saved and resumed (its checkpoint subdirectory).
-Each has its own learner: with ``learner.world_size`` > 1 (the run's or its own) a sharded learner of its
-own, whose ranks, reference and shards are its alone. Without the section one policy plays every agent,
-exactly as before.
-
-Small models on CPU: the RL learning rate wants to be far below the SFT one
-(Adam moves every weight by about lr per step); see experiments/shared/toy_rl.yaml.
+Metrics (MLflow, per step): each policy's ``train/...`` (under ``policy/<name>/`` when there are several),
+``train/reward_mean`` over every trajectory, ``perf/rollout_s`` (the rollout's own wall time),
+``perf/learner_wait_s`` (how long the learner waited for it: less when it ran ahead), ``perf/tokens_per_s``
+(generated tokens per rollout second), ``perf/step_s``, and ``rollout/...`` counts.
+Small models on CPU want an RL learning rate far below the SFT one: experiments/shared/toy_rl.yaml.
 """
 
 from __future__ import annotations
@@ -127,18 +57,9 @@ from palaestra.shared.rl.batch import build_batch, think_entropy, token_advantag
 from palaestra.shared.rl.batch_rules import make_batch_rule
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.episodes import eval_specs, reward_summary
-from palaestra.shared.rl.learner import Learner, LocalLearner
+from palaestra.shared.rl.learner import LocalLearner
 from palaestra.shared.rl.optim import optimizer_steps, step_learning_rate
-from palaestra.shared.rl.policies import (
-    Policy,
-    adapter_states,
-    agent_clients,
-    build_policies,
-    split_by_policy,
-    warm_start_from,
-    worker_serving,
-)
-from palaestra.shared.rl.policy import policy_state, think_token_ids
+from palaestra.shared.rl.policies import Policy, PolicySet, build_policies
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.task_sampling import TaskSampler
 from palaestra.shared.rl.update import NonFiniteLoss, StepData
@@ -163,13 +84,9 @@ class Trainer:
     ):
         check_fields(cfg)  # a config built in code gets the checks a resolved one had
         self.cfg, self.tracker = cfg, tracker or Tracker(cfg.tracking)
-        # model (float32 master weights) and optimizer of every policy (rl/policies.py); one without `policies`
-        self.policies: list[Policy] = build_policies(cfg)
-        self.tokenizer = self.client.tokenizer
-        self.device = next(self.model.parameters()).device
+        self.policies: PolicySet = build_policies(cfg)
         self.ckpt_dir = Path(cfg.output_dir) / "checkpoints"
         self.step = 0
-        self.think_ids = think_token_ids(self.tokenizer)
         self.tasks = TaskSampler(cfg)  # task_sampling: with replacement, or epochs (rl/task_sampling.py)
         self.batch_rule = make_batch_rule(batch_rule, cfg, self.tasks)  # draws tasks, keeps rows (rl/batch_rules.py)
         self.rollouts: LocalRollouts | RayRollouts | None = None
@@ -178,40 +95,14 @@ class Trainer:
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self.resumed: bool | None = None  # None: not prepared yet
 
-    # -- the first policy (the only one without `policies`): what evaluations and packages read ---------------
     @property
     def client(self):
-        return self.policies[0].client
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.policies[0].model
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self.policies[0].optimizer
-
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        return self.policies[0].compute_dtype
-
-    @property
-    def ref_model(self) -> torch.nn.Module | None:
-        return self.policies[0].ref_model
-
-    @property
-    def learner(self) -> Learner | None:
-        """Started by `prepare`: LocalLearner, or the ranks (rl/distributed.py)."""
-        return self.policies[0].learner
-
-    @property
-    def several(self) -> bool:
-        """A ``policies`` section: per-policy checkpoints (also with one policy)."""
-        return bool(self.cfg.policies)
+        """The client evaluations sample from when they do not play on the rollouts (`PolicySet.base_client`)."""
+        return self.policies.base_client
 
     # -- lifecycle ----------------------------------------------------------
     def prepare(self) -> None:
-        """Resume or warm-start, keep the reference model, start the rollout workers (once; then a no-op)."""
+        """Resume or warm-start, keep the reference models, start the learners and rollouts (once; then a no-op)."""
         if self.resumed is None:
             self.resumed = self.resume()
             if not self.resumed:
@@ -221,46 +112,36 @@ class Trainer:
         self.start_rollouts()
 
     def resume(self) -> bool:
-        """With ``resume: true``, restore weights, optimizer, RNG states and step from the newest checkpoint."""
+        """With ``resume: true``, restore weights, optimizers, RNG states and step from the newest checkpoint."""
         latest = checkpoint.latest(self.ckpt_dir) if self.cfg.resume else None
-        if latest is not None and self.several:
-            parts = {p.name: (p.model, p.optimizer, p.adapter) for p in self.policies}
-            self.step = checkpoint.load_policies(latest, parts)
-        elif latest is not None:
-            self.step = checkpoint.load(latest, self.model, self.optimizer)
+        self.step = checkpoint.load(latest, self.policies.checkpoint_parts()) if latest is not None else 0
         return latest is not None
 
     def warm_start(self) -> dict[str, float]:
-        """The SFT stage on the learner's model (``sft_warmup.steps`` > 0), logged as sft/... at step 0."""
+        """The SFT stage (``sft_warmup.steps`` > 0), logged as sft/... at step 0 (rl/policies.py `warm_start`)."""
         if self.cfg.sft_warmup.steps <= 0:
             return {}
-        metrics = run_sft(self.model, self.tokenizer, self.cfg.sft_warmup, progress=True)
+        metrics = self.policies.warm_start(lambda p: run_sft(p.model, p.tokenizer, p.cfg.sft_warmup, progress=True))
         self.tracker.log_metrics({f"sft/{k}": v for k, v in metrics.items()}, step=0)
-        for p in self.policies[1:]:  # several policies start from the one warm start (rl/policies.py)
-            warm_start_from(p, self.policies[0], lambda q: run_sft(q.model, q.client.tokenizer, q.cfg.sft_warmup))
         return metrics
 
     def init_reference(self) -> None:
-        """Freeze a copy of the current model as the KL reference (saved once; a resumed run loads it).
+        """Freeze a copy of each model as its KL reference (saved once; a resumed run loads it).
         With LoRA the reference is the model with its adapters off: nothing to keep."""
         for p in self.policies:
             if not self.cfg.loss.kl_coef or p.cfg.lora.enabled or p.ref_model is not None:
                 continue
             p.ref_model = copy.deepcopy(p.model).eval().requires_grad_(False)
-            root = self.reference_root(p)
+            root = self.ckpt_dir / p.reference_dir
             if self.resumed:
                 checkpoint.load_reference(root, p.ref_model)
             else:
                 checkpoint.save_reference(root, p.ref_model)
 
     def start_learner(self) -> None:
-        """Each policy's learner (rl/learner.py) with its own optimizer and learner settings (``p.cfg``):
-        `LocalLearner` on this process's model, or with its ``learner.world_size`` > 1 a sharded learner of its
-        own (its ranks, process group and reference; rl/distributed.py), started from this model's weights
-        (after the warm start or resume) and, on resume, restored from its sharded weights and optimizer state
-        (in its policy's subdirectory with a ``policies`` section). This process keeps each model as the copy the
-        rollouts and checkpoints read, refreshed after every update. The policies' ranks start one group after
-        another: a group's rank 0 holds its rendezvous port before the next group's rank 0 picks one."""
+        """Each policy's learner (rl/learner.py): `LocalLearner` on this process's model, or with
+        ``learner.world_size`` > 1 a sharded one of its own (rl/distributed.py), restored on resume from its
+        checkpoint section. This process keeps each model as the copy rollouts and checkpoints read."""
         latest = checkpoint.latest(self.ckpt_dir) if self.resumed else None
         for p in self.policies:
             if p.learner is not None:
@@ -274,30 +155,25 @@ class Trainer:
                 p.cfg,
                 initial_state=p.model.state_dict(),
                 reference=p.ref_model is not None,
-                reference_dir=str(self.reference_root(p) / "reference") if p.ref_model is not None else None,
+                reference_dir=str(self.ckpt_dir / p.reference_dir / "reference") if p.ref_model is not None else None,
                 mirror=p.model,
-                name=f"policy {p.name}'s learner" if self.several else "the learner",
+                name=p.learner_name,
             )
-            if latest is not None:  # a policies section: its subdirectory of the checkpoint
-                p.learner.load(latest / p.name if self.several else latest)
+            if latest is not None:
+                p.learner.load(latest / p.section)
             p.ref_model = None  # its ranks hold the reference (it stays saved under its reference/)
-
-    def reference_root(self, policy: Policy) -> Path:
-        """The directory holding `policy`'s reference/ (rl/checkpoint.py): its own with a ``policies`` section."""
-        return self.ckpt_dir / "policies" / policy.name if self.several else self.ckpt_dir
 
     def start_rollouts(self) -> None:
         if self.rollouts is not None:
             return
-        cfg = self.cfg
+        cfg, policies = self.cfg, self.policies
         k, steps = cfg.rollout.max_staleness, self.total_steps
         fixed = k > 0 and cfg.rollout.version_schedule == "fixed"  # rl/async_rollouts.py
         check_admission(cfg)
         if cfg.workers.num_workers > 0:
             w = cfg.workers
-            llm = w.llm or cfg.llm
             self.rollouts = RayRollouts(
-                llm,
+                w.llm or cfg.llm,
                 cfg.rollout,
                 w.num_workers,
                 cfg.cluster,
@@ -306,24 +182,22 @@ class Trainer:
                 weight_sync=w.weight_sync,
                 concurrent=k > 0 and not fixed,
                 pin_versions=fixed,
-                serving=worker_serving(self.policies, w.llm),  # several policies: adapters or a model each
+                serving=policies.serving(w.llm),  # several policies: adapters on one base or a model each
             )
-            self.rollouts.sync(self.policy_state(), self.step)
+            self.rollouts.sync(policies.weights(), self.step)
         else:
-            clients = [p.client for p in self.policies] if len(self.policies) > 1 else []
-            self.rollouts = LocalRollouts(self.client, cfg.rollout, agent_clients(self.policies), clients)
+            self.rollouts = LocalRollouts(policies.base_client, cfg.rollout, policies.client_of, policies.clients())
             self.rollouts.sync(None, self.step)
         seed = lambda step: cfg.seed * 100_003 + step  # noqa: E731
         # in-process rollouts ahead: their own copy of every policy (rl/async_rollouts.py)
-        serving = worker_serving(self.policies)
-        engine = lambda: background_engine(cfg, self.policy_state(), self.step, serving)  # noqa: E731
+        engine = lambda: background_engine(cfg, policies.weights(), self.step, policies.serving())  # noqa: E731
         ahead = (cfg.rollout.version_schedule, cfg.rollout.max_inflight)
         self.stream = RolloutStream(self.rollouts, k, self.draw_tasks, seed, engine, steps, *ahead)
         if self.resumed:  # the rollouts in flight at the checkpoint
             self.stream.restore(checkpoint.latest(self.ckpt_dir))
 
     def close(self) -> None:
-        """Stop the rollout workers (a later `train` starts them again)."""
+        """Stop the rollout workers and learners (a later `train` starts them again)."""
         if self.stream is not None:
             self.stream.close()
             self.stream = None
@@ -385,33 +259,29 @@ class Trainer:
         self.prepare()
         cfg, t0 = self.cfg, time.perf_counter()
         # 1. rollout
-        for p in self.policies:
-            p.model.eval()
+        self.policies.eval()
         assert self.rollouts is not None and self.stream is not None  # prepare() started them
         result = self.batch_rule.select(self.step, self.stream.take(self.step))
+        waited = time.perf_counter() - t0  # the learner's wait: less than the rollout's time when it ran ahead
         check_failures(result, cfg.rollout.max_failed_share)  # warns; raises past the share
         trajs = [t for t in result.trajectories if not t.failed and t.num_response_tokens > 0]
         if not trajs:
             raise TrainingError(f"step {self.step}: no usable trajectories ({result.stats})")
-        t_rollout = time.perf_counter() - t0
-        # 2.-5. per policy, on its own agents' trajectories (one policy: all of them)
-        updated = [(p, self.update_policy(p, rows)) for p, rows in split_by_policy(self.policies, trajs)]
-        for p in self.policies:
-            p.model.eval()
+        # 2.-5. per policy, on its own agents' trajectories
+        updated = [(p, self.update_policy(p, rows)) for p, rows in self.policies.split(trajs)]
+        self.policies.eval()
         self.step += 1
         # 6. weight sync (version: the learner's step count)
-        self.stream.sync(self.policy_state, self.step)
-        # 7. metrics
-        step_s = time.perf_counter() - t0
-        if len(self.policies) == 1:
-            metrics = dict(updated[0][1])
-        else:  # each policy's under policy/<name>/..., the reward over every trajectory as before
-            metrics = {f"policy/{p.name}/{k}": v for p, m in updated for k, v in m.items()}
-            metrics["train/reward_mean"] = float(np.mean([t.total_reward for t in trajs]))
+        self.stream.sync(self.policies.weights, self.step)
+        # 7. metrics: each policy's under its names, the reward over every trajectory
+        metrics = {f"{p.metric_prefix}{k}": v for p, m in updated for k, v in m.items()}
+        rollout_s = result.stats["rollout_s"]  # the rollout's own wall time (the slowest worker's)
         metrics |= {
-            "perf/tokens_per_s": result.stats["generated_tokens"] / max(t_rollout, 1e-9),
-            "perf/step_s": step_s,
-            "perf/rollout_s": t_rollout,
+            "train/reward_mean": float(np.mean([t.total_reward for t in trajs])),
+            "perf/tokens_per_s": result.stats["generated_tokens"] / max(rollout_s, 1e-9),
+            "perf/step_s": time.perf_counter() - t0,
+            "perf/rollout_s": rollout_s,
+            "perf/learner_wait_s": waited,
             "rollout/failed": result.stats["failed"],
             "rollout/failed_episodes": result.stats["failed_episodes"],
             "rollout/truncated": result.stats["truncated"],
@@ -431,7 +301,7 @@ class Trainer:
         cfg, learner = policy.cfg, policy.learner
         assert learner is not None  # prepare() started it
         # 2. old log-probs and entropies (3. reference log-probs)
-        batch = build_batch(trajs, self.tokenizer.pad_token_id, self.think_ids)
+        batch = build_batch(trajs, policy.tokenizer.pad_token_id, policy.think_ids)
         # old, ref, entropies None: on-policy, the update's own
         data = StepData(batch, advantages=torch.empty(0), step=self.step, steps=self.total_steps)
         if self.needs_scoring(len(batch)):
@@ -477,18 +347,16 @@ class Trainer:
         return metrics
 
     def eval_rollouts(self) -> LocalRollouts | RayRollouts:
-        """Where evaluations play: the training rollouts (the same workers and backend, e.g. vLLM, holding the
-        weights of the last sync), each run given the evaluation's settings (``cfg.eval``: unset fields are the
-        rollout's) as ``run(specs, seed, cfg.eval.rollout_config(cfg.rollout))``."""
+        """Where evaluations play: the training rollouts (the same workers, backend and synced weights), each
+        run given ``cfg.eval``'s settings as ``run(specs, seed, cfg.eval.rollout_config(cfg.rollout))``."""
         self.prepare()
-        self.model.eval()
+        self.policies.eval()
         assert self.rollouts is not None  # prepare() started them
         return self.rollouts
 
     def needs_scoring(self, rows: int) -> bool:
         """False when the update is exactly on-policy (one PPO epoch, one minibatch) and no advantage step
-        reads entropies: the old log-probs are then the update's current ones detached (ratio 1, the same
-        gradient), as TRL does, and that forward is skipped."""
+        reads entropies: the old log-probs are the update's own, detached (as TRL does)."""
         on_policy = self.cfg.ppo_epochs == 1 and (self.cfg.minibatch_size or rows) >= rows
         return not on_policy or reads_entropy(self.cfg.advantages) or self.asynchronous
 
@@ -504,45 +372,25 @@ class Trainer:
         return self.tasks.steps()
 
     def draw_tasks(self, step: int) -> list[EpisodeSpec]:
-        """This step's tasks (the batch rule's draw; by default ``task_sampling``: rl/task_sampling.py)."""
-        return self.batch_rule.draw(step)
+        return self.batch_rule.draw(step)  # the batch rule's draw (default: rl/task_sampling.py)
 
     def policy_state(self) -> dict[str, Any]:
-        """The policy's weights under the plain model's names (LoRA merged in) for the rollout workers; LoRA
-        policies on one base: every adapter's tensors alone, by adapter (rl/policies.py `adapter_states`);
-        several policies each with its model: each one's weights (as one policy's), by policy."""
-        if self.policies[0].adapter is not None:
-            return adapter_states(self.policies)
-        if len(self.policies) > 1:
-            return {p.name: policy_state(p.model, p.cfg.lora.enabled) for p in self.policies}
-        return policy_state(self.model, self.cfg.lora.enabled)
+        return self.policies.weights()  # what the rollouts load after an update
 
-    def _checkpoint_extra(self) -> Callable[[Path], None]:
-        """A checkpoint's parts beyond the models and optimizers: each policy's learner's (a sharded learner's
-        shards, in its policy's subdirectory with a ``policies`` section; none before the learners start) and
-        the rollouts in flight (rl/async_rollouts.py), waited for first: in-process ones sample with torch's
-        random state, which the checkpoint reads."""
-        learners = [(p.name, p.learner) for p in self.policies if p.learner is not None]
-        several, stream = self.several, self.stream
-        if stream is not None:
+    def save(self) -> Path:
+        """A checkpoint of every policy's section, each learner's own state and the rollouts in flight."""
+        learners = [(p.section, p.learner) for p in self.policies if p.learner is not None]
+        stream = self.stream
+        if stream is not None:  # in-process rollouts sample with torch's random state, which the checkpoint reads
             stream.drain()
 
         def extra(directory: Path) -> None:
-            for name, learner in learners:
-                learner.save(directory / name if several else directory)
+            for section, learner in learners:  # a sharded learner's shards, in its policy's section
+                learner.save(directory / section)
             if stream is not None:
                 stream.save(directory)
 
-        return extra
-
-    def save(self) -> Path:
-        # what the learners hold beyond these models and optimizers (the ranks' shards), and the rollouts in flight
-        extra = self._checkpoint_extra()
-        if self.several:  # one subdirectory per policy (rl/policies.py)
-            parts = {p.name: (p.model, p.client.tokenizer, p.optimizer, p.adapter) for p in self.policies}
-            path = checkpoint.save_policies(self.ckpt_dir, self.step, parts, extra)
-        else:
-            path = checkpoint.save(self.ckpt_dir, self.step, self.model, self.tokenizer, self.optimizer, extra)
+        path = checkpoint.save(self.ckpt_dir, self.step, self.policies.checkpoint_parts(), extra)
         checkpoint.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
         return path
 
