@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from palaestra.shared import cli
-from palaestra.shared.config import ConfigError, confined_path, read_yaml
+from palaestra.shared.config import ConfigError, read_yaml
+from palaestra.shared.config_checks import confined_path
 from palaestra.shared.jobs import load_config
 from palaestra.shared.llm.generate import LLMGenerateConfig
 from palaestra.shared.rl.advantages import ADVANTAGES

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from palaestra.shared.cli import main
-from palaestra.shared.plan import (
+from palaestra.shared.plan_memory import (
     GB,
     KNOWN_ARCHITECTURES,
     LearnerShape,

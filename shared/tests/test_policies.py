@@ -214,7 +214,8 @@ def test_plan_counts_every_policys_memory():
     = 20 bytes per parameter more than one policy (fp32 master weights, KL on); a larger second model adds its
     own 20 bytes per parameter and its larger activations; LoRA adapters on one base add nothing."""
     from palaestra.shared.config import resolve
-    from palaestra.shared.plan import GB, model_arch, plan
+    from palaestra.shared.plan import plan
+    from palaestra.shared.plan_memory import GB, model_arch
 
     base = {"job": "rl.train", "llm": {"model": "smollm2-135m", "device": "cuda"}}
     base |= {"loss": {"kl_coef": 0.01}, "learner": {"gradient_checkpointing": True, "micro_batch_tokens": 8192}}

@@ -191,7 +191,8 @@ def test_plan_counts_each_sharded_policys_ranks_and_copies():
     policy alone), the GPUs add up, and the trainer's GPU holds every policy's float32 copy, two while it makes the
     reference (4 x 2 bytes per parameter each); a sharded policy beside an in-process one has its own ranks."""
     from palaestra.shared.config import resolve
-    from palaestra.shared.plan import GB, model_arch, plan
+    from palaestra.shared.plan import plan
+    from palaestra.shared.plan_memory import GB, model_arch
 
     base = {"job": "rl.train", "llm": {"model": "smollm2-135m", "device": "cuda"}, "loss": {"kl_coef": 0.01}}
     sharded = {"world_size": 2, "num_gpus": 1, "gradient_checkpointing": True, "micro_batch_tokens": 8192}

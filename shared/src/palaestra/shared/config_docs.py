@@ -28,7 +28,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from palaestra.shared.config import RegistryName, marker_of
+from palaestra.shared.config_checks import RegistryName, marker_of
 
 
 @dataclass

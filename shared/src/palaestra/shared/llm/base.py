@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from palaestra.shared.config import registry_name, value_check
+from palaestra.shared.config import value_check
+from palaestra.shared.config_checks import registry_name
 from palaestra.shared.registry import Registry
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from palaestra.shared.config import ConfigError, JobConfig, confined_path, output_file
+from palaestra.shared.config import ConfigError, JobConfig
+from palaestra.shared.config_checks import confined_path, output_file
 from palaestra.shared.jobs import format_headline, job
 from palaestra.shared.jsonl import read_jsonl
 from palaestra.shared.llm.base import LLMConfig, SamplingParams

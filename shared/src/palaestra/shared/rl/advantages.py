@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.shared.config import ConfigError, check_kwargs, registry_kwargs, registry_name
+from palaestra.shared.config import ConfigError
+from palaestra.shared.config_checks import check_kwargs, registry_kwargs, registry_name
 from palaestra.shared.registry import Registry
 from palaestra.shared.rollout.trajectory import Trajectory
 

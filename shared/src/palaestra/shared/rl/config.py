@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from palaestra.shared.config import ConfigError, JobConfig, registry_kwargs, registry_name, value_check
+from palaestra.shared.config import ConfigError, JobConfig, value_check
+from palaestra.shared.config_checks import registry_kwargs, registry_name
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.rl.advantages import AdvantageStep

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from palaestra.shared.config import ConfigError, JobConfig, registry_kwargs, registry_name
+from palaestra.shared.config import ConfigError, JobConfig
+from palaestra.shared.config_checks import registry_kwargs, registry_name
 from palaestra.shared.jobs import job
 from palaestra.shared.jsonl import read_jsonl
 from palaestra.shared.llm.base import LLMConfig

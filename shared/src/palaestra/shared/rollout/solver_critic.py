@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from palaestra.shared.config import EntryKwargs, RegistryName
+from palaestra.shared.config_checks import EntryKwargs, RegistryName
 from palaestra.shared.rewards import REWARDS
 from palaestra.shared.rollout.env import Step, TextEnv
 from palaestra.shared.rollout.tasks import TASKS, TaskEnv

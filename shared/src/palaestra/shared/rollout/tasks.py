@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from palaestra.shared.config import EntryKwargs, RegistryName
+from palaestra.shared.config_checks import EntryKwargs, RegistryName
 from palaestra.shared.registry import Registry
 from palaestra.shared.rewards import REWARDS, compose, score
 from palaestra.shared.rollout.env import Step, TextEnv
