@@ -27,6 +27,8 @@ METRICS = [
     "train/loss",
     "perf/tokens_per_s",
     "perf/step_s",
+    "perf/rollout_s",
+    "perf/learner_wait_s",
 ]
 
 

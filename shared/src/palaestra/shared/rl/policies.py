@@ -7,7 +7,7 @@ agents each plays, and what each has of its own; every unset section is the run'
       first:  {agents: [player_0]}                       # the run's llm, optim, learner, lora
       second: {agents: [player_1], optim: {lr: 1.0e-4}}  # its own optimizer settings
 
-Each policy is a `Policy`: its model (separate weights, float32 master copy), optimizer, learner, frozen
+Each policy is a `TrainedPolicy`: its model (separate weights, float32 master copy), optimizer, learner, frozen
 reference, checkpoint section and metric names. The run holds a `PolicySet`, also of one policy: the rollout
 engine samples every agent's turn from its policy's client (`PolicySet.client_of`); the trainer
 (rl/trainer.py) splits the step's trajectories by agent (`PolicySet.split`) and runs the advantage pipeline,
@@ -67,12 +67,12 @@ from palaestra.shared.rollout.vllm_weight_sync import WeightSync
 DEFAULT = "policy"
 """The one policy's name when the config has no ``policies`` section."""
 ADAPTER_BACKENDS = ("transformers", "vllm")
-"""The backends whose rollout workers serve LoRA policies on one base (`serve_adapters`)."""
+"""The backends whose rollout workers serve LoRA policies on one base (rollout/serving.py `serve_adapters`)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 @dataclass
-class Policy:
+class TrainedPolicy:
     """One trained policy: the agents it plays, its config (the run's with its own sections) and its parts."""
 
     name: str
@@ -111,14 +111,14 @@ class Policy:
         return checkpoint.Part(self.section, self.model, self.optimizer, self.tokenizer, self.adapter)
 
 
-class PolicySet(Sequence[Policy]):
+class PolicySet(Sequence[TrainedPolicy]):
     """Every policy of a run, in the section's order: one without a ``policies`` section.
 
     The trainer asks the set, never how many policies there are: who plays an agent, which rows each trains
     on, what the rollouts serve and load, and what a checkpoint holds.
     """
 
-    def __init__(self, policies: list[Policy]):
+    def __init__(self, policies: list[TrainedPolicy]):
         self.policies = policies
 
     def __getitem__(self, i):  # type: ignore[override]
@@ -132,7 +132,7 @@ class PolicySet(Sequence[Policy]):
         """The client the rollout engine is built on (its tokenizer and context length): the first policy's."""
         return self.policies[0].client
 
-    def of(self, agent: str) -> Policy:
+    def of(self, agent: str) -> TrainedPolicy:
         return policy_of(self.policies, agent)
 
     def client_of(self, agent: str) -> LLMClient:
@@ -142,7 +142,7 @@ class PolicySet(Sequence[Policy]):
     def clients(self) -> list[LLMClient]:
         return [p.client for p in self.policies]
 
-    def split(self, trajs: Sequence[Trajectory]) -> list[tuple[Policy, list[Trajectory]]]:
+    def split(self, trajs: Sequence[Trajectory]) -> list[tuple[TrainedPolicy, list[Trajectory]]]:
         """The trajectories of each policy's agents, in the policies' order (a policy with none is left out);
         the trajectories keep their order."""
         rows: dict[str, list[Trajectory]] = {p.name: [] for p in self.policies}
@@ -170,7 +170,7 @@ class PolicySet(Sequence[Policy]):
         (only,) = self.policies
         return policy_state(only.model, only.cfg.lora.enabled)
 
-    def warm_start(self, sft: Callable[[Policy], dict[str, float]]) -> dict[str, float]:
+    def warm_start(self, sft: Callable[[TrainedPolicy], dict[str, float]]) -> dict[str, float]:
         """`sft` on the first policy; every other starts from it (`warm_start_from`). Returns its metrics."""
         first, *others = self.policies
         metrics = sft(first)
@@ -272,7 +272,7 @@ def build_policies(cfg: TrainConfig) -> PolicySet:
             client, model, compute_dtype = load_policy(pcfg)  # float32 master weights
             optimizer = make_optimizer((p for p in model.parameters() if p.requires_grad), pcfg.optim)
             agents = tuple(cfg.policies[name].agents) if cfg.policies else ()
-            out.append(Policy(name, pcfg, agents, client, model, compute_dtype, optimizer))
+            out.append(TrainedPolicy(name, pcfg, agents, client, model, compute_dtype, optimizer))
     for p in out:  # where each keeps its checkpoint and metrics, decided once here
         p.section = p.name if cfg.policies else ""
         p.metric_prefix = f"policy/{p.name}/" if len(out) > 1 else ""
@@ -280,7 +280,7 @@ def build_policies(cfg: TrainConfig) -> PolicySet:
     return PolicySet(out)
 
 
-def _adapters_on_one_base(cfg: TrainConfig) -> list[Policy]:
+def _adapters_on_one_base(cfg: TrainConfig) -> list[TrainedPolicy]:
     """One base model with an adapter per policy (``policy_<name>``: peft reloads wrongly an adapter whose name
     is part of ``lora_``); each policy's client generates with its adapter active and its optimizer holds its
     adapter's weights alone."""
@@ -298,11 +298,11 @@ def _adapters_on_one_base(cfg: TrainConfig) -> list[Policy]:
         optimizer = make_optimizer(own, pcfg.optim)
         agents = tuple(cfg.policies[name].agents)
         client_ = AdapterClient(client, model, adapter)
-        out.append(Policy(name, pcfg, agents, client_, model, compute_dtype, optimizer, adapter=adapter))
+        out.append(TrainedPolicy(name, pcfg, agents, client_, model, compute_dtype, optimizer, adapter=adapter))
     return out
 
 
-def adapter_states(policies: Sequence[Policy]) -> dict[str, dict[str, torch.Tensor]]:
+def adapter_states(policies: Sequence[TrainedPolicy]) -> dict[str, dict[str, torch.Tensor]]:
     """Every policy's adapter weights alone, by adapter (what rollout workers holding the base need after an
     update: megabytes, not the model)."""
     from peft import get_peft_model_state_dict
@@ -310,7 +310,7 @@ def adapter_states(policies: Sequence[Policy]) -> dict[str, dict[str, torch.Tens
     return {p.adapter: get_peft_model_state_dict(p.model, adapter_name=p.adapter) for p in policies if p.adapter}
 
 
-def worker_serving(policies: Sequence[Policy], llm: LLMConfig | None = None) -> Serving | None:
+def worker_serving(policies: Sequence[TrainedPolicy], llm: LLMConfig | None = None) -> Serving | None:
     """What a rollout worker needs to serve several policies (rollout/serving.py; it travels to Ray actors):
     the adapters on one base, or each policy's model (`llm`, the workers' own, else the policy's llm).
     None with one policy: the worker's own client serves it."""
@@ -325,7 +325,7 @@ def worker_serving(policies: Sequence[Policy], llm: LLMConfig | None = None) -> 
     return ModelServing({p.name: llm or p.cfg.llm for p in policies}, routes)
 
 
-def policy_of(policies: Sequence[Policy], agent: str) -> Policy:
+def policy_of(policies: Sequence[TrainedPolicy], agent: str) -> TrainedPolicy:
     """The policy that plays `agent`: the one naming it, else the one naming no agents."""
     for p in policies:
         if agent in p.agents:
@@ -337,7 +337,7 @@ def policy_of(policies: Sequence[Policy], agent: str) -> Policy:
     raise ConfigError(f"agent {agent!r} has no policy (policies: {named}); add it to one policy's agents")
 
 
-def warm_start_from(policy: Policy, first: Policy, sft: Callable[[Policy], Any]) -> None:
+def warm_start_from(policy: TrainedPolicy, first: TrainedPolicy, sft: Callable[[TrainedPolicy], Any]) -> None:
     """Give `policy` the first policy's warm start: its weights where the two have the same model and adapters
     (the same start exactly), else `sft` run on `policy`'s own model."""
     if policy.adapter is not None and first.adapter is not None:  # adapters on one base: the first's adapter

@@ -59,7 +59,7 @@ from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.episodes import eval_specs, reward_summary
 from palaestra.shared.rl.learner import LocalLearner
 from palaestra.shared.rl.optim import optimizer_steps, step_learning_rate
-from palaestra.shared.rl.policies import Policy, PolicySet, build_policies
+from palaestra.shared.rl.policies import PolicySet, TrainedPolicy, build_policies
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.task_sampling import TaskSampler
 from palaestra.shared.rl.update import NonFiniteLoss, StepData
@@ -294,7 +294,7 @@ class Trainer:
             self.tracker.log_text("\n".join(lines), f"samples/step_{self.step:06d}.txt")
         return metrics
 
-    def update_policy(self, policy: Policy, trajs: list) -> dict[str, float]:
+    def update_policy(self, policy: TrainedPolicy, trajs: list) -> dict[str, float]:
         """Steps 2-5 of the loop for `policy` on `trajs` (its agents'): old log-probs and entropies, reference
         log-probs, the advantage pipeline on these rows alone, its learner's update at its own scheduled rate.
         Returns the step's train/... metrics of this policy."""
