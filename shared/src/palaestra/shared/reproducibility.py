@@ -68,13 +68,31 @@ def apply_env() -> None:
     os.environ.update(PINNED_ENV)
 
 
-def apply_torch(threads: int) -> int:
-    """Under the switch: deterministic algorithms and a fixed thread count (`threads`, or 1 for 0); the count."""
-    import torch
+def apply_torch(threads: int) -> None:
+    """Set torch's threads (`threads`; 0: torch's default, or `FIXED_THREADS` under the switch) and, under the
+    switch, deterministic algorithms."""
+    try:
+        import torch
+    except ImportError:  # a job without torch (e.g. datagen against a server): nothing to pin
+        return
+    if enabled():
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        threads = threads or FIXED_THREADS
+    if threads > 0:
+        torch.set_num_threads(threads)
 
-    if not enabled():
-        return threads
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    count = threads if threads > 0 else FIXED_THREADS
-    torch.set_num_threads(count)
-    return count
+
+def weights_digest(path: str | os.PathLike) -> str:
+    """SHA-256 of a checkpoint's tensors (``*.safetensors`` under `path`), by name in sorted order: the bits, not
+    the file layout."""
+    import hashlib
+    from pathlib import Path
+
+    from safetensors.numpy import load_file
+
+    digest = hashlib.sha256()
+    for file in sorted(Path(path).glob("*.safetensors")):
+        tensors = load_file(file)
+        for name in sorted(tensors):
+            digest.update(name.encode() + str(tensors[name].dtype).encode() + tensors[name].tobytes())
+    return digest.hexdigest()
