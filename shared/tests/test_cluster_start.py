@@ -6,6 +6,7 @@ Each case runs in its own process (Ray starts once per process). The artificial 
 ``delay`` seconds, as it does while a loaded machine starts the raylet."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -85,3 +86,34 @@ def test_the_cluster_start_error_is_a_one_line_cli_error():
     line = _start_failure_line(ClusterConfig(start_timeout_s=5), "the raylet did not register within 5 s", None)
     assert cli.one_line_error(ClusterStartError(line)) == line
     assert "this job needs Ray" in line and "cluster.address" in line
+
+
+WORKER_ENV = textwrap.dedent(
+    """
+    import json, os
+    from palaestra.shared import cluster, reproducibility
+    from palaestra.shared.config import ClusterConfig
+
+    reproducibility.apply_env()
+    ray = cluster.init(ClusterConfig(num_cpus=1, object_store_mb=80))
+    def look():
+        return {k: os.environ.get(k) for k in reproducibility.PINNED_ENV}, ray.get_runtime_context().runtime_env
+
+    seen, runtime_env = ray.get(ray.remote(look).remote())
+    print(json.dumps([seen, runtime_env.get("env_vars", {})]))
+    ray.shutdown()
+    """
+)
+
+
+@pytest.mark.slow
+def test_ray_workers_run_under_the_drivers_reproducibility_pins():
+    from palaestra.shared import reproducibility
+
+    env = {k: v for k, v in os.environ.items() if k not in reproducibility.PINNED_ENV}
+    proc = subprocess.run([sys.executable, "-c", WORKER_ENV], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen, sent = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == reproducibility.PINNED_ENV
+    # sent as the job's runtime environment, so that workers of a cluster started elsewhere get them too
+    assert {k: sent[k] for k in reproducibility.PINNED_ENV} == reproducibility.PINNED_ENV
