@@ -22,7 +22,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import pytest
@@ -93,11 +92,22 @@ def test_workers_get_the_drivers_pinned_variables(monkeypatch):
         monkeypatch.setenv(name, "")  # recorded, so that the end of the test restores this process's value
         monkeypatch.delenv(name)
     assert reproducibility.worker_env() == {}  # nothing pinned here: workers compute as this process does
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch is loaded in this test process: the pins only reach new processes
-        reproducibility.apply_env()
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # as in a CLI process before torch loads
+    assert reproducibility.apply_env()
     assert reproducibility.worker_env() == reproducibility.PINNED_ENV
     assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
+
+
+def test_the_switch_leaves_a_process_that_already_loaded_torch_as_it_is(monkeypatch):
+    import torch  # noqa: F401  (loaded: its kernels are chosen)
+
+    for name in (*reproducibility.PINNED_ENV, reproducibility.SWITCH):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(reproducibility, "_warned", False)
+    with pytest.warns(UserWarning, match="not in force: torch was imported"):
+        assert not reproducibility.apply_env()
+    assert reproducibility.worker_env() == {}  # so Ray workers compute as this process does
 
 
 @pytest.mark.slow

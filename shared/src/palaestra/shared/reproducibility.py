@@ -56,16 +56,30 @@ def worker_env() -> dict[str, str]:
     return {k: os.environ[k] for k in (*PINNED_ENV, SWITCH) if k in os.environ}
 
 
-def apply_env() -> None:
-    """Set the pinned variables in this process; call before torch is imported (warns when it is too late)."""
+def apply_env() -> bool:
+    """Set the pinned variables in this process, before torch is imported; whether they are in force.
+
+    When torch is already loaded (a caller imported it first), its kernels are chosen: the variables are left as
+    they are, so that Ray workers compute as this process does, and a warning says so once."""
+    global _warned
     if not enabled():
-        return
-    if "torch" in sys.modules and any(os.environ.get(k) != v for k, v in PINNED_ENV.items()):
-        warnings.warn(
-            "torch was imported before the reproducibility switch set its variables: kernels may differ by machine",
-            stacklevel=2,
-        )
+        return False
+    if all(os.environ.get(k) == v for k, v in PINNED_ENV.items()):
+        return True
+    if "torch" in sys.modules:
+        if not _warned:
+            warnings.warn(
+                "the reproducibility switch is not in force: torch was imported before it could pin its kernels "
+                "(call palaestra.shared.cli.main, or reproducibility.apply_env, before importing torch)",
+                stacklevel=2,
+            )
+            _warned = True
+        return False
     os.environ.update(PINNED_ENV)
+    return True
+
+
+_warned = False
 
 
 def apply_torch(threads: int) -> None:
