@@ -53,7 +53,7 @@ class _StartTimedOut(Exception):
 def init(cfg: ClusterConfig | None = None, in_process: str | None = None):
     """Connect to Ray (once per process); return the `ray` module.
 
-    `in_process`: the setting that runs the caller's work without Ray (e.g. ``rollout.workers=0``), named in the
+    `in_process`: the setting that runs the caller's work without Ray (e.g. ``workers.num_workers=0``), named in the
     error line when Ray cannot start."""
     ray = require("ray", "ray", "Ray workers (cluster, rollout workers, parallel maps)")
 
@@ -98,7 +98,7 @@ def _start_failure_line(cfg: ClusterConfig, cause: str, in_process: str | None) 
     load = f", load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs" if hasattr(os, "getloadavg") else ""
     fix = f"raise cluster.start_timeout_s (now {cfg.start_timeout_s:g}) or cluster.start_attempts, or set "
     fix += "cluster.address to a running cluster (ray start --head; cluster.address=auto)"
-    fix += f", or run this job in process with {in_process}" if in_process else "; this job needs Ray"
+    fix += f", or run this job without Ray: {in_process}" if in_process else ""
     return f"Ray did not start in {cfg.start_attempts} attempt(s) of {cfg.start_timeout_s:g} s ({cause}{load}): {fix}"
 
 
