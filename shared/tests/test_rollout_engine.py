@@ -3,7 +3,8 @@
 import pytest
 
 from palaestra.shared.llm.base import SamplingParams
-from palaestra.shared.rollout.engine import ChatTokens, EpisodeSpec, RolloutConfig, RolloutEngine, _uniform_run_length
+from palaestra.shared.rollout.chat_tokens import ChatTokens
+from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine, _uniform_run_length
 from palaestra.shared.rollout.env import Step, TextEnv
 from palaestra.shared.rollout.tasks import TaskEnv, next_number
 
@@ -92,7 +93,7 @@ def test_multi_turn_sequence_is_token_exact(tiny_llm):
             text = tok.decode(env_part)
             assert f"<tool_response>\nresult {k}\n</tool_response>" in text
             assert text.endswith("<|im_start|>assistant\n") and text.startswith(
-                "\n" if traj.turns[k - 1].response_ids[-1] == chat.eos else "<|im_end|>"
+                "\n" if traj.turns[k - 1].response_ids[-1] in chat.end_ids else "<|im_end|>"
             )
         # what the env saw is the decoded response
         assert [t.action for t in traj.turns] == ["a1", "a2", "a3"]

@@ -230,6 +230,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from palaestra.shared import reproducibility
+
+    reproducibility.apply_env()  # before anything imports torch: libraries read their kernel choices at load
     args = parse_args(argv)
     try:
         return args.fn(args)

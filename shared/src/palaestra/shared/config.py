@@ -137,6 +137,10 @@ class ClusterConfig:
     """GPUs of a local instance (None: all that Ray finds)."""
     object_store_mb: int = 256
     """Object store size of a local instance, in MiB."""
+    start_timeout_s: float = field(default=120.0, metadata=value_check("palaestra.shared.config:check_positive"))
+    """Seconds a local instance may take to start (Ray's own wait is a fixed 30 s, too short on a busy machine)."""
+    start_attempts: int = field(default=2, metadata=value_check("palaestra.shared.config:check_positive"))
+    """Tries to start a local instance before the run stops with one line naming the cause."""
 
 
 @dataclass

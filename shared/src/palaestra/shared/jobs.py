@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from palaestra.shared import reproducibility
 from palaestra.shared.config import ConfigError, JobConfig, read_yaml, resolve
 from palaestra.shared.registry import Registry
 from palaestra.shared.tracking import Tracker
@@ -96,10 +97,7 @@ def run_job(cfg: JobConfig, run_name: str | None = None, parent_run_id: str | No
     """Seed, open an MLflow run (nested if one is open, or under `parent_run_id`), run the job, return its summary."""
     spec = JOBS.get(cfg.job)
     seed_everything(cfg.seed)
-    if cfg.torch_threads > 0:
-        import torch
-
-        torch.set_num_threads(cfg.torch_threads)
+    reproducibility.apply_torch(cfg.torch_threads)  # threads (fixed under the switch), deterministic kernels
     with Tracker.start(cfg, name=run_name, parent_run_id=parent_run_id) as tracker:
         result = spec.run(cfg, tracker) or {}
         numeric = {

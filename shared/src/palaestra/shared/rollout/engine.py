@@ -5,23 +5,14 @@ Each loop collects every episode waiting for the model, makes one batched
 response. Identical prompts in runs of equal length (a GRPO group's first turn)
 go out as one prompt with ``n`` completions.
 
-Token-in, token-out: an agent's first prompt is its messages rendered through
-the chat template; every later prompt is the previous prompt + the response as
-generated + the template's end-of-turn tokens + the new observation messages
-rendered as a delta (`ChatTokens`): what the template renders for them right
-after an assistant turn, through the next generation prompt. Nothing the model
-wrote is re-tokenized, and no earlier turn is re-rendered, so assembly is
-token-exact with any template, also one that is not prefix-stable.
-
-What the policy sees at a later turn is therefore its own earlier responses
-verbatim, ``<think>`` blocks included, as verl's and ROLL's agent loops give
-it. Qwen3's template, rendering the same conversation whole, would drop the
-``<think>`` of assistant turns before the last user message (and Qwen3 was
-trained on that view); here the policy keeps its reasoning in context, and the
-training sequence is exactly the tokens it was sampled on. (MARS's code
-installs a prefix-stable template of its own instead; the delta makes that
-unnecessary, and with a prefix-stable template, such as the project's own, the
-delta equals re-rendering the whole conversation.)
+Token-in, token-out (rollout/chat_tokens.py): an agent's first prompt is its messages rendered through the
+chat template; every later prompt is the previous prompt + the response as generated + the template's tail
+(what it renders after an assistant turn's content, through the next generation prompt). Nothing the model
+wrote is re-tokenized and no earlier turn is re-rendered, so assembly is token-exact under any template, also
+one that is not prefix-stable, and the turn's end comes from the template, not the tokenizer's ``eos_token``.
+The policy thus sees its earlier responses verbatim, ``<think>`` blocks included, as verl's and ROLL's agent
+loops give it; Qwen3's template, rendering the conversation whole, would drop them. ``rollout.context``
+chooses that other view (``template``: each prompt the whole conversation re-rendered).
 
 Limits: ``max_turns`` model calls per episode, ``max_tokens_per_turn``, and
 ``max_context_tokens`` per conversation. An episode that hits one is kept and
@@ -57,6 +48,7 @@ from typing import Any
 
 from palaestra.shared.config import value_check
 from palaestra.shared.llm.base import Completion, LLMClient, SamplingParams
+from palaestra.shared.rollout.chat_tokens import ChatTokens, ContextView
 from palaestra.shared.rollout.env import TextEnv
 from palaestra.shared.rollout.policy_version import PolicyVersion
 from palaestra.shared.rollout.trajectory import Trajectory, Turn
@@ -109,6 +101,11 @@ class RolloutConfig:
     ``newest``: each generate call the newest weights offered, so an episode continues across an update;
     ``fixed``: a step's rollout all with the version it started with (step s: max(0, s - max_staleness) when
     the admission control defers nothing), a function of the config only: a resumed run is bit-exact."""
+    context: ContextView = ContextView.generated
+    """What a later turn's prompt holds (rollout/chat_tokens.py): ``generated``, the exact tokens sampled so far
+    (one training sequence per conversation); ``template``, the conversation re-rendered whole by the model's
+    template, as a chat endpoint shows it (for evaluation: its turns do not extend each other, so a multi-turn
+    trajectory cannot train as one sequence)."""
     max_inflight: dict[str, int] = field(default_factory=dict)
     """Admission control per task source (the env's name; the ``task`` env's ``source``): at most this many of
     its tasks in flight, over the steps running ahead of the learner. A step that would exceed it starts
@@ -130,55 +127,14 @@ class RolloutResult:
     stats: dict[str, float]
 
 
-class ChatTokens:
-    """Prompt ids through the chat template; later turns as token deltas (never re-rendering history).
-
-    A delta is what the template renders for the new messages when they follow an assistant turn: the
-    template renders ``[user, assistant, *messages]`` and the delta is what comes after the assistant turn's
-    closing (found as the first end-of-turn token after the user turn's). The assistant turn itself may render
-    differently once messages follow it (Qwen3 drops its ``<think>`` block, so the template is not
-    prefix-stable); its tokens are not used, so that does not matter.
-    """
-
-    _USER = [{"role": "user", "content": "x"}]
-    _BASE = _USER + [{"role": "assistant", "content": "y"}]
-
-    def __init__(self, client: LLMClient):
-        self.client = client
-        self.eos = client.tokenizer.eos_token_id
-        base_ids = client.render(self._BASE, add_generation_prompt=False)
-        if self.eos not in base_ids:
-            raise ValueError("the chat template does not end an assistant turn with the tokenizer's eos token")
-        last = len(base_ids) - 1 - base_ids[::-1].index(self.eos)
-        self.closing = base_ids[last:]
-        """What the template puts after an assistant turn's content (e.g. ``<|im_end|>\\n``)."""
-        self._user_turn_ends = client.render(self._USER, add_generation_prompt=False).count(self.eos)
-
-    def first(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        return self.client.render(messages, tools, add_generation_prompt=True)
-
-    def delta(self, messages: list[dict]) -> list[int]:
-        """Tokens that `messages` add after a finished assistant turn, through the next generation prompt."""
-        full = self.client.render(self._BASE + list(messages), add_generation_prompt=True)
-        ends = [i for i, t in enumerate(full) if t == self.eos]
-        if len(ends) <= self._user_turn_ends:
-            raise ValueError("the chat template renders no end of turn after an assistant turn followed by messages")
-        end = ends[self._user_turn_ends]  # the assistant turn's end of turn
-        if full[end : end + len(self.closing)] != self.closing:
-            raise ValueError("the chat template closes an assistant turn differently when messages follow it")
-        return full[end + len(self.closing) :]
-
-    def extend(self, prompt: list[int], response: list[int], messages: list[dict]) -> list[int]:
-        closing = self.closing[1:] if response and response[-1] == self.eos else self.closing
-        return prompt + response + closing + self.delta(messages)
-
-
 @dataclass
 class _Episode:
     env: TextEnv
     spec: EpisodeSpec
     trajs: dict[str, Trajectory] = field(default_factory=dict)
     prompts: dict[str, list[int]] = field(default_factory=dict)
+    history: dict[str, list[dict]] = field(default_factory=dict)
+    """Each agent's messages so far, its responses as text (``rollout.context=template`` re-renders them)."""
     model_calls: int = 0
     done: bool = False
     failed: bool = False
@@ -320,8 +276,12 @@ class RolloutEngine:
             messages = ep.env.observe(agent)
             traj = ep.traj(agent)
             sampler = self.sampler(agent)
+            history = ep.history.setdefault(agent, [])
+            history += messages
             if agent not in ep.prompts:
                 prompt = sampler.chat.first(messages, ep.env.tools(agent))
+            elif self.cfg.context == ContextView.template:
+                prompt = sampler.chat.first(history, ep.env.tools(agent))
             else:
                 last = traj.turns[-1]
                 prompt = sampler.chat.extend(last.prompt_ids, last.response_ids, messages)
@@ -358,6 +318,7 @@ class RolloutEngine:
         if finish == "length":
             ep.traj(agent).truncated, ep.traj(agent).limit = True, "max_tokens"
         ep.env.note_response(generated, truncated=finish == "length", prompt_tokens=len(prompt) + len(forced))
+        ep.history.setdefault(agent, []).append({"role": "assistant", "content": self.cfg.response_prefix + text})
         step = ep.env.step(self.cfg.response_prefix + text)
         turn.action = step.info.get("action")
         turn.error = step.info.get("format_error")

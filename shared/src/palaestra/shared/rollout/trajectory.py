@@ -7,7 +7,7 @@ one; a two-player game has one per seat), with per-turn rewards.
 
 Token-in, token-out: the engine builds each turn's prompt by appending the
 environment's new messages (rendered as a delta after an assistant turn, never
-re-rendering the history: `engine.ChatTokens`) to the previous prompt and
+re-rendering the history: `chat_tokens.ChatTokens`) to the previous prompt and
 response, so the training sequence of a conversation is simply the last turn's
 prompt plus its response. `to_sequence` checks that prefix property and marks
 the model's own tokens (mask 1) apart from prompt and environment tokens
