@@ -1,7 +1,9 @@
 """The ``palaestra`` command: ``run`` (``--matrix``: seeds x arms, palaestra.shared.matrix), ``jobs``, ``show``,
 ``serve``, ``plan``, ``rehearse`` (palaestra.shared.rehearse).
 
-Heavy imports happen inside each command, so ``--help`` and ``jobs`` are quick.
+Heavy imports happen inside each command, and jobs are imported only when named, so ``--help``, ``jobs``, and
+``show``, ``--dry-run`` and ``plan`` of a job whose module imports no torch, import none
+(tests/test_cli_import_time.py).
 Options may come anywhere (``palaestra run X.yaml --dry-run seed=1``).
 User mistakes (a bad config, an unknown job or backend, a missing model, a
 server that does not answer, a missing extra, a checkpoint refused as unsafe) and
@@ -112,12 +114,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from palaestra.shared.jobs import JOBS
+    from palaestra.shared.jobs import JOBS, job_summary
 
     names = JOBS.names()
     width = max(map(len, names), default=0)
     for name in names:
-        print(f"{name:<{width}}  {JOBS.get(name).summary}")
+        print(f"{name:<{width}}  {job_summary(name)}")
     for name, error in JOBS.broken_plugins().items():
         print(f"(plugin failed to load: {name}: {error})", file=sys.stderr)
     return 0

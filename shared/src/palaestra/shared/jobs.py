@@ -7,8 +7,10 @@ A job is a function ``run(cfg, tracker) -> dict`` with a config dataclass
     def generate(cfg: LLMGenerateConfig, tracker: Tracker) -> dict: ...
 
 Packages add jobs through the ``palaestra.jobs`` entry-point group: each entry
-point names a module whose import registers its jobs. Job functions import
-their heavy dependencies inside, so listing jobs stays instant.
+point names a module whose import registers its jobs, lazily (``"module:attr"``,
+imported when the job is looked up). `job_summary` reads a job's summary from
+its module's source, so ``palaestra jobs`` imports no job module (nor the torch
+some of them import).
 
 Each job lives in the module named after it (``rl.train`` in ``rl/train.py``,
 ``mars.eval`` in ``mars/eval.py``); the built-in ``pipeline`` job, stages run
@@ -25,7 +27,9 @@ command that opens the MLflow UI.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import importlib.util
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +65,33 @@ def job(name: str, config: type[JobConfig], metric: str | None = None) -> Callab
         return fn
 
     return decorator
+
+
+def job_summary(name: str) -> str:
+    """The first line of job `name`'s docstring, read from its module's source while the job is not imported."""
+    entry = JOBS.peek(name)
+    if isinstance(entry, str):
+        doc = _source_docstring(entry)
+        if doc is not None:
+            return doc.strip().splitlines()[0] if doc.strip() else ""
+    return JOBS.get(name).summary
+
+
+def _source_docstring(path: str) -> str | None:
+    """The docstring of the top-level function ``attr`` of ``"module:attr"``, without importing the module (None
+    when the source or the function is not there: the caller imports it instead)."""
+    module, _, attr = path.partition(":")
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == attr:
+            return ast.get_docstring(node) or ""
+    return None
 
 
 def load_config(source: str | Path | dict[str, Any], overrides: Sequence[str] = ()) -> JobConfig:
