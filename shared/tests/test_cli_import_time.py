@@ -68,6 +68,7 @@ def test_jobs_imports_no_ml_stack_and_takes_under_a_second_of_cpu():
         ("show", "mars.eval"),
         ("show", "aed.attack"),
         ("run", "experiments/datagen/quickstart.yaml", "--dry-run"),
+        ("run", "experiments/egpo/reproduce.yaml", "--dry-run", "only=[datagen]"),
     ],
 )
 def test_light_jobs_show_and_dry_run_import_no_ml_stack(args):
