@@ -172,7 +172,8 @@ def summary_table(rows: list[dict[str, Any]], tracking_uri: str | None = None) -
 
 
 def mlflow_ui_command(tracking_uri: str) -> str:
-    """The shell command that opens the MLflow UI on `tracking_uri` (the venv's ``mlflow`` when there is one)."""
+    """The shell command that opens the MLflow UI on `tracking_uri` (the venv's ``mlflow`` when there is one), with
+    one worker process: MLflow's default four did not come up on a loaded 2-core machine, one did."""
     import sys
 
     exe = Path(sys.executable).parent / "mlflow"
@@ -181,4 +182,4 @@ def mlflow_ui_command(tracking_uri: str) -> str:
     program = str(exe) if exe.exists() else "mlflow"
     if tracking_uri.startswith(("http://", "https://")):
         return f"open {tracking_uri} (a running MLflow server)"
-    return f"{program} ui --backend-store-uri {tracking_uri}"
+    return f"{program} ui --workers 1 --backend-store-uri {tracking_uri}"  # MLflow's default 4 stall a busy machine
