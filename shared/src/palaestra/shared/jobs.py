@@ -161,11 +161,15 @@ def _num(x: float) -> str:
 
 
 def summary_table(rows: list[dict[str, Any]], tracking_uri: str | None = None) -> str:
-    """The stages of a pipeline, one line each (stage, job, headline, artifacts), then how to open MLflow."""
+    """The stages of a pipeline, one line each (stage, job, headline, artifacts), then each stage's ``reading`` (what
+    its headline shows and what it does not) where it has one, then how to open MLflow."""
     header = {"stage": "stage", "job": "job", "headline": "headline", "artifacts": "artifacts"}
     table = [header, *({k: str(r.get(k) or "-") for k in header} for r in rows)]
     widths = {k: max(len(r[k]) for r in table) for k in header}
     lines = ["  ".join(r[k].ljust(widths[k]) for k in header).rstrip() for r in table]
+    readings = [f"  {r['stage']}: {r['reading']}" for r in rows if r.get("reading")]
+    if readings:
+        lines += ["what each headline shows, and what it does not:", *readings]
     if tracking_uri:
         lines.append(f"MLflow UI: {mlflow_ui_command(tracking_uri)}  (then http://127.0.0.1:5000)")
     return "\n".join(lines)
