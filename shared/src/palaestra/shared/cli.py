@@ -6,7 +6,7 @@ Heavy imports happen inside each command, and jobs are imported only when named,
 (tests/test_cli_import_time.py).
 Options may come anywhere (``palaestra run X.yaml --dry-run seed=1``).
 User mistakes (a bad config, an unknown job or backend, a missing model, a
-server that does not answer, a missing extra, a checkpoint refused as unsafe) and
+server that does not answer, a missing extra, a checkpoint refused as unsafe, a hub that cannot be reached) and
 a run that cannot go on (a non-finite loss) print one line and exit with status
 2, also when they happen in a Ray worker.
 """
@@ -20,6 +20,7 @@ import sys
 
 from palaestra.shared.config import ConfigError
 from palaestra.shared.extras import MissingExtraError, missing_extra_message
+from palaestra.shared.hub_errors import hub_error_message
 from palaestra.shared.registry import UnknownNameError
 
 
@@ -65,6 +66,9 @@ def one_line_error(err: BaseException) -> str | None:
         return text
     if isinstance(err, ModuleNotFoundError):
         return missing_extra_message(err.name)
+    hub = hub_error_message(err)  # no network: what it tried to reach, and HF_HUB_OFFLINE=1 / local paths
+    if hub is not None:
+        return hub
     if isinstance(err, pickle.UnpicklingError):  # torch.load(weights_only=True) refused a crafted file
         text = str(err).strip()
         reason = re.search(r"WeightsUnpickler error: (.*?\.)(?: |$)", text, re.MULTILINE)
