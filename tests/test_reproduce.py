@@ -42,3 +42,14 @@ def test_the_guide_has_a_row_per_paper_with_configs_that_exist():
 def test_the_readme_links_the_guide_first():
     links = re.findall(r"\]\(([^)]+)\)", (ROOT / "README.md").read_text())
     assert links and links[0] == "docs/reproduce.md"
+
+
+def test_plan_covers_both_stages():
+    """`palaestra plan` of the pipeline plans each stage: the teacher's load, then the 8-GPU layout."""
+    from palaestra.shared.plan import plan_config
+
+    report, fits = plan_config(load_config(ROOT / "experiments" / "egpo" / "reproduce.yaml"))
+    assert fits
+    datagen, egpo = report.index("stage datagen (datagen.generate)"), report.index("stage egpo (egpo.train)")
+    assert datagen < report.index("expected LLM load for 2,000 items") < egpo
+    assert "GPUs: 4 learner + 3 rollout + 1 trainer process = 8 of 8" in report[egpo:]
