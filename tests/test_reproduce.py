@@ -53,3 +53,11 @@ def test_plan_covers_both_stages():
     datagen, egpo = report.index("stage datagen (datagen.generate)"), report.index("stage egpo (egpo.train)")
     assert datagen < report.index("expected LLM load for 2,000 items") < egpo
     assert "GPUs: 4 learner + 3 rollout + 1 trainer process = 8 of 8" in report[egpo:]
+
+
+def test_the_mars_mas_stage_reads_the_train_stages_last_checkpoint(tmp_path):
+    stages = stage_configs(load_config(ROOT / "experiments" / "mars" / "reproduce.yaml", [f"output_dir={tmp_path}"]))
+    train, mas = stages["train"], stages["mas"]
+    checkpoint = Path(train.output_dir) / "checkpoints" / f"step_{train.steps:06d}"  # the trainer's layout
+    assert train.steps == 200 and Path(mas.trained_llm.model) == checkpoint
+    assert mas.llm.model == train.llm.model == "Qwen/Qwen3-4B"  # the base beside it is the model it started from
