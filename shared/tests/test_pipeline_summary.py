@@ -55,7 +55,7 @@ def test_pipeline_ends_with_one_line_per_stage(tmp_path, tracking, capsys, monke
     assert quiet_row.split()[:3] == ["quiet", "test.silent", "-"]
     for row in (coin_row, quiet_row):  # the artifacts column is the stage's MLflow artifact directory
         assert (Path(row.split()[-1]) / "config.yaml").is_file()
-    assert table[3].startswith("MLflow UI: ") and f"ui --backend-store-uri {tracking.uri}" in table[3]
+    assert table[3].startswith("MLflow UI: ") and f"ui --workers 1 --backend-store-uri {tracking.uri}" in table[3]
     from mlflow.tracking import MlflowClient
 
     runs = MlflowClient(tracking.uri).search_runs(

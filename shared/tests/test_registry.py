@@ -1,8 +1,10 @@
-"""Registry: decorator, duplicates, lazy strings, did-you-mean, entry points."""
+"""Registry: decorator, duplicates, lazy strings, did-you-mean, entry points, `register_in`, `peek`."""
+
+import sys
 
 import pytest
 
-from palaestra.shared.registry import DuplicateNameError, Registry, UnknownNameError, import_string
+from palaestra.shared.registry import DuplicateNameError, Registry, UnknownNameError, import_string, register_in
 
 
 def test_register_and_get():
@@ -87,3 +89,53 @@ def test_a_lazy_entry_is_replaced_by_what_its_module_registers(tmp_path, monkeyp
     assert reg.get("thing") is got
     with pytest.raises(DuplicateNameError):  # a name from another module is still a clash
         reg.register("thing", "other_module:impl")
+
+
+def test_register_in_reaches_a_registry_by_its_group_before_and_after_it_exists():
+    """`register_in` adds a lazy entry to the registries of an entry-point group without importing their module:
+    one created before the call and one created after both see it, and resolve it on `get`."""
+    from palaestra.shared import registry as registry_module
+
+    group = "palaestra.test_register_in"
+    early: Registry = Registry("thing", group)
+    assert "join" not in early
+    register_in(group, "join", "os.path:join")
+    late: Registry = Registry("thing", group)
+    import os.path
+
+    assert early.get("join") is os.path.join and late.get("join") is os.path.join
+    assert early.names() == late.names() == ["join"]
+    assert "join" not in Registry("thing", "palaestra.another_group")  # control: only that group's registries
+    registry_module._DEFERRED.pop(group)
+
+
+def test_peek_gives_a_lazy_entry_without_importing_it(tmp_path, monkeypatch):
+    (tmp_path / "peek_mod_for_test.py").write_text("def impl():\n    '''Does the thing.'''\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg: Registry = Registry("thing")
+    reg.register("thing", "peek_mod_for_test:impl")
+    assert reg.peek("thing") == "peek_mod_for_test:impl"
+    assert "peek_mod_for_test" not in sys.modules
+    with pytest.raises(UnknownNameError, match="did you mean 'thing'"):
+        reg.peek("thin")
+
+
+def test_job_summary_is_read_from_source_without_importing_the_job(tmp_path, monkeypatch):
+    """`palaestra jobs` lists a lazy job's summary from its module's source; the module stays unimported, and the
+    summary is the one the imported job gives."""
+    from palaestra.shared.jobs import JOBS, job_summary
+
+    (tmp_path / "job_mod_for_test.py").write_text(
+        "from palaestra.shared.config import JobConfig\nfrom palaestra.shared.jobs import job\n\n\n"
+        "@job('test.summary_job', JobConfig)\ndef run(cfg, tracker):\n    '''Does the thing.\n\n    More.'''\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    JOBS.register("test.summary_job", "job_mod_for_test:run")
+    try:
+        assert job_summary("test.summary_job") == "Does the thing."
+        assert "job_mod_for_test" not in sys.modules
+        assert JOBS.get("test.summary_job").summary == "Does the thing."  # imported: the same line
+        assert job_summary("test.summary_job") == "Does the thing."
+    finally:
+        JOBS.unregister("test.summary_job")
+        sys.modules.pop("job_mod_for_test", None)

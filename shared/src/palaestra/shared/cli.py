@@ -1,10 +1,12 @@
 """The ``palaestra`` command: ``run`` (``--matrix``: seeds x arms, palaestra.shared.matrix), ``jobs``, ``show``,
 ``serve``, ``plan``, ``rehearse`` (palaestra.shared.rehearse).
 
-Heavy imports happen inside each command, so ``--help`` and ``jobs`` are quick.
+Heavy imports happen inside each command, and jobs are imported only when named, so ``--help``, ``jobs``, and
+``show``, ``--dry-run`` and ``plan`` of a job whose module imports no torch, import none
+(tests/test_cli_import_time.py).
 Options may come anywhere (``palaestra run X.yaml --dry-run seed=1``).
 User mistakes (a bad config, an unknown job or backend, a missing model, a
-server that does not answer, a missing extra, a checkpoint refused as unsafe) and
+server that does not answer, a missing extra, a checkpoint refused as unsafe, a hub that cannot be reached) and
 a run that cannot go on (a non-finite loss) print one line and exit with status
 2, also when they happen in a Ray worker.
 """
@@ -18,6 +20,7 @@ import sys
 
 from palaestra.shared.config import ConfigError
 from palaestra.shared.extras import MissingExtraError, missing_extra_message
+from palaestra.shared.hub_errors import hub_error_message
 from palaestra.shared.registry import UnknownNameError
 
 
@@ -63,6 +66,9 @@ def one_line_error(err: BaseException) -> str | None:
         return text
     if isinstance(err, ModuleNotFoundError):
         return missing_extra_message(err.name)
+    hub = hub_error_message(err)  # no network: what it tried to reach, and HF_HUB_OFFLINE=1 / local paths
+    if hub is not None:
+        return hub
     if isinstance(err, pickle.UnpicklingError):  # torch.load(weights_only=True) refused a crafted file
         text = str(err).strip()
         reason = re.search(r"WeightsUnpickler error: (.*?\.)(?: |$)", text, re.MULTILINE)
@@ -112,12 +118,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from palaestra.shared.jobs import JOBS
+    from palaestra.shared.jobs import JOBS, job_summary
 
     names = JOBS.names()
     width = max(map(len, names), default=0)
     for name in names:
-        print(f"{name:<{width}}  {JOBS.get(name).summary}")
+        print(f"{name:<{width}}  {job_summary(name)}")
     for name, error in JOBS.broken_plugins().items():
         print(f"(plugin failed to load: {name}: {error})", file=sys.stderr)
     return 0

@@ -7,8 +7,10 @@ A job is a function ``run(cfg, tracker) -> dict`` with a config dataclass
     def generate(cfg: LLMGenerateConfig, tracker: Tracker) -> dict: ...
 
 Packages add jobs through the ``palaestra.jobs`` entry-point group: each entry
-point names a module whose import registers its jobs. Job functions import
-their heavy dependencies inside, so listing jobs stays instant.
+point names a module whose import registers its jobs, lazily (``"module:attr"``,
+imported when the job is looked up). `job_summary` reads a job's summary from
+its module's source, so ``palaestra jobs`` imports no job module (nor the torch
+some of them import).
 
 Each job lives in the module named after it (``rl.train`` in ``rl/train.py``,
 ``mars.eval`` in ``mars/eval.py``); the built-in ``pipeline`` job, stages run
@@ -25,7 +27,9 @@ command that opens the MLflow UI.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import importlib.util
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,6 +66,33 @@ def job(name: str, config: type[JobConfig], metric: str | None = None) -> Callab
         return fn
 
     return decorator
+
+
+def job_summary(name: str) -> str:
+    """The first line of job `name`'s docstring, read from its module's source while the job is not imported."""
+    entry = JOBS.peek(name)
+    if isinstance(entry, str):
+        doc = _source_docstring(entry)
+        if doc is not None:
+            return doc.strip().splitlines()[0] if doc.strip() else ""
+    return JOBS.get(name).summary
+
+
+def _source_docstring(path: str) -> str | None:
+    """The docstring of the top-level function ``attr`` of ``"module:attr"``, without importing the module (None
+    when the source or the function is not there: the caller imports it instead)."""
+    module, _, attr = path.partition(":")
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == attr:
+            return ast.get_docstring(node) or ""
+    return None
 
 
 def load_config(source: str | Path | dict[str, Any], overrides: Sequence[str] = ()) -> JobConfig:
@@ -128,18 +159,23 @@ def _num(x: float) -> str:
 
 
 def summary_table(rows: list[dict[str, Any]], tracking_uri: str | None = None) -> str:
-    """The stages of a pipeline, one line each (stage, job, headline, artifacts), then how to open MLflow."""
+    """The stages of a pipeline, one line each (stage, job, headline, artifacts), then each stage's ``reading`` (what
+    its headline shows and what it does not) where it has one, then how to open MLflow."""
     header = {"stage": "stage", "job": "job", "headline": "headline", "artifacts": "artifacts"}
     table = [header, *({k: str(r.get(k) or "-") for k in header} for r in rows)]
     widths = {k: max(len(r[k]) for r in table) for k in header}
     lines = ["  ".join(r[k].ljust(widths[k]) for k in header).rstrip() for r in table]
+    readings = [f"  {r['stage']}: {r['reading']}" for r in rows if r.get("reading")]
+    if readings:
+        lines += ["what each headline shows, and what it does not:", *readings]
     if tracking_uri:
         lines.append(f"MLflow UI: {mlflow_ui_command(tracking_uri)}  (then http://127.0.0.1:5000)")
     return "\n".join(lines)
 
 
 def mlflow_ui_command(tracking_uri: str) -> str:
-    """The shell command that opens the MLflow UI on `tracking_uri` (the venv's ``mlflow`` when there is one)."""
+    """The shell command that opens the MLflow UI on `tracking_uri` (the venv's ``mlflow`` when there is one), with
+    one worker process: MLflow's default four did not come up on a loaded 2-core machine, one did."""
     import sys
 
     exe = Path(sys.executable).parent / "mlflow"
@@ -148,4 +184,4 @@ def mlflow_ui_command(tracking_uri: str) -> str:
     program = str(exe) if exe.exists() else "mlflow"
     if tracking_uri.startswith(("http://", "https://")):
         return f"open {tracking_uri} (a running MLflow server)"
-    return f"{program} ui --backend-store-uri {tracking_uri}"
+    return f"{program} ui --workers 1 --backend-store-uri {tracking_uri}"  # MLflow's default 4 stall a busy machine

@@ -7,7 +7,13 @@ A `Registry[T]` maps names to objects. Entries come from three places:
   (so heavy backends cost nothing until chosen);
 - an entry-point group (``palaestra.<kind>``) through which installed
   packages add their own entries; each entry point names a module whose
-  import registers its entries.
+  import registers its entries;
+- `register_in(group, name, "module:attr")`, which adds to the registry of an
+  entry-point group without importing the module that defines the registry
+  (a plugin's way into a registry whose module imports torch).
+
+`Registry.peek` gives an entry as registered, a lazy string not imported, so
+that listing names and their summaries (``palaestra jobs``) imports nothing.
 
 Unknown names raise `UnknownNameError` listing the nearest known names.
 
@@ -32,6 +38,15 @@ from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+_DEFERRED: dict[str, list[tuple[str, str]]] = {}
+"""Entry-point group -> the ``(name, "module:attr")`` entries `register_in` added for its registries."""
+
+
+def register_in(group: str, name: str, target: str) -> None:
+    """Register the lazy `target` (``"module:attr"``) under `name` in every registry of entry-point group `group`,
+    present or future, without importing the module that defines the registry."""
+    _DEFERRED.setdefault(group, []).append((name, target))
 
 
 class UnknownNameError(KeyError):
@@ -69,6 +84,7 @@ class Registry(Generic[T]):
         self.entry_point_group = entry_point_group
         self._entries: dict[str, T | str] = {}
         self._plugins_loaded = entry_point_group is None
+        self._deferred_taken = 0  # how many of the group's `register_in` entries this registry holds
 
     def register(self, name: str, obj: T | str | None = None) -> Callable[[T], T]:
         """Register `obj` under `name`; without `obj`, return a decorator."""
@@ -128,7 +144,15 @@ class Registry(Generic[T]):
         self._load_plugins()
         return {n[len("<broken:") : -1]: str(e) for n, e in self._entries.items() if n.startswith("<broken:")}
 
+    def peek(self, name: str) -> T | str:
+        """The entry under `name` as it stands: the object, or its ``"module:attr"`` string if not imported yet."""
+        self._load_plugins()
+        if name not in self._entries:
+            raise UnknownNameError(self.unknown_message(name))
+        return self._entries[name]
+
     def _load_plugins(self) -> None:
+        self._take_deferred()
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
@@ -137,6 +161,13 @@ class Registry(Generic[T]):
                 ep.load()  # importing the module registers its entries
             except Exception as err:  # a broken plugin must not hide the others
                 self._entries.setdefault(f"<broken:{ep.name}>", f"{ep.value} ({err})")
+        self._take_deferred()
+
+    def _take_deferred(self) -> None:
+        deferred = _DEFERRED.get(self.entry_point_group or "", [])
+        for name, target in deferred[self._deferred_taken :]:
+            self._add(name, target)
+        self._deferred_taken = len(deferred)
 
     def unknown_message(self, name: str) -> str:
         """``unknown <kind> 'name'; did you mean ...?`` (or the known names), for errors about `name`."""

@@ -11,7 +11,8 @@ Ray workers).
 - task sources (`TASKS`): ``mars_legal_moves``, the SFT warm-start
   conversations of legal moves generated from OpenSpiel;
 - the batch rule (`BATCH_RULES`, rl/batch_rules.py) ``first_finished``, MARS's
-  batch (`palaestra.mars.batching.FirstFinished`);
+  batch (`palaestra.mars.batching.FirstFinished`), through `register_in`: the
+  module of `BATCH_RULES` imports torch, which listing jobs must not;
 - the evaluation-time estimate of ``mars.train`` for ``palaestra plan``
   (`EVAL_COSTS`, `palaestra.mars.eval_cost`).
 
@@ -24,11 +25,11 @@ from typing import Any
 
 from palaestra.mars.env import GameEnv, Shaping
 from palaestra.shared.plan import EVAL_COSTS
-from palaestra.shared.rl.batch_rules import BATCH_RULES
+from palaestra.shared.registry import register_in
 from palaestra.shared.rollout.env import ENVS
 from palaestra.shared.rollout.tasks import TASKS
 
-BATCH_RULES.register("first_finished", "palaestra.mars.batching:FirstFinished")
+register_in("palaestra.batch_rules", "first_finished", "palaestra.mars.batching:FirstFinished")
 EVAL_COSTS.register("mars.train", "palaestra.mars.eval_cost:train_eval_cost")
 
 

@@ -1,0 +1,63 @@
+"""docs/reproduce.md and the pipeline it runs: a row per paper whose configs exist, linked first from the README;
+`experiments/egpo/reproduce.yaml` feeds the datagen stage's samples to the egpo stage (`--dry-run` resolves both)."""
+
+import re
+from pathlib import Path
+
+from palaestra.shared.jobs import load_config
+from palaestra.shared.pipeline import stage_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "reproduce.md"
+PAPERS = ("HardGen", "FunReason-MT", "EGPO", "MARS", "AED")
+
+
+def test_the_egpo_stage_reads_what_the_datagen_stage_writes(tmp_path):
+    cfg = load_config(ROOT / "experiments" / "egpo" / "reproduce.yaml", [f"output_dir={tmp_path}"])
+    stages = stage_configs(cfg)
+    assert list(stages) == ["datagen", "egpo"]  # the order they run in
+    written = stages["datagen"].output_path
+    multi_turn = [env for env in stages["egpo"].envs if env.name == "datagen_multi_turn"]
+    assert len(multi_turn) == 1 and Path(multi_turn[0].kwargs["path"]) == written
+    assert written.is_relative_to(tmp_path) and Path(stages["egpo"].output_dir) == tmp_path / "egpo"
+    # control: the paper config alone reads the fixed path that datagen's own config writes
+    alone = load_config(ROOT / "experiments" / "egpo" / "qwen3_4b_bfcl.yaml")
+    fixed = [env.kwargs["path"] for env in alone.envs if env.name == "datagen_multi_turn"]
+    assert fixed == ["outputs/datagen/llm_served/samples.jsonl"] and Path(fixed[0]) != written
+
+
+def test_the_guide_has_a_row_per_paper_with_configs_that_exist():
+    text = GUIDE.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| **")]
+    assert [re.match(r"\| \*\*([^*]+)\*\*", row)[1] for row in rows] == list(PAPERS)
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 6 and all(cells), row[:60]
+        configs = re.findall(r"\]\(\.\./(experiments/[^)]+\.yaml)\)", cells[2])
+        assert configs and all((ROOT / c).is_file() for c in configs), cells[2]
+    for link in re.findall(r"\]\(\.\./([^)#]+)\)", text):
+        assert (ROOT / link).exists(), link
+
+
+def test_the_readme_links_the_guide_first():
+    links = re.findall(r"\]\(([^)]+)\)", (ROOT / "README.md").read_text())
+    assert links and links[0] == "docs/reproduce.md"
+
+
+def test_plan_covers_both_stages():
+    """`palaestra plan` of the pipeline plans each stage: the teacher's load, then the 8-GPU layout."""
+    from palaestra.shared.plan import plan_config
+
+    report, fits = plan_config(load_config(ROOT / "experiments" / "egpo" / "reproduce.yaml"))
+    assert fits
+    datagen, egpo = report.index("stage datagen (datagen.generate)"), report.index("stage egpo (egpo.train)")
+    assert datagen < report.index("expected LLM load for 2,000 items") < egpo
+    assert "GPUs: 4 learner + 3 rollout + 1 trainer process = 8 of 8" in report[egpo:]
+
+
+def test_the_mars_mas_stage_reads_the_train_stages_last_checkpoint(tmp_path):
+    stages = stage_configs(load_config(ROOT / "experiments" / "mars" / "reproduce.yaml", [f"output_dir={tmp_path}"]))
+    train, mas = stages["train"], stages["mas"]
+    checkpoint = Path(train.output_dir) / "checkpoints" / f"step_{train.steps:06d}"  # the trainer's layout
+    assert train.steps == 200 and Path(mas.trained_llm.model) == checkpoint
+    assert mas.llm.model == train.llm.model == "Qwen/Qwen3-4B"  # the base beside it is the model it started from
