@@ -10,6 +10,8 @@ Ray workers).
   random, mcts or equilibrium);
 - task sources (`TASKS`): ``mars_legal_moves``, the SFT warm-start
   conversations of legal moves generated from OpenSpiel;
+- the advantage estimator (`ADVANTAGES`) ``rae``, SPIRAL's role-conditioned baseline
+  (`palaestra.mars.rae`);
 - the batch rule (`BATCH_RULES`, rl/batch_rules.py) ``first_finished``, MARS's
   batch (`palaestra.mars.batching.FirstFinished`);
 - the evaluation-time estimate of ``mars.train`` for ``palaestra plan``
@@ -24,12 +26,14 @@ from typing import Any
 
 from palaestra.mars.env import GameEnv, Shaping
 from palaestra.shared.plan import EVAL_COSTS
+from palaestra.shared.rl.advantages import ADVANTAGES
 from palaestra.shared.rl.batch_rules import BATCH_RULES
 from palaestra.shared.rollout.env import ENVS
 from palaestra.shared.rollout.tasks import TASKS
 
 BATCH_RULES.register("first_finished", "palaestra.mars.batching:FirstFinished")
 EVAL_COSTS.register("mars.train", "palaestra.mars.eval_cost:train_eval_cost")
+ADVANTAGES.register("rae", "palaestra.mars.rae:rae")  # SPIRAL's role-conditioned advantages
 
 
 def _shaping(shaping: dict[str, Any] | None) -> Shaping:

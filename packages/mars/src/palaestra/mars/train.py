@@ -34,6 +34,7 @@ from palaestra.mars.env import PromptStyle, Shaping, agent_name
 from palaestra.mars.eval import GameEvalConfig, eval_headline, evaluate
 from palaestra.mars.eval_table import compare, format_table
 from palaestra.mars.games import GAMES
+from palaestra.mars.rae import BASELINES
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
@@ -199,6 +200,7 @@ def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
 def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
     """MARS self-play RL (turn-level advantages, agent normalization) through the shared trainer; eval before/after."""
     eval_cfg = _eval_config(cfg)
+    BASELINES.reset()  # `rae`'s moving averages: each run starts them at 0
 
     evaluations: list[list[dict]] = []  # each evaluation's records, for MARS's base-vs-trained table
 
