@@ -20,9 +20,10 @@ As options (MARS's code, on in the paper config): a response that hit the
 token limit is a format loss, so is a response after which at most 1,000
 tokens of the 32,768-token sequence are left (`Shaping.overlong_sequence`),
 and a response longer than 2,048 tokens costs its agent MARS's length
-penalty (`Shaping.length_reward`). Rewards that reach a seat before its first
-turn (mini Hanabi) are dropped, as MARS's env manager drops them
-(`Shaping.pre_turn_rewards`; ``report`` keeps them).
+penalty (`Shaping.length_reward`). Every reward OpenSpiel gives is returned,
+also one that reaches a seat before its first turn (mini Hanabi). MARS's env
+manager drops those; here that is the batch's choice, where rewards are credited
+to turns (`palaestra.mars.batching.PreTurnRewards`).
 """
 
 from __future__ import annotations
@@ -55,18 +56,6 @@ class PromptStyle(StrEnum):
 PROMPTS = tuple(p.value for p in PromptStyle)
 
 
-class PreTurnRewards(StrEnum):
-    """Rewards that reach a seat before its first turn (mini Hanabi: the first player's card scores for both).
-
-    drop: the seat gets none of them (MARS: ``env_manager.py`` ``_log_env_state`` adds the other seat's reward
-    only to a non-empty history, and seat 1's history starts at its first turn); report: the env reports them
-    and the rollout engine keeps them in ``Trajectory.extra_reward``, which the advantage input credits to the
-    seat's first turn (`AdvantageInput.from_trajectories`)."""
-
-    drop = "drop"
-    report = "report"
-
-
 @dataclass
 class Shaping:
     """MARS reward shaping (all from config; zeros give OpenSpiel's payoffs exactly)."""
@@ -92,13 +81,8 @@ class Shaping:
     `sequence_margin` tokens of the `sequence_length`-token sequence are left (sequence_length - prompt tokens -
     response tokens <= sequence_margin) is a format loss. MARS: 32768 (its ``sequence_length``) and 1000. 0 = off."""
     sequence_margin: int = 1000
-    pre_turn_rewards: PreTurnRewards = PreTurnRewards.drop
-    """Rewards that reach a seat before its first turn: drop (MARS's env_manager.py) | report (credited to the
-    seat's first turn by the advantage input)."""
 
     def __post_init__(self):
-        if self.pre_turn_rewards not in tuple(p.value for p in PreTurnRewards):
-            raise ValueError(f"pre_turn_rewards: unknown value {self.pre_turn_rewards!r}; known: drop, report")
         if self.length_max <= self.length_min:
             raise ValueError(f"length_max ({self.length_max}) must exceed length_min ({self.length_min})")
         if self.sequence_length < 0 or self.sequence_margin < 0:
@@ -326,8 +310,6 @@ class GameEnv(TextEnv):
         rewards = {a: after[i] - before[i] for i, a in enumerate(self.agents)}
         rewards[agent] += self.shaping.valid_turn_bonus
         self.turns[agent] += 1
-        drop = self.shaping.pre_turn_rewards == PreTurnRewards.drop
-        credited = {a: self.turns[a] > 0 or not drop for a in self.agents}
         info: dict[str, Any] = {"action": text, "action_id": action_id, "player": player}
         self.done = self.state.is_terminal()
         if self.done:
@@ -336,7 +318,6 @@ class GameEnv(TextEnv):
                 if self.game.pays_draw_bonus(returns[i], after[i] - before[i]):
                     rewards[a] += self.shaping.draw_bonus
             info.update(self._outcome(returns))
-        rewards = {a: r if credited[a] else 0.0 for a, r in rewards.items()}  # a seat yet to act: nothing (drop)
         return Step(rewards=rewards, terminated=self.done, info=info)
 
     # -- helpers -------------------------------------------------------------------

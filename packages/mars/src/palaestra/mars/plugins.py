@@ -12,8 +12,9 @@ Ray workers).
   conversations of legal moves generated from OpenSpiel;
 - the advantage estimator (`ADVANTAGES`) ``rae``, SPIRAL's role-conditioned baseline
   (`palaestra.mars.rae`);
-- the batch rule (`BATCH_RULES`, rl/batch_rules.py) ``first_finished``, MARS's
-  batch (`palaestra.mars.batching.FirstFinished`);
+- the batch rules (`BATCH_RULES`, rl/batch_rules.py) ``first_finished``, MARS's
+  batch (`palaestra.mars.batching.FirstFinished`), and ``mars_rows``, the one
+  ``mars.train`` uses: the rows of either rule, credited as ``batch.pre_turn_rewards`` says;
 - the evaluation-time estimate of ``mars.train`` for ``palaestra plan``
   (`EVAL_COSTS`, `palaestra.mars.eval_cost`).
 
@@ -32,6 +33,7 @@ from palaestra.shared.rollout.env import ENVS
 from palaestra.shared.rollout.tasks import TASKS
 
 BATCH_RULES.register("first_finished", "palaestra.mars.batching:FirstFinished")
+BATCH_RULES.register("mars_rows", "palaestra.mars.batching:MarsRows")  # mars.train's: rows, then crediting
 EVAL_COSTS.register("mars.train", "palaestra.mars.eval_cost:train_eval_cost")
 ADVANTAGES.register("rae", "palaestra.mars.rae:rae")  # SPIRAL's role-conditioned advantages
 

@@ -29,7 +29,7 @@ from enum import StrEnum
 from typing import Any
 
 from palaestra.mars import plugins  # noqa: F401  (registers the batch rule first_finished and the eval cost)
-from palaestra.mars.batching import BatchRule, MarsBatch, check_batch
+from palaestra.mars.batching import MarsBatch, check_batch
 from palaestra.mars.env import PromptStyle, Shaping, agent_name
 from palaestra.mars.eval import GameEvalConfig, eval_headline, evaluate
 from palaestra.mars.eval_table import compare, format_table
@@ -217,8 +217,8 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
         evaluations.append(records)
         return metrics
 
-    rule = "first_finished" if cfg.batch.rule == BatchRule.first_finished else "all"  # rl/batch_rules.py
-    with Trainer(cfg, tracker, eval_hook=game_eval, batch_rule=rule) as trainer:
+    # the rows of cfg.batch.rule, credited by cfg.batch.pre_turn_rewards (batching.py, rl/batch_rules.py)
+    with Trainer(cfg, tracker, eval_hook=game_eval, batch_rule="mars_rows") as trainer:
         trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
         out = trainer.train()
     summary: dict[str, Any] = {}
