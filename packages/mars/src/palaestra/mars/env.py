@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from palaestra.mars.games import KIND_BOARD, Game, make_game
+from palaestra.mars.games import Game, GameKind, make_game
 from palaestra.mars.prompt_text import fill, load_prompt_text
 from palaestra.shared.rollout.env import Step, TextEnv
 
@@ -51,9 +51,6 @@ class PromptStyle(StrEnum):
     full = "full"
     compact = "compact"
     minimal = "minimal"
-
-
-PROMPTS = tuple(p.value for p in PromptStyle)
 
 
 @dataclass
@@ -135,8 +132,8 @@ class GameEnv(TextEnv):
         opening_moves: int = 0,
         prompt_file: str = "",
     ):
-        if prompt not in PROMPTS:
-            raise ValueError(f"unknown prompt style {prompt!r}; known: {', '.join(PROMPTS)}")
+        if prompt not in list(PromptStyle):
+            raise ValueError(f"unknown prompt style {prompt!r}; known: {', '.join(PromptStyle)}")
         if opening_moves < 0:
             raise ValueError(f"opening_moves must be >= 0, not {opening_moves}")
         # each reset first plays 0..opening_moves random legal moves (the count drawn uniformly): self-play of a
@@ -194,7 +191,7 @@ class GameEnv(TextEnv):
         if compact:
             parts = (
                 []
-                if self.game.kind == KIND_BOARD or not unseen
+                if self.game.kind == GameKind.board or not unseen
                 else ["\n".join(f"{u['agent']} took action {u['action']}." for u in unseen)]
             )
             turn = "\n\n".join([*parts, own])
@@ -223,7 +220,7 @@ class GameEnv(TextEnv):
         """A section of the full prompt: the lab's text from ``prompt_file`` if it has one, else the project's."""
         example = self.game.example_action(player)
         if name in self.text:
-            marks = {"mark": "XO"[player], "other_mark": "XO"[1 - player]} if self.game.kind == KIND_BOARD else {}
+            marks = {"mark": "XO"[player], "other_mark": "XO"[1 - player]} if self.game.kind == GameKind.board else {}
             return fill(self.text[name], player=player, other=1 - player, example=example, **marks)
         if name == "system":
             return self.game.system_prompt()
@@ -240,7 +237,7 @@ class GameEnv(TextEnv):
     def _other_turn(self, u: dict) -> str:
         """Another agent's turn as MARS shows it: the full state for board games, the action alone otherwise."""
         head = f"Information of Turn-{u['turn']}:\n\nThis is the other player's turn. "
-        if self.game.kind == KIND_BOARD:
+        if self.game.kind == GameKind.board:
             return (
                 head + "The game state, legal actions, as well as the chosen action of the other player for this "
                 f"turn are provided below.\n\nGAME STATE:\n{u['state']}\n\nLEGAL ACTIONS:\n{', '.join(u['legal'])}."
@@ -299,7 +296,7 @@ class GameEnv(TextEnv):
         for other in self.agents:
             if other != agent:
                 seen = {"agent": agent, "turn": self._moves, "action": text}
-                if self.game.kind == KIND_BOARD and self.prompt == "full":
+                if self.game.kind == GameKind.board and self.prompt == "full":
                     seen["state"] = self._state_text(self.agents.index(other))
                     seen["legal"] = self.game.legal_action_strings(self.state)
                 self._unseen[other].append(seen)

@@ -55,11 +55,6 @@ class Policy(StrEnum):
     mcts = "mcts"
 
 
-SEATS = tuple(s.value for s in Seat)
-OPPONENTS = tuple(o.value for o in Opponent)
-POLICIES = tuple(p.value for p in Policy)
-
-
 @dataclass
 class GameEvalConfig(JobConfig):
     """Evaluate a policy on MARS games against fixed opponents."""
@@ -160,7 +155,7 @@ def make_player(
         client = clients[key] if clients is not None else make_client(llm_config)
         sampling = {"top_p": cfg.top_p, "top_k": cfg.top_k, "response_prefix": cfg.response_prefix}
         return LLMPlayer(client, cfg.temperature, cfg.max_tokens, kind, cfg.seed, list(cfg.stop), **sampling)
-    raise ConfigError(f"unknown player {kind!r}; known: {', '.join(POLICIES + OPPONENTS)}")
+    raise ConfigError(f"unknown player {kind!r}; known: {', '.join([*Policy, *Opponent])}")
 
 
 def check_config(cfg: GameEvalConfig) -> None:
@@ -168,18 +163,21 @@ def check_config(cfg: GameEvalConfig) -> None:
         if name not in GAMES:
             raise ConfigError(f"games: unknown game {name!r}; known games: {', '.join(GAMES.names())}")
     for name in cfg.opponents:
-        if name not in OPPONENTS:
-            raise ConfigError(f"opponents: unknown opponent {name!r}; known: {', '.join(OPPONENTS)}")
+        if name not in list(Opponent):
+            raise ConfigError(f"opponents: unknown opponent {name!r}; known: {', '.join(Opponent)}")
     for seat in cfg.seats:
-        if seat not in SEATS:
+        if seat not in list(Seat):
             raise ConfigError(f"seats: unknown seat {seat!r}; known: first, second")
-    if cfg.policy not in POLICIES:
-        raise ConfigError(f"policy: unknown policy {cfg.policy!r}; known: {', '.join(POLICIES)}")
+    if cfg.policy not in list(Policy):
+        raise ConfigError(f"policy: unknown policy {cfg.policy!r}; known: {', '.join(Policy)}")
     if cfg.episodes < 1:
         raise ConfigError("episodes must be at least 1")
     for name in cfg.exploitability:
-        if name not in GAMES or make_game(name).kind != "poker":
-            raise ConfigError(f"exploitability: {name!r} is not a poker game (kuhn_poker, leduc_poker)")
+        if name not in GAMES or make_game(name).solver is None:
+            from palaestra.mars.solvers import solved_games
+
+            solved = ", ".join(solved_games())
+            raise ConfigError(f"exploitability: {name!r} has no reference solver; games with one: {solved}")
     if cfg.exploitability and cfg.policy != "llm":
         raise ConfigError("exploitability reads the policy off an LLM: it needs policy: llm")
 
@@ -224,7 +222,7 @@ def evaluate(
                 metrics[f"eval/{name}/equilibrium_exploitability"] = eq.exploitability
             pooled, pooled_seats = [], []
             for seat_name in cfg.seats:
-                seat = SEATS.index(seat_name)
+                seat = list(Seat).index(seat_name)
                 results = _play(cfg, name, policy, opponent, seat, seeds, rollouts)
                 _record(metrics, records, name, seat_name, label, summarize(results, seat))
                 pooled += results
@@ -245,16 +243,17 @@ def evaluate(
 
 def game_opponents(cfg: GameEvalConfig, game: str) -> list[tuple[str, str, int | None]]:
     """(opponent kind, its name in the metrics, MCTS simulations) of each opponent `game` is played against, in
-    both seats: equilibria in poker only, MCTS in the board games only (it would see the hidden cards), ``mcts``
+    both seats: equilibria where the game has a reference solver (poker), MCTS in perfect-information games
+    only (it would see the hidden cards), ``mcts``
     one ``mcts<N>`` per ``mcts_levels`` entry when that list is set. Cooperative games: none (self-play)."""
     kind_of_game = make_game(game)
     if kind_of_game.cooperative:
         return []
     out: list[tuple[str, str, int | None]] = []
     for kind in cfg.opponents:
-        if kind == "equilibrium" and kind_of_game.kind != "poker":
+        if kind == Opponent.equilibrium and kind_of_game.solver is None:
             continue
-        if kind == "mcts" and kind_of_game.kind == "poker":
+        if kind == Opponent.mcts and not kind_of_game.perfect_information:
             continue
         if kind == "mcts" and cfg.mcts_levels:
             out += [("mcts", f"mcts{n}", n) for n in cfg.mcts_levels]

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.mars.mas_benchmarks import (
-    STYLES,
     BuiltinSet,
     QuestionStyle,
     accuracy_metrics,
@@ -57,8 +56,6 @@ class System(StrEnum):
     group_chat = "group_chat"
 
 
-AGGREGATIONS = tuple(a.value for a in Aggregation)
-SYSTEMS = tuple(s.value for s in System)
 INSTRUCTION = "Think step by step, then give your final answer as <answer>ANSWER</answer>."
 
 
@@ -204,15 +201,15 @@ def run_systems(client, questions: list[dict[str, Any]], cfg: MASConfig) -> dict
 
 
 def _check(cfg: MASConfig) -> None:
-    if cfg.aggregation not in AGGREGATIONS:
-        raise ConfigError(f"aggregation: unknown rule {cfg.aggregation!r}; known: {', '.join(AGGREGATIONS)}")
+    if cfg.aggregation not in list(Aggregation):
+        raise ConfigError(f"aggregation: unknown rule {cfg.aggregation!r}; known: {', '.join(Aggregation)}")
     if cfg.num_agents < 1 or cfg.rounds < 1:
         raise ConfigError("num_agents and rounds must be at least 1")
     for system in cfg.systems:
-        if system not in SYSTEMS:
-            raise ConfigError(f"systems: unknown system {system!r}; known: {', '.join(SYSTEMS)}")
-    if cfg.style not in STYLES:
-        raise ConfigError(f"style: unknown style {cfg.style!r}; known: {', '.join(STYLES)}")
+        if system not in list(System):
+            raise ConfigError(f"systems: unknown system {system!r}; known: {', '.join(System)}")
+    if cfg.style not in list(QuestionStyle):
+        raise ConfigError(f"style: unknown style {cfg.style!r}; known: {', '.join(QuestionStyle)}")
 
 
 @job("mars.mas", MASConfig)

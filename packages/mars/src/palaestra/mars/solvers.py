@@ -6,8 +6,8 @@ average policy, measures its exploitability with ``pyspiel.exploitability``
 (0 is a Nash equilibrium; in chips per game), and caches the table as JSON
 keyed by solver, iterations and game, so later evaluations reuse it.
 
-Defaults: CFR 2000 iterations for Kuhn (exploitability ~1e-3), CFR+ 1000 for
-Leduc (~1e-3; 300 iterations take about 5 s here).
+A game's solver and iterations are its fact (`Game.solver`): CFR 2000 iterations
+for Kuhn (exploitability ~1e-3), CFR+ 1000 for Leduc (~1e-3).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pyspiel
 
-from palaestra.mars.games import make_game
+from palaestra.mars.games import GAMES, make_game
 
-DEFAULT_ITERATIONS = {"kuhn_poker": ("cfr", 2000), "leduc_poker": ("cfr_plus", 1000)}
 SOLVERS = {"cfr": pyspiel.CFRSolver, "cfr_plus": pyspiel.CFRPlusSolver}
 
 
@@ -40,9 +39,10 @@ def equilibrium_policy(
     game: str, solver: str | None = None, iterations: int | None = None, cache_dir: str | Path = "outputs/mars/cache"
 ) -> Equilibrium:
     """An approximate Nash equilibrium of a poker game (from the cache when present)."""
-    if game not in DEFAULT_ITERATIONS:
-        raise ValueError(f"no equilibrium solver for {game!r}; available for: {', '.join(DEFAULT_ITERATIONS)}")
-    default_solver, default_iterations = DEFAULT_ITERATIONS[game]
+    reference = make_game(game).solver
+    if reference is None:
+        raise ValueError(f"no equilibrium solver for {game!r}; available for: {', '.join(solved_games())}")
+    default_solver, default_iterations = reference
     solver = solver or default_solver
     iterations = iterations or default_iterations
     if solver not in SOLVERS:
@@ -66,6 +66,11 @@ def equilibrium_policy(
     tmp.write_text(json.dumps({"exploitability": exploitability, "seconds": seconds, "table": table}))
     tmp.replace(path)  # atomic: a killed run never leaves a half-written cache
     return Equilibrium(game, solver, iterations, exploitability, table, seconds)
+
+
+def solved_games() -> list[str]:
+    """The games with a reference solver (`Game.solver`)."""
+    return [name for name in GAMES.names() if make_game(name).solver is not None]
 
 
 def table_exploitability(game: str, table: dict[str, list[tuple[int, float]]]) -> float:

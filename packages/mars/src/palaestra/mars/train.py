@@ -35,6 +35,7 @@ from palaestra.mars.eval import GameEvalConfig, eval_headline, evaluate
 from palaestra.mars.eval_table import compare, format_table
 from palaestra.mars.games import GAMES
 from palaestra.mars.rae import BASELINES
+from palaestra.mars.versus import LearnerSeat
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
@@ -51,19 +52,10 @@ class Mode(StrEnum):
     versus = "versus"
 
 
-class LearnerSeat(StrEnum):
-    first = "first"
-    second = "second"
-    alternate = "alternate"
-
-
 class FixedOpponent(StrEnum):
     random = "random"
     mcts = "mcts"
     equilibrium = "equilibrium"
-
-
-MODES = tuple(m.value for m in Mode)
 
 
 @dataclass
@@ -144,8 +136,8 @@ class MarsTrainConfig(TrainConfig):
 
 
 def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
-    if cfg.mode not in MODES:
-        raise ConfigError(f"mode: unknown mode {cfg.mode!r}; known: {', '.join(MODES)}")
+    if cfg.mode not in list(Mode):
+        raise ConfigError(f"mode: unknown mode {cfg.mode!r}; known: {', '.join(Mode)}")
     if not cfg.games:
         raise ConfigError("games: the training mixture is empty")
     shaping = {k: getattr(cfg.shaping, k) for k in Shaping.__dataclass_fields__}
