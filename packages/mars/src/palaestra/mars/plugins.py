@@ -10,8 +10,8 @@ Ray workers).
   random, mcts or equilibrium);
 - task sources (`TASKS`): ``mars_legal_moves``, the SFT warm-start
   conversations of legal moves generated from OpenSpiel;
-- the advantage estimator (`ADVANTAGES`) ``rae``, SPIRAL's role-conditioned baseline
-  (`palaestra.mars.rae`);
+- the advantage estimators (`ADVANTAGES`) ``rae``, SPIRAL's role-conditioned baseline
+  (`palaestra.mars.rae`), and ``episode_return`` and ``batch_norm`` (`palaestra.mars.returns`);
 - the batch rules (`BATCH_RULES`, rl/batch_rules.py) ``first_finished``, MARS's
   batch (`palaestra.mars.batching.FirstFinished`), and ``mars_rows``, the one
   ``mars.train`` uses: the rows of either rule, credited as ``batch.pre_turn_rewards`` says;
@@ -36,6 +36,8 @@ BATCH_RULES.register("first_finished", "palaestra.mars.batching:FirstFinished")
 BATCH_RULES.register("mars_rows", "palaestra.mars.batching:MarsRows")  # mars.train's: rows, then crediting
 EVAL_COSTS.register("mars.train", "palaestra.mars.eval_cost:train_eval_cost")
 ADVANTAGES.register("rae", "palaestra.mars.rae:rae")  # SPIRAL's role-conditioned advantages
+ADVANTAGES.register("episode_return", "palaestra.mars.returns:episode_return")  # the estimator ablation's
+ADVANTAGES.register("batch_norm", "palaestra.mars.returns:batch_norm")
 
 
 def _shaping(shaping: dict[str, Any] | None) -> Shaping:
