@@ -146,7 +146,7 @@ class GameEnv(TextEnv):
         self.text = load_prompt_text(prompt_file).get(self.game.name, {}) if prompt_file else {}
         self.agents = [agent_name(p) for p in range(self.game.num_players)]
         self.env_type = self.game.name
-        self.state = None
+        self.state: Any = None  # a pyspiel.State from the first reset on
         self.reset_seed: int | None = None
         self._rng = random.Random(0)
         self._response: tuple[int | None, bool, int] = (None, False, 0)
@@ -273,11 +273,14 @@ class GameEnv(TextEnv):
             error = "the response hit the token limit"
         elif tokens is not None and self.shaping.overlong_sequence(prompt_tokens, tokens):
             error = f"at most {self.shaping.sequence_margin} tokens of the sequence are left"
-        elif error is None:
+        elif error is None and action_text is not None:
             action_id = self.game.action_from_string(self.state, action_text)
             if action_id is None:
                 error = f"{action_text!r} is not a legal action"
-        step = self._format_loss(error, action_text) if error is not None else self.step_action(action_id)
+        if action_id is not None and error is None:
+            step = self.step_action(action_id)
+        else:
+            step = self._format_loss(error or "no action", action_text)
         if tokens is not None:
             step.rewards[agent] = step.rewards.get(agent, 0.0) + self.shaping.length_reward(tokens)
         return step

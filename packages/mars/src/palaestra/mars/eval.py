@@ -153,8 +153,17 @@ def make_player(
         if clients is not None and key not in clients:
             clients[key] = make_client(llm_config)
         client = clients[key] if clients is not None else make_client(llm_config)
-        sampling = {"top_p": cfg.top_p, "top_k": cfg.top_k, "response_prefix": cfg.response_prefix}
-        return LLMPlayer(client, cfg.temperature, cfg.max_tokens, kind, cfg.seed, list(cfg.stop), **sampling)
+        return LLMPlayer(
+            client,
+            cfg.temperature,
+            cfg.max_tokens,
+            kind,
+            cfg.seed,
+            list(cfg.stop),
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            response_prefix=cfg.response_prefix,
+        )
     raise ConfigError(f"unknown player {kind!r}; known: {', '.join([*Policy, *Opponent])}")
 
 

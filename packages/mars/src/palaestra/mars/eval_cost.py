@@ -62,7 +62,7 @@ def tokens_per_s(cfg) -> tuple[float, str]:
         try:
             params = model_arch(llm.model)[0].params()
         except ValueError:
-            params = 4e9
+            params = int(4e9)
         rate = workers.num_workers * GPU_TOKENS_PER_S * 4e9 / params
         return rate, f"{workers.num_workers} vLLM worker(s) x {GPU_TOKENS_PER_S:g} tokens/s at 4B parameters"
     return CPU_TOKENS_PER_S, f"one CPU process at {CPU_TOKENS_PER_S:g} tokens/s"
@@ -87,7 +87,8 @@ def train_eval_cost(cfg, cpus: int) -> EvalCost:
     rate, how = tokens_per_s(cfg)
     limit = getattr(e, "max_tokens_per_turn", None) or getattr(e, "max_tokens", None) or cfg.rollout.max_tokens_per_turn
     per_turn = RESPONSE_FRACTION * limit
-    total, rows = 0.0, {}  # (game, opponent) -> (seats, model s, opponent s, setting s)
+    total = 0.0
+    rows: dict[tuple[str, str], tuple[int, float, float, float]] = {}  # (game, opponent) -> seats, model, opp., all
     for game, label, sims, selfplay in settings(e):
         moves = make_game(game).mean_moves
         model = e.episodes * (moves if selfplay else moves / 2) * per_turn / rate

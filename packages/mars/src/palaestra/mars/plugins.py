@@ -44,7 +44,7 @@ def _shaping(shaping: dict[str, Any] | None) -> Shaping:
     return Shaping(**(shaping or {}))
 
 
-@ENVS.register("mars_game")
+@ENVS.register("mars_game")  # type: ignore[arg-type]  # a factory; shared ENVS is annotated for classes
 def mars_game(
     game: str = "tic_tac_toe",
     shaping: dict[str, Any] | None = None,
@@ -56,7 +56,7 @@ def mars_game(
     return GameEnv(game, _shaping(shaping), prompt, opening_moves, prompt_file)
 
 
-@ENVS.register("mars_versus")
+@ENVS.register("mars_versus")  # type: ignore[arg-type]  # a factory, as above
 def mars_versus(
     game: str = "tic_tac_toe",
     opponent: str = "random",
@@ -72,10 +72,11 @@ def mars_versus(
     prompt_file: str = "",
 ):
     """A MARS game with the learner in one seat and a fixed opponent in the other."""
-    from palaestra.mars.players import MCTSPlayer, RandomPlayer, TabularPolicyPlayer
+    from palaestra.mars.players import MCTSPlayer, Player, RandomPlayer, TabularPolicyPlayer
     from palaestra.mars.versus import VersusEnv
 
     env = GameEnv(game, _shaping(shaping), prompt, prompt_file=prompt_file)
+    player: Player
     if opponent == "random":
         player = RandomPlayer(seed)
     elif opponent == "mcts":

@@ -152,6 +152,7 @@ def legal_move_conversations(
     elif mover == "first":
         player = FirstLegalPlayer(random_fraction, seed, first_k)
     elif mover == "card_strength":
+        assert strength is not None  # checked above
         player = CardStrengthPlayer(strength, seed)
     elif mover == "mcts":
         player = MCTSPlayer(env.game, max_simulations=50, rollout_count=1, seed=seed, solve=True)

@@ -31,7 +31,7 @@ from typing import Any
 from palaestra.mars import plugins  # noqa: F401  (registers the batch rule first_finished and the eval cost)
 from palaestra.mars.batching import MarsBatch, check_batch
 from palaestra.mars.env import PromptStyle, Shaping, agent_name
-from palaestra.mars.eval import GameEvalConfig, eval_headline, evaluate
+from palaestra.mars.eval import GameEvalConfig, Opponent, Policy, Seat, eval_headline, evaluate
 from palaestra.mars.eval_table import compare, format_table
 from palaestra.mars.games import GAMES
 from palaestra.mars.rae import BASELINES
@@ -158,26 +158,29 @@ def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
 
 def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
     e = cfg.eval  # resolved: every sampling field set (TrainConfig.__post_init__)
-    assert None not in (e.temperature, e.top_p, e.top_k, e.max_tokens_per_turn, e.max_context_tokens, e.max_turns)
+    temperature, top_p, top_k = e.temperature, e.top_p, e.top_k
+    max_tokens, max_context, max_turns = e.max_tokens_per_turn, e.max_context_tokens, e.max_turns
+    assert temperature is not None and top_p is not None and top_k is not None
+    assert max_tokens is not None and max_context is not None and max_turns is not None
     return GameEvalConfig(
         games=list(e.games),
-        policy="llm",
+        policy=Policy.llm,
         llm=cfg.llm,
-        temperature=e.temperature,
-        max_tokens=e.max_tokens_per_turn,
+        temperature=temperature,
+        max_tokens=max_tokens,
         stop=list(e.stop or []),
-        max_turns=e.max_turns,
-        opponents=list(e.opponents),
-        seats=list(e.seats),
+        max_turns=max_turns,
+        opponents=[Opponent(o) for o in e.opponents],
+        seats=[Seat(s) for s in e.seats],
         episodes=e.episodes,
         mcts_simulations=e.mcts_simulations,
         mcts_levels=list(e.mcts_levels),
         mcts_on_ray=e.mcts_on_ray,
         cluster=cfg.cluster,
-        top_p=e.top_p,
-        top_k=e.top_k,
+        top_p=top_p,
+        top_k=top_k,
         response_prefix=e.response_prefix or "",
-        max_context_tokens=e.max_context_tokens,
+        max_context_tokens=max_context,
         exploitability=list(e.exploitability),
         exploitability_temperature=e.exploitability_temperature,
         shaping=cfg.shaping,
