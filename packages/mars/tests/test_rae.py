@@ -105,3 +105,79 @@ def test_rae_is_a_mars_train_estimator():
     assert [a.name for a in cfg.advantages] == ["rae"]
     keys = RoleBaselines()
     assert keys.advantage("g/p", 2.0, 0.95) == 2.0 and keys.advantage("g/p", 2.0, 0.95) == pytest.approx(1.9)
+
+
+def test_rae_baselines_follow_the_trainers_checkpoints(tmp_path):
+    """The baselines written after each step's batch; a run resumed at checkpoint step S restores those after
+    step S - 1 and continues exactly as the run that never stopped (the trainer's step as the clock)."""
+    steps, decay = _steps(5, n=6), 0.9
+    BASELINES.reset()
+    straight = _run(steps, decay, np.random.default_rng(4))
+    clock = {"step": 0}
+    BASELINES.reset()
+    BASELINES.attach(tmp_path / "rae_baselines.json", lambda: clock["step"])
+    BASELINES.forget()
+    for step in steps[:4]:  # the run stops after 4 steps, its checkpoint at step 4
+        _run([step], decay, np.random.default_rng(4))
+        clock["step"] += 1
+    BASELINES.reset()
+    BASELINES.attach(tmp_path / "rae_baselines.json", lambda: clock["step"])
+    BASELINES.restore(2)  # an older checkpoint: step 2's baselines, not the last ones written
+    assert BASELINES.state_dict() == pytest.approx(_state_after(steps[:2], decay))
+    BASELINES.restore(4)
+    resumed = _run(steps[4:], decay, np.random.default_rng(4))
+    BASELINES.reset()
+    np.testing.assert_allclose(resumed, straight[4:], atol=1e-12)
+    with pytest.raises(ValueError, match="no baselines for step 9"):
+        BASELINES.attach(tmp_path / "rae_baselines.json", lambda: 0)
+        BASELINES.restore(10)
+    BASELINES.reset()
+
+
+def _state_after(steps, decay) -> dict[str, float]:
+    b: dict[str, float] = {}
+    for step in steps:
+        for game, seat, ret in step:
+            key = f"{game}/{seat}"
+            b[key] = decay * b.get(key, 0.0) + (1 - decay) * ret
+    return b
+
+
+@pytest.mark.slow
+def test_a_resumed_mars_train_run_continues_rae_exactly(tracking, tmp_path):
+    """mars.train with rae on tiny Kuhn: 3 steps straight, against 2 steps then a resume for the third. The
+    trainer resumes exactly, so the baselines after every step must match (they depend on every reward)."""
+    import json
+
+    from palaestra.shared.jobs import run_job
+
+    def run(out, steps, resume):
+        cfg = load_config(
+            {
+                "job": "mars.train",
+                "llm": {"model": "tiny", "device": "cpu"},
+                "output_dir": str(out),
+                "games": [{"game": "kuhn_poker"}],
+                "prompt": "minimal",
+                "shaping": {"require_think": False},
+                "rollout": {"max_tokens_per_turn": 6, "max_context_tokens": 512},
+                "advantages": [{"name": "rae", "options": {"decay": 0.9}}],
+                "steps": steps,
+                "tasks_per_step": 4,
+                "checkpoint_every": 1,
+                "keep_checkpoints": 3,
+                "resume": resume,
+                "eval_before": False,
+                "eval": {"games": ["kuhn_poker"], "opponents": ["random"], "episodes": 1, "max_tokens_per_turn": 6},
+                "tracking": vars(tracking),
+            }
+        )
+        run_job(cfg)
+        return json.loads((out / "checkpoints" / "rae_baselines.json").read_text())
+
+    straight = run(tmp_path / "a", 3, False)
+    run(tmp_path / "b", 2, False)
+    resumed = run(tmp_path / "b", 3, True)
+    assert set(straight) == {"0", "1", "2"} and straight["2"] != straight["1"]
+    for step in ("0", "1", "2"):
+        assert resumed[step] == pytest.approx(straight[step], abs=1e-9)

@@ -195,7 +195,7 @@ def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
 def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
     """MARS self-play RL (turn-level advantages, agent normalization) through the shared trainer; eval before/after."""
     eval_cfg = _eval_config(cfg)
-    BASELINES.reset()  # `rae`'s moving averages: each run starts them at 0
+    BASELINES.reset()  # `rae`'s moving averages: each run starts them at 0 (a resumed one: restored below)
 
     evaluations: list[list[dict]] = []  # each evaluation's records, for MARS's base-vs-trained table
 
@@ -214,7 +214,12 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
 
     # the rows of cfg.batch.rule, credited by cfg.batch.pre_turn_rewards (batching.py, rl/batch_rules.py)
     with Trainer(cfg, tracker, eval_hook=game_eval, batch_rule="mars_rows") as trainer:
+        BASELINES.attach(trainer.ckpt_dir / "rae_baselines.json", lambda: trainer.step)
         trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
+        if trainer.resumed and any(a.name == "rae" for a in cfg.advantages):
+            BASELINES.restore(trainer.step)
+        elif not trainer.resumed:
+            BASELINES.forget()
         out = trainer.train()
     summary: dict[str, Any] = {}
     first = trainer.eval_history[0][1] if cfg.eval_before else {}
