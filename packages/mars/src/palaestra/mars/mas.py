@@ -18,6 +18,9 @@ served model honours the seed, and agents with one seed and one prompt would
 give one answer. ``trained_llm`` adds a second model run through the same
 systems on the same questions; metrics ``mas/<set>/<base|trained>/<system>/accuracy``
 (with 95% Wilson bounds) land side by side in one MLflow run.
+
+MARS's own table is another part of the job (``table:``, `palaestra.mars.mas_table`): MASLab's MAD and
+AutoGen on the seven benchmarks, scored by equivalence, pass@1 over k samples. ``systems: []`` runs it alone.
 """
 
 from __future__ import annotations
