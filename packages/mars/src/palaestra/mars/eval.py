@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 from palaestra.mars.env import PromptStyle, Shaping
@@ -244,6 +243,8 @@ def evaluate(
         suffix = "" if step is None else f"_step{step:05d}"  # one file per evaluation step, none overwritten
         (out / f"eval_results{suffix}.json").write_text(_json(records))
         tracker.log_artifact(out / f"eval_results{suffix}.json")
+        from palaestra.mars.figures import plot_results
+
         plot = plot_results([r for r in records if "exploitability" not in r], out / f"eval_plot{suffix}.png")
         if plot:
             tracker.log_artifact(plot)
@@ -353,33 +354,6 @@ def _json(obj) -> str:
     import json
 
     return json.dumps(obj, indent=2)
-
-
-def plot_results(records: list[dict], path: Path) -> Path | None:
-    """Win rates with 95% intervals per setting (mean returns for cooperative games)."""
-    if not records:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r['game']}\n{r['seat']} vs {r['opponent']}" for r in records]
-    coop = [r["opponent"] == "self" for r in records]
-    values = [r["mean_return"] if c else r["win_rate"] for r, c in zip(records, coop)]
-    # max(0, .): rounding can put a bound a hair inside the value; matplotlib refuses negative error bars
-    lows = [max(0.0, v - (r["mean_return_lo"] if c else r["win_rate_lo"])) for v, r, c in zip(values, records, coop)]
-    highs = [max(0.0, (r["mean_return_hi"] if c else r["win_rate_hi"]) - v) for v, r, c in zip(values, records, coop)]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(records)), 4))
-    colors = ["tab:green" if c else "tab:blue" for c in coop]
-    ax.bar(range(len(records)), values, yerr=[lows, highs], color=colors, capsize=4)
-    ax.set_xticks(range(len(records)), labels, rotation=45, ha="right", fontsize=7)
-    ax.set_ylabel("win rate (blue) / self-play score (green)")
-    ax.set_title("MARS evaluation (95% intervals)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 @job("mars.eval", GameEvalConfig)
