@@ -228,3 +228,27 @@ def test_paper_table_config_runs_marss_systems_on_the_seven_benchmarks():
     t = cfg.table  # Qwen3's card, thinking mode
     assert (t.temperature, t.top_p, t.top_k, t.max_tokens) == (0.6, 0.95, 20, 32768)
     assert cfg.llm.backend == cfg.trained_llm.backend == "openai"
+
+
+def test_plan_counts_the_tables_requests(tmp_path):
+    from palaestra.shared.plan import plan_config
+
+    paths = write_releases(tmp_path)
+    cfg = load_config(
+        {
+            "job": "mars.mas",
+            "systems": [],
+            "trained_llm": {"model": "tiny"},
+            "table": {
+                "benchmarks": [{"name": "gsm8k", "path": str(paths["gsm8k"])}, {"name": "aime24", "path": "absent"}],
+                "samples": 2,
+                "max_tokens": 100,
+            },
+        }
+    )
+    text, fits = plan_config(cfg)
+    # gsm8k: 2 questions counted, x k 2 x 2 models; MAD 3..11 a sample (3 rounds + judge), AutoGen 1..5
+    assert "gsm8k (2 questions, counted) x k=2      mad: 24-88 requests" in text
+    assert "aime24 (30 questions, official size) x k=2  autogen: 120-600 requests" in text
+    total = 2 * 2 * (2 + 30) * (3 + 1), 2 * 2 * (2 + 30) * (11 + 5)
+    assert f"total: {total[0]}-{total[1]} requests, at most {total[1] * 100:,} generated tokens" in text and fits

@@ -16,7 +16,8 @@ Ray workers).
   batch (`palaestra.mars.batching.FirstFinished`), and ``mars_rows``, the one
   ``mars.train`` uses: the rows of either rule, credited as ``batch.pre_turn_rewards`` says;
 - the evaluation-time estimate of ``mars.train`` for ``palaestra plan``
-  (`EVAL_COSTS`, `palaestra.mars.eval_cost`).
+  (`EVAL_COSTS`, `palaestra.mars.eval_cost`), and the plan of ``mars.mas``'s table
+  (`JOB_PLANS`, `palaestra.mars.mas_plan`).
 
 Their kwargs are plain values, so env specs pickle to rollout workers.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from palaestra.mars.env import GameEnv, Shaping
-from palaestra.shared.plan import EVAL_COSTS
+from palaestra.shared.plan import EVAL_COSTS, JOB_PLANS
 from palaestra.shared.rl.advantages import ADVANTAGES
 from palaestra.shared.rl.batch_rules import BATCH_RULES
 from palaestra.shared.rollout.env import ENVS
@@ -35,6 +36,7 @@ from palaestra.shared.rollout.tasks import TASKS
 BATCH_RULES.register("first_finished", "palaestra.mars.batching:FirstFinished")
 BATCH_RULES.register("mars_rows", "palaestra.mars.batching:MarsRows")  # mars.train's: rows, then crediting
 EVAL_COSTS.register("mars.train", "palaestra.mars.eval_cost:train_eval_cost")
+JOB_PLANS.register("mars.mas", "palaestra.mars.mas_plan:mas_job_plan")  # the MAS table's requests and tokens
 ADVANTAGES.register("rae", "palaestra.mars.rae:rae")  # SPIRAL's role-conditioned advantages
 ADVANTAGES.register("episode_return", "palaestra.mars.returns:episode_return")  # the estimator ablation's
 ADVANTAGES.register("batch_norm", "palaestra.mars.returns:batch_norm")
