@@ -64,3 +64,19 @@ def test_ablation_arms_differ_in_the_estimator_only(name):
     assert game == ("mini_hanabi" if "hanabi" in name else "kuhn_poker")
     if game == "kuhn_poker":
         assert combos[0, "rae"].shaping.valid_turn_bonus == 0.05  # MARS's shaping: each turn its own reward
+
+
+def test_leduc_two_policies_arms_differ_where_they_say():
+    path = EXPERIMENTS / "leduc_two_policies.yaml"
+    assert path.read_text().startswith("# NOT RUN YET")
+    combos = {(c.values["seed"], c.values["arm"]): c.cfg for c in file_combinations(path)}
+    assert len(combos) == 15
+    skip = ("advantages", "output_dir", "envs", "policies", "steps", "sft_warmup")
+    base = {k: v for k, v in asdict(combos[0, "shared_norm"]).items() if k not in skip}
+    for (seed, arm), cfg in combos.items():
+        assert cfg.games[0].game == "leduc_poker" and cfg.eval.exploitability == ["leduc_poker"]
+        assert [a.name for a in cfg.advantages] == (["rae"] if arm.endswith("rae") else ["turn_level", "agent_norm"])
+        assert bool(cfg.policies) == arm.startswith("two")
+        if seed == 0:
+            assert {k: v for k, v in asdict(cfg).items() if k not in skip} == base
+    assert combos[0, "control"].steps == 0 and combos[0, "control"].sft_warmup.steps == 360
