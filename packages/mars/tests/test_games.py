@@ -52,3 +52,15 @@ def test_a_new_game_is_one_class_and_one_registration():
         assert [o for o, _, _ in game_opponents(cfg, "unsolved_kuhn")] == ["random"]  # no solver: no equilibrium
     finally:
         GAMES.unregister("unsolved_kuhn")
+
+
+@pytest.mark.parametrize("name", ["kuhn_poker", "leduc_poker"])
+def test_uniform_exploitability_is_openspiels(name):
+    """The scale printed beside a read-off exploitability, against OpenSpiel's Python uniform policy."""
+    from open_spiel.python.algorithms.exploitability import exploitability
+    from open_spiel.python.policy import UniformRandomPolicy
+
+    from palaestra.mars.solvers import uniform_exploitability
+
+    game = pyspiel.load_game(name)
+    assert uniform_exploitability(name) == pytest.approx(exploitability(game, UniformRandomPolicy(game)), abs=1e-9)

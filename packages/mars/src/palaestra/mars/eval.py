@@ -291,7 +291,9 @@ def _exploitability(
         actions = list(getattr(make_game(name), "ACTIONS", ()))  # poker action strings by action id
         tracker.log_figure(policy_figure(name, table, actions, value), f"{name}_policy", step=step)
     records.append({"game": name, "opponent": "best_response", "exploitability": value, "policy": table})
-    print(f"{name:>14} exploitability {value:.4f} (uniform: 0.4583 in kuhn_poker)", flush=True)
+    from palaestra.mars.solvers import uniform_exploitability
+
+    print(f"{name:>14} exploitability {value:.4f} (uniform: {uniform_exploitability(name):.4f})", flush=True)
 
 
 def _play(cfg: GameEvalConfig, game: str, policy, opponent, seat: int | None, seeds: list[int], rollouts=None):

@@ -12,6 +12,7 @@ for Kuhn (exploitability ~1e-3), CFR+ 1000 for Leduc (~1e-3).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -78,3 +79,26 @@ def table_exploitability(game: str, table: dict[str, list[tuple[int, float]]]) -
     openspiel = make_game(game).openspiel
     policy = pyspiel.TabularPolicy(table)
     return float(pyspiel.exploitability(openspiel, policy))
+
+
+@functools.cache
+def uniform_exploitability(game: str) -> float:
+    """The uniform random policy's exploitability (OpenSpiel's), the scale a read-off policy is judged against
+    (Kuhn 0.4583, Leduc 2.3736)."""
+    openspiel = make_game(game).openspiel
+    return float(pyspiel.exploitability(openspiel, pyspiel.TabularPolicy(_uniform_table(openspiel))))
+
+
+def _uniform_table(openspiel: pyspiel.Game) -> dict[str, list[tuple[int, float]]]:
+    table: dict[str, list[tuple[int, float]]] = {}
+    stack = [openspiel.new_initial_state()]
+    while stack:
+        state = stack.pop()
+        if state.is_terminal():
+            continue
+        if not state.is_chance_node():
+            legal = state.legal_actions()
+            table[state.information_state_string()] = [(a, 1.0 / len(legal)) for a in legal]
+        moves = [o for o, _ in state.chance_outcomes()] if state.is_chance_node() else state.legal_actions()
+        stack += [state.child(a) for a in moves]
+    return table
