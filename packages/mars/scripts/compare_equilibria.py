@@ -5,8 +5,9 @@ MARS ships ``roll/agentic/env/kuhn_poker/cfr.pkl.gz`` (a pickled OpenSpiel ``Tab
 card, then each round's calls/raises, with probabilities over fold / call / raise). Ours: CFR for Kuhn and
 CFR+ for Leduc (`palaestra.mars.solvers.equilibrium_policy`, cached).
 
-    git --git-dir=<MARS mirror> show HEAD:roll/agentic/env/kuhn_poker/cfr.pkl.gz > kuhn_cfr.pkl.gz
-    git --git-dir=<MARS mirror> show HEAD:roll/agentic/env/leduc_poker/ne.pkl.gz > leduc_ne.pkl.gz
+    git clone https://github.com/thu-nics/MARS     # the files are MARS's, not this repository's
+    git -C MARS show HEAD:roll/agentic/env/kuhn_poker/cfr.pkl.gz > kuhn_cfr.pkl.gz
+    git -C MARS show HEAD:roll/agentic/env/leduc_poker/ne.pkl.gz > leduc_ne.pkl.gz
     python packages/mars/scripts/compare_equilibria.py kuhn_cfr.pkl.gz leduc_ne.pkl.gz
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import gzip
 import pickle
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyspiel
@@ -62,5 +64,25 @@ def main(kuhn_path: str, leduc_path: str) -> None:
     print(f"leduc_poker ours (CFR+ 1000) {equilibrium_policy('leduc_poker').exploitability:.3g}")
 
 
+WHERE = (
+    "the two files come from a clone of MARS (github.com/thu-nics/MARS): "
+    "git -C MARS show HEAD:roll/agentic/env/kuhn_poker/cfr.pkl.gz > kuhn_cfr.pkl.gz; "
+    "git -C MARS show HEAD:roll/agentic/env/leduc_poker/ne.pkl.gz > leduc_ne.pkl.gz"
+)
+
+
+def check_inputs(args: list[str]) -> str | None:
+    """One line saying what is wrong with the arguments (None: two files that exist)."""
+    if len(args) != 2:
+        return f"usage: compare_equilibria.py KUHN_CFR.pkl.gz LEDUC_NE.pkl.gz; {WHERE}"
+    missing = [a for a in args if not Path(a).is_file()]
+    if missing:
+        return f"not found: {', '.join(missing)}; {WHERE}"
+    return None
+
+
 if __name__ == "__main__":
+    problem = check_inputs(sys.argv[1:])
+    if problem:
+        sys.exit(problem)
     main(*sys.argv[1:3])

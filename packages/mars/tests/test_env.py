@@ -42,12 +42,25 @@ def reference_string(name: str, state: pyspiel.State, player: int, action: int) 
     return raw.replace("(", "<").replace(")", ">").replace("Play ", "Play card ").replace("Discard ", "Discard card ")
 
 
+def reference_shaping(name: str, shaping: Shaping, seat_return: float, last_step: float) -> float:
+    """MARS's end-of-game bonus from DESIGN.md's text: board games on a 0 return, poker never, Hanabi when the
+    seat's last step paid 0."""
+    if name in ("tic_tac_toe", "connect_four"):
+        return shaping.draw_bonus if seat_return == 0 else 0.0
+    if name in HANABI:
+        return shaping.draw_bonus if last_step == 0 else 0.0
+    return 0.0
+
+
+@pytest.mark.parametrize("shaping", ["none", "default"])
 @pytest.mark.parametrize("name", GAMES.names())
-def test_random_playouts_match_openspiel(name):
-    """Play random legal action strings through the env; replay the same history in raw pyspiel. Every reward
-    is reported (``pre_turn_rewards: report``), so each seat's rewards sum to its OpenSpiel return."""
-    shaping = Shaping(valid_turn_bonus=0.0, draw_bonus=0.0, pre_turn_rewards="report")
-    env = GameEnv(name, shaping)
+def test_random_playouts_match_openspiel(name, shaping):
+    """Play random legal action strings through the env; replay the same history in raw pyspiel. Each step's
+    rewards are OpenSpiel's change of returns over the move and the chance outcomes after it, for every seat
+    (one that has not acted yet included), plus MARS's shaping when it is on: +0.05 to the mover, the end bonus.
+    Without shaping each seat's rewards sum to its OpenSpiel return."""
+    rules = Shaping(valid_turn_bonus=0.0, draw_bonus=0.0) if shaping == "none" else Shaping()
+    env = GameEnv(name, rules)
     rng = random.Random(0)
     for episode in range(40):
         env.reset(seed=episode)
@@ -64,14 +77,21 @@ def test_random_playouts_match_openspiel(name):
             env.observe(env.current_agent)
             action = rng.choice(ref.legal_actions())
             step = env.step(render_response(reference_string(name, ref, player, action), "random"))
+            before = ref.returns()
             ref.apply_action(action)
+            while ref.is_chance_node() and len(ref.history()) < len(env.state.history()):
+                ref.apply_action(env.state.history()[len(ref.history())])
+            paid = [a - b for a, b in zip(ref.returns(), before)]
+            want = [paid[p] + (rules.valid_turn_bonus if p == player else 0.0) for p in range(2)]
+            if ref.is_terminal():
+                want = [w + reference_shaping(name, rules, ref.returns()[p], paid[p]) for p, w in enumerate(want)]
+            assert [step.rewards[f"player_{p}"] for p in range(2)] == pytest.approx(want, abs=1e-12)
             for agent, r in step.rewards.items():
                 totals[agent] += r
-        while ref.is_chance_node():  # hanabi deals after the last move of some games
-            ref.apply_action(env.state.history()[len(ref.history())])
         assert ref.is_terminal()
         assert step.info["returns"] == pytest.approx(ref.returns())
-        assert [totals[a] for a in env.agents] == pytest.approx(ref.returns())
+        if shaping == "none":
+            assert [totals[a] for a in env.agents] == pytest.approx(ref.returns())
         assert step.info["history"] == ref.history()
 
 

@@ -57,28 +57,36 @@ def _marss_turn_rewards(game: pyspiel.Game, history: list[int]) -> dict[int, lis
     return {p: [e["reward"] for e in h if "action" in e] for p, h in histories.items()}
 
 
-def _play_random_selfplay(game: str, pre_turn_rewards: str, episodes: int):
+def _play_random_selfplay(game: str, episodes: int):
     from palaestra.mars.scripted_llm import ScriptedLegalClient
     from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
 
-    shaping = Shaping(valid_turn_bonus=0.0, draw_bonus=0.0, pre_turn_rewards=pre_turn_rewards)
+    shaping = Shaping(valid_turn_bonus=0.0, draw_bonus=0.0)
     specs = [
         EpisodeSpec(lambda: GameEnv(game, shaping, prompt="compact"), seed=i, group_id=str(i)) for i in range(episodes)
     ]
     cfg = RolloutConfig(max_tokens_per_turn=64, max_turns=200, max_context_tokens=1 << 20, stop=["</answer>"])
-    return RolloutEngine(ScriptedLegalClient(seed=0), cfg).run(specs, seed=0).trajectories
+    return RolloutEngine(ScriptedLegalClient(seed=0), cfg).run(specs, seed=0)
 
 
 def test_rewards_before_a_seats_first_turn_follow_marss_env_manager_on_mini_hanabi():
-    """Real mini Hanabi games (random legal play through the rollout engine): with ``drop`` (the default, MARS's)
-    every seat's turn rewards, as the advantage input sees them, equal MARS's env manager's record of the same
-    game; with ``report`` they differ exactly where seat 1 received a reward before its first turn."""
+    """Real mini Hanabi games (random legal play through the rollout engine), credited by mars.train's batch
+    rule: with ``drop`` (MARS's, the paper config's) every seat's turn rewards, as the advantage input sees
+    them, equal MARS's env manager's record of the same game; with ``report`` (the default) they differ
+    exactly where seat 1 received a reward before its first turn, which the env returns."""
+    from types import SimpleNamespace
+
+    from palaestra.mars.batching import MarsBatch, MarsRows
+
     game = make_game("mini_hanabi").openspiel
     n = 60
+    played = _play_random_selfplay("mini_hanabi", n)
+    assert len(played.trajectories) == 2 * n and not any(t.failed for t in played.trajectories)
+    assert sum(t.extra_reward != 0.0 for t in played.trajectories) >= n // 10  # the env drops nothing
     differing = 0
     for rule in ("drop", "report"):
-        trajs = _play_random_selfplay("mini_hanabi", rule, n)
-        assert len(trajs) == 2 * n and not any(t.failed for t in trajs)
+        cfg = SimpleNamespace(batch=MarsBatch(pre_turn_rewards=rule), seed=0)
+        trajs = MarsRows(cfg, tasks=None).select(0, played).trajectories
         adv_in = AdvantageInput.from_trajectories(trajs)
         for t, rewards in zip(trajs, adv_in.turn_rewards):
             history = t.info["final"]["history"]
@@ -95,11 +103,15 @@ def test_rewards_before_a_seats_first_turn_follow_marss_env_manager_on_mini_hana
                 assert list(rewards[1:]) == pytest.approx(marss[1:])
     # seat 0's first card often scores before seat 1 has moved: the two rules differ on real games
     assert differing >= n // 10
+    assert any(t.extra_reward for t in played.trajectories)  # crediting copies rows, never edits the rollout's
 
 
 def test_pre_turn_rewards_is_checked():
-    with pytest.raises(ValueError, match="pre_turn_rewards"):
-        Shaping(pre_turn_rewards="credit")
+    from palaestra.shared.config import ConfigError
+    from palaestra.shared.jobs import load_config
+
+    with pytest.raises(ConfigError, match="pre_turn_rewards"):
+        load_config({"job": "mars.train", "batch": {"pre_turn_rewards": "credit"}})
 
 
 # -- batch composition ------------------------------------------------------------------------------------------
@@ -253,7 +265,7 @@ def test_paper_config_runs_marss_learning_rule():
     assert cfg.ppo_epochs == MARS_RUN["ppo_epochs"]
     assert rows // cfg.minibatch_size == per_rl_step and rows % cfg.minibatch_size == 0
     assert [a.name for a in cfg.advantages] == ["mars_code_norm"]
-    assert cfg.shaping.pre_turn_rewards == "drop"
+    assert cfg.batch.pre_turn_rewards == "drop"
     assert cfg.batch.rule == "first_finished" and list(cfg.batch.env_slots) == MARS_RUN["env_groups"]
     slots = sum(cfg.batch.env_slots)
     assert cfg.batch.episodes_per_slot in (0, -(-rows // slots))  # ROLL's max_traj_per_env: ceil(384 / 96) = 4

@@ -86,7 +86,7 @@ def test_evaluate_logs_the_exploitability_of_the_policy_under_test():
     expected = exploitability(read_policy(response_scorer(client), "kuhn_poker")[0], "kuhn_poker")
     assert metrics["eval/kuhn_poker/exploitability"] == pytest.approx(expected, abs=1e-5)  # float32 forward noise
     assert records[0]["exploitability"] == pytest.approx(expected, abs=1e-5) and len(records[0]["policy"]) == 12
-    with pytest.raises(ConfigError, match="not a poker game"):
+    with pytest.raises(ConfigError, match="has no reference solver"):
         evaluate(GameEvalConfig(games=[], exploitability=["tic_tac_toe"], llm=llm))
 
 

@@ -14,6 +14,13 @@ draws every slot's episodes, the rollout engine plays them in full (up to twice 
 the rows in the order they would have arrived, each environment
 timed by a clock: ``tokens`` (the episode's generated tokens: one environment waits for one response at a
 time, and a response's time grows with its length) or ``turns`` (model calls). Ties go to the lower slot.
+
+The batch also decides what a seat is credited with before its first turn (``batch.pre_turn_rewards``). The
+env returns every reward OpenSpiel gives; the rollout engine keeps one that reaches a seat before it has acted
+in ``Trajectory.extra_reward``, and the advantage input adds it to the seat's first turn (``report``). MARS's
+env manager records a seat's rewards only from its first turn on (``env_manager.py`` ``_log_env_state``), so
+it drops them: ``drop``, the paper config's choice. `MarsRows` is the batch rule that does both: it keeps the
+rows of ``mixture`` or ``first_finished``, then credits them (registered as ``mars_rows``).
 """
 
 from __future__ import annotations
@@ -22,10 +29,11 @@ import functools
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from palaestra.shared.config import ConfigError
+from palaestra.shared.rl.batch_rules import AllRows
 from palaestra.shared.rl.config import EnvSpec
 from palaestra.shared.rl.episodes import make_env
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutResult
@@ -42,6 +50,16 @@ class Clock(StrEnum):
     turns = "turns"
 
 
+class PreTurnRewards(StrEnum):
+    """Rewards that reach a seat before its first turn (mini Hanabi: seat 0's first card scores for both).
+
+    report: credited to the seat's first turn (`AdvantageInput.from_trajectories`); drop: the seat gets none of
+    them (MARS's env manager)."""
+
+    report = "report"
+    drop = "drop"
+
+
 @dataclass
 class MarsBatch:
     """How a step's batch is formed."""
@@ -55,6 +73,9 @@ class MarsBatch:
     """first_finished: episodes per environment (0: ceil(rows / environments), ROLL's ``max_traj_per_env``)."""
     clock: Clock = Clock.tokens
     """first_finished: what times an environment: tokens (generated tokens) | turns (model calls)."""
+    pre_turn_rewards: PreTurnRewards = PreTurnRewards.report
+    """Rewards that reach a seat before its first turn: report (credited to that turn) | drop (MARS's env
+    manager; the paper config)."""
 
 
 def episode_duration(trajs: Sequence[Trajectory], clock: str) -> int:
@@ -135,3 +156,27 @@ class FirstFinished:
             episodes[i // self.per_slot][i % self.per_slot].append(t)
         kept = first_finished(episodes, self.rows, self.clock)
         return RolloutResult(kept, {**result.stats, "played_trajectories": len(result.trajectories)})
+
+
+def credit_pre_turn_rewards(trajs: Sequence[Trajectory], rule: PreTurnRewards) -> list[Trajectory]:
+    """The rows with what reached each seat before its first turn kept (report) or set to 0 (drop)."""
+    if rule == PreTurnRewards.report:
+        return list(trajs)
+    return [replace(t, extra_reward=0.0) if t.extra_reward else t for t in trajs]
+
+
+class MarsRows:
+    """``mars.train``'s batch rule (`BATCH_RULES` ``mars_rows``): the rows of ``batch.rule`` (the drawn tasks, or
+    `FirstFinished`), each credited by ``batch.pre_turn_rewards``."""
+
+    def __init__(self, cfg, tasks=None):
+        first = cfg.batch.rule == BatchRule.first_finished
+        self.rows = FirstFinished(cfg, tasks) if first else AllRows(cfg, tasks)
+        self.pre_turn = cfg.batch.pre_turn_rewards
+
+    def draw(self, step: int) -> list[EpisodeSpec]:
+        return self.rows.draw(step)
+
+    def select(self, step: int, result: RolloutResult) -> RolloutResult:
+        kept = self.rows.select(step, result)
+        return RolloutResult(credit_pre_turn_rewards(kept.trajectories, self.pre_turn), kept.stats)

@@ -19,16 +19,14 @@ import functools
 
 from palaestra.mars.env import GameEnv, Shaping
 from palaestra.mars.play import EpisodeResult
-from palaestra.mars.versus import VersusEnv
+from palaestra.mars.versus import LearnerSeat, VersusEnv
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig
 from palaestra.shared.rollout.workers import LocalRollouts
-
-SEAT_NAMES = ("first", "second")
 
 
 def _make_env(game: str, shaping: Shaping, prompt: str, opponent, seat: int | None, prompt_file: str = ""):
     env = GameEnv(game, shaping, prompt, prompt_file=prompt_file)
-    return env if seat is None else VersusEnv(env, opponent, SEAT_NAMES[seat])
+    return env if seat is None else VersusEnv(env, opponent, (LearnerSeat.first, LearnerSeat.second)[seat])
 
 
 def engine_episodes(

@@ -20,9 +20,10 @@ As options (MARS's code, on in the paper config): a response that hit the
 token limit is a format loss, so is a response after which at most 1,000
 tokens of the 32,768-token sequence are left (`Shaping.overlong_sequence`),
 and a response longer than 2,048 tokens costs its agent MARS's length
-penalty (`Shaping.length_reward`). Rewards that reach a seat before its first
-turn (mini Hanabi) are dropped, as MARS's env manager drops them
-(`Shaping.pre_turn_rewards`; ``report`` keeps them).
+penalty (`Shaping.length_reward`). Every reward OpenSpiel gives is returned,
+also one that reaches a seat before its first turn (mini Hanabi). MARS's env
+manager drops those; here that is the batch's choice, where rewards are credited
+to turns (`palaestra.mars.batching.PreTurnRewards`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from palaestra.mars.games import KIND_BOARD, Game, make_game
+from palaestra.mars.games import Game, GameKind, make_game
 from palaestra.mars.prompt_text import fill, load_prompt_text
 from palaestra.shared.rollout.env import Step, TextEnv
 
@@ -50,21 +51,6 @@ class PromptStyle(StrEnum):
     full = "full"
     compact = "compact"
     minimal = "minimal"
-
-
-PROMPTS = tuple(p.value for p in PromptStyle)
-
-
-class PreTurnRewards(StrEnum):
-    """Rewards that reach a seat before its first turn (mini Hanabi: the first player's card scores for both).
-
-    drop: the seat gets none of them (MARS: ``env_manager.py`` ``_log_env_state`` adds the other seat's reward
-    only to a non-empty history, and seat 1's history starts at its first turn); report: the env reports them
-    and the rollout engine keeps them in ``Trajectory.extra_reward``, which the advantage input credits to the
-    seat's first turn (`AdvantageInput.from_trajectories`)."""
-
-    drop = "drop"
-    report = "report"
 
 
 @dataclass
@@ -92,13 +78,8 @@ class Shaping:
     `sequence_margin` tokens of the `sequence_length`-token sequence are left (sequence_length - prompt tokens -
     response tokens <= sequence_margin) is a format loss. MARS: 32768 (its ``sequence_length``) and 1000. 0 = off."""
     sequence_margin: int = 1000
-    pre_turn_rewards: PreTurnRewards = PreTurnRewards.drop
-    """Rewards that reach a seat before its first turn: drop (MARS's env_manager.py) | report (credited to the
-    seat's first turn by the advantage input)."""
 
     def __post_init__(self):
-        if self.pre_turn_rewards not in tuple(p.value for p in PreTurnRewards):
-            raise ValueError(f"pre_turn_rewards: unknown value {self.pre_turn_rewards!r}; known: drop, report")
         if self.length_max <= self.length_min:
             raise ValueError(f"length_max ({self.length_max}) must exceed length_min ({self.length_min})")
         if self.sequence_length < 0 or self.sequence_margin < 0:
@@ -151,8 +132,8 @@ class GameEnv(TextEnv):
         opening_moves: int = 0,
         prompt_file: str = "",
     ):
-        if prompt not in PROMPTS:
-            raise ValueError(f"unknown prompt style {prompt!r}; known: {', '.join(PROMPTS)}")
+        if prompt not in list(PromptStyle):
+            raise ValueError(f"unknown prompt style {prompt!r}; known: {', '.join(PromptStyle)}")
         if opening_moves < 0:
             raise ValueError(f"opening_moves must be >= 0, not {opening_moves}")
         # each reset first plays 0..opening_moves random legal moves (the count drawn uniformly): self-play of a
@@ -165,7 +146,7 @@ class GameEnv(TextEnv):
         self.text = load_prompt_text(prompt_file).get(self.game.name, {}) if prompt_file else {}
         self.agents = [agent_name(p) for p in range(self.game.num_players)]
         self.env_type = self.game.name
-        self.state = None
+        self.state: Any = None  # a pyspiel.State from the first reset on
         self.reset_seed: int | None = None
         self._rng = random.Random(0)
         self._response: tuple[int | None, bool, int] = (None, False, 0)
@@ -210,7 +191,7 @@ class GameEnv(TextEnv):
         if compact:
             parts = (
                 []
-                if self.game.kind == KIND_BOARD or not unseen
+                if self.game.kind == GameKind.board or not unseen
                 else ["\n".join(f"{u['agent']} took action {u['action']}." for u in unseen)]
             )
             turn = "\n\n".join([*parts, own])
@@ -239,7 +220,7 @@ class GameEnv(TextEnv):
         """A section of the full prompt: the lab's text from ``prompt_file`` if it has one, else the project's."""
         example = self.game.example_action(player)
         if name in self.text:
-            marks = {"mark": "XO"[player], "other_mark": "XO"[1 - player]} if self.game.kind == KIND_BOARD else {}
+            marks = {"mark": "XO"[player], "other_mark": "XO"[1 - player]} if self.game.kind == GameKind.board else {}
             return fill(self.text[name], player=player, other=1 - player, example=example, **marks)
         if name == "system":
             return self.game.system_prompt()
@@ -256,7 +237,7 @@ class GameEnv(TextEnv):
     def _other_turn(self, u: dict) -> str:
         """Another agent's turn as MARS shows it: the full state for board games, the action alone otherwise."""
         head = f"Information of Turn-{u['turn']}:\n\nThis is the other player's turn. "
-        if self.game.kind == KIND_BOARD:
+        if self.game.kind == GameKind.board:
             return (
                 head + "The game state, legal actions, as well as the chosen action of the other player for this "
                 f"turn are provided below.\n\nGAME STATE:\n{u['state']}\n\nLEGAL ACTIONS:\n{', '.join(u['legal'])}."
@@ -292,11 +273,14 @@ class GameEnv(TextEnv):
             error = "the response hit the token limit"
         elif tokens is not None and self.shaping.overlong_sequence(prompt_tokens, tokens):
             error = f"at most {self.shaping.sequence_margin} tokens of the sequence are left"
-        elif error is None:
+        elif error is None and action_text is not None:
             action_id = self.game.action_from_string(self.state, action_text)
             if action_id is None:
                 error = f"{action_text!r} is not a legal action"
-        step = self._format_loss(error, action_text) if error is not None else self.step_action(action_id)
+        if action_id is not None and error is None:
+            step = self.step_action(action_id)
+        else:
+            step = self._format_loss(error or "no action", action_text)
         if tokens is not None:
             step.rewards[agent] = step.rewards.get(agent, 0.0) + self.shaping.length_reward(tokens)
         return step
@@ -315,7 +299,7 @@ class GameEnv(TextEnv):
         for other in self.agents:
             if other != agent:
                 seen = {"agent": agent, "turn": self._moves, "action": text}
-                if self.game.kind == KIND_BOARD and self.prompt == "full":
+                if self.game.kind == GameKind.board and self.prompt == "full":
                     seen["state"] = self._state_text(self.agents.index(other))
                     seen["legal"] = self.game.legal_action_strings(self.state)
                 self._unseen[other].append(seen)
@@ -326,8 +310,6 @@ class GameEnv(TextEnv):
         rewards = {a: after[i] - before[i] for i, a in enumerate(self.agents)}
         rewards[agent] += self.shaping.valid_turn_bonus
         self.turns[agent] += 1
-        drop = self.shaping.pre_turn_rewards == PreTurnRewards.drop
-        credited = {a: self.turns[a] > 0 or not drop for a in self.agents}
         info: dict[str, Any] = {"action": text, "action_id": action_id, "player": player}
         self.done = self.state.is_terminal()
         if self.done:
@@ -336,7 +318,6 @@ class GameEnv(TextEnv):
                 if self.game.pays_draw_bonus(returns[i], after[i] - before[i]):
                     rewards[a] += self.shaping.draw_bonus
             info.update(self._outcome(returns))
-        rewards = {a: r if credited[a] else 0.0 for a, r in rewards.items()}  # a seat yet to act: nothing (drop)
         return Step(rewards=rewards, terminated=self.done, info=info)
 
     # -- helpers -------------------------------------------------------------------

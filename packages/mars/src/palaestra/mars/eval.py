@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 from palaestra.mars.env import PromptStyle, Shaping
@@ -53,11 +52,6 @@ class Policy(StrEnum):
     llm = "llm"
     random = "random"
     mcts = "mcts"
-
-
-SEATS = tuple(s.value for s in Seat)
-OPPONENTS = tuple(o.value for o in Opponent)
-POLICIES = tuple(p.value for p in Policy)
 
 
 @dataclass
@@ -158,9 +152,18 @@ def make_player(
         if clients is not None and key not in clients:
             clients[key] = make_client(llm_config)
         client = clients[key] if clients is not None else make_client(llm_config)
-        sampling = {"top_p": cfg.top_p, "top_k": cfg.top_k, "response_prefix": cfg.response_prefix}
-        return LLMPlayer(client, cfg.temperature, cfg.max_tokens, kind, cfg.seed, list(cfg.stop), **sampling)
-    raise ConfigError(f"unknown player {kind!r}; known: {', '.join(POLICIES + OPPONENTS)}")
+        return LLMPlayer(
+            client,
+            cfg.temperature,
+            cfg.max_tokens,
+            kind,
+            cfg.seed,
+            list(cfg.stop),
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            response_prefix=cfg.response_prefix,
+        )
+    raise ConfigError(f"unknown player {kind!r}; known: {', '.join([*Policy, *Opponent])}")
 
 
 def check_config(cfg: GameEvalConfig) -> None:
@@ -168,18 +171,21 @@ def check_config(cfg: GameEvalConfig) -> None:
         if name not in GAMES:
             raise ConfigError(f"games: unknown game {name!r}; known games: {', '.join(GAMES.names())}")
     for name in cfg.opponents:
-        if name not in OPPONENTS:
-            raise ConfigError(f"opponents: unknown opponent {name!r}; known: {', '.join(OPPONENTS)}")
+        if name not in list(Opponent):
+            raise ConfigError(f"opponents: unknown opponent {name!r}; known: {', '.join(Opponent)}")
     for seat in cfg.seats:
-        if seat not in SEATS:
+        if seat not in list(Seat):
             raise ConfigError(f"seats: unknown seat {seat!r}; known: first, second")
-    if cfg.policy not in POLICIES:
-        raise ConfigError(f"policy: unknown policy {cfg.policy!r}; known: {', '.join(POLICIES)}")
+    if cfg.policy not in list(Policy):
+        raise ConfigError(f"policy: unknown policy {cfg.policy!r}; known: {', '.join(Policy)}")
     if cfg.episodes < 1:
         raise ConfigError("episodes must be at least 1")
     for name in cfg.exploitability:
-        if name not in GAMES or make_game(name).kind != "poker":
-            raise ConfigError(f"exploitability: {name!r} is not a poker game (kuhn_poker, leduc_poker)")
+        if name not in GAMES or make_game(name).solver is None:
+            from palaestra.mars.solvers import solved_games
+
+            solved = ", ".join(solved_games())
+            raise ConfigError(f"exploitability: {name!r} has no reference solver; games with one: {solved}")
     if cfg.exploitability and cfg.policy != "llm":
         raise ConfigError("exploitability reads the policy off an LLM: it needs policy: llm")
 
@@ -224,7 +230,7 @@ def evaluate(
                 metrics[f"eval/{name}/equilibrium_exploitability"] = eq.exploitability
             pooled, pooled_seats = [], []
             for seat_name in cfg.seats:
-                seat = SEATS.index(seat_name)
+                seat = list(Seat).index(seat_name)
                 results = _play(cfg, name, policy, opponent, seat, seeds, rollouts)
                 _record(metrics, records, name, seat_name, label, summarize(results, seat))
                 pooled += results
@@ -237,6 +243,8 @@ def evaluate(
         suffix = "" if step is None else f"_step{step:05d}"  # one file per evaluation step, none overwritten
         (out / f"eval_results{suffix}.json").write_text(_json(records))
         tracker.log_artifact(out / f"eval_results{suffix}.json")
+        from palaestra.mars.figures import plot_results
+
         plot = plot_results([r for r in records if "exploitability" not in r], out / f"eval_plot{suffix}.png")
         if plot:
             tracker.log_artifact(plot)
@@ -245,16 +253,17 @@ def evaluate(
 
 def game_opponents(cfg: GameEvalConfig, game: str) -> list[tuple[str, str, int | None]]:
     """(opponent kind, its name in the metrics, MCTS simulations) of each opponent `game` is played against, in
-    both seats: equilibria in poker only, MCTS in the board games only (it would see the hidden cards), ``mcts``
+    both seats: equilibria where the game has a reference solver (poker), MCTS in perfect-information games
+    only (it would see the hidden cards), ``mcts``
     one ``mcts<N>`` per ``mcts_levels`` entry when that list is set. Cooperative games: none (self-play)."""
     kind_of_game = make_game(game)
     if kind_of_game.cooperative:
         return []
     out: list[tuple[str, str, int | None]] = []
     for kind in cfg.opponents:
-        if kind == "equilibrium" and kind_of_game.kind != "poker":
+        if kind == Opponent.equilibrium and kind_of_game.solver is None:
             continue
-        if kind == "mcts" and kind_of_game.kind == "poker":
+        if kind == Opponent.mcts and not kind_of_game.perfect_information:
             continue
         if kind == "mcts" and cfg.mcts_levels:
             out += [("mcts", f"mcts{n}", n) for n in cfg.mcts_levels]
@@ -282,7 +291,9 @@ def _exploitability(
         actions = list(getattr(make_game(name), "ACTIONS", ()))  # poker action strings by action id
         tracker.log_figure(policy_figure(name, table, actions, value), f"{name}_policy", step=step)
     records.append({"game": name, "opponent": "best_response", "exploitability": value, "policy": table})
-    print(f"{name:>14} exploitability {value:.4f} (uniform: 0.4583 in kuhn_poker)", flush=True)
+    from palaestra.mars.solvers import uniform_exploitability
+
+    print(f"{name:>14} exploitability {value:.4f} (uniform: {uniform_exploitability(name):.4f})", flush=True)
 
 
 def _play(cfg: GameEvalConfig, game: str, policy, opponent, seat: int | None, seeds: list[int], rollouts=None):
@@ -345,33 +356,6 @@ def _json(obj) -> str:
     import json
 
     return json.dumps(obj, indent=2)
-
-
-def plot_results(records: list[dict], path: Path) -> Path | None:
-    """Win rates with 95% intervals per setting (mean returns for cooperative games)."""
-    if not records:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r['game']}\n{r['seat']} vs {r['opponent']}" for r in records]
-    coop = [r["opponent"] == "self" for r in records]
-    values = [r["mean_return"] if c else r["win_rate"] for r, c in zip(records, coop)]
-    # max(0, .): rounding can put a bound a hair inside the value; matplotlib refuses negative error bars
-    lows = [max(0.0, v - (r["mean_return_lo"] if c else r["win_rate_lo"])) for v, r, c in zip(values, records, coop)]
-    highs = [max(0.0, (r["mean_return_hi"] if c else r["win_rate_hi"]) - v) for v, r, c in zip(values, records, coop)]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(records)), 4))
-    colors = ["tab:green" if c else "tab:blue" for c in coop]
-    ax.bar(range(len(records)), values, yerr=[lows, highs], color=colors, capsize=4)
-    ax.set_xticks(range(len(records)), labels, rotation=45, ha="right", fontsize=7)
-    ax.set_ylabel("win rate (blue) / self-play score (green)")
-    ax.set_title("MARS evaluation (95% intervals)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 @job("mars.eval", GameEvalConfig)

@@ -17,7 +17,8 @@ cooperative games once in self-play. Per setting, with E episodes of a game of L
   spread over the cluster's CPUs, but no less than one game's replies in sequence; the setting takes the
   larger of that and the model time.
 
-Measured here (``MCTS_SECONDS``, ``GAME_MOVES``, ``LEGAL_MOVES``: OpenSpiel's MCTSBot with MARS's uct_c 2 and
+Measured here (each game's ``mcts_seconds``, ``mean_moves``, ``mean_legal_moves``, facts on its class in
+`palaestra.mars.games`: OpenSpiel's MCTSBot with MARS's uct_c 2 and
 10 random rollouts, ``solve`` False, CPU seconds of one core of an AMD EPYC; means over positions drawn from
 random games, 30 tic-tac-toe and 12 Connect Four; game lengths and legal moves: means over 300 random games).
 The first move costs the most (tic-tac-toe: 0.039 s at 100, 0.24 s at 1,000 simulations; Connect Four: 0.094 s
@@ -30,28 +31,9 @@ set) is left out.
 from __future__ import annotations
 
 from palaestra.mars.eval import game_opponents
-from palaestra.mars.games import make_game
+from palaestra.mars.games import GAMES, make_game
 from palaestra.shared.plan import EvalCost, model_arch
 
-MCTS_SECONDS: dict[tuple[str, int], float] = {
-    ("tic_tac_toe", 100): 0.016,
-    ("tic_tac_toe", 1000): 0.088,
-    ("connect_four", 100): 0.062,
-    ("connect_four", 1000): 0.56,
-}
-"""CPU seconds per MCTS reply, by (game, simulations): the mean over positions of random games."""
-GAME_MOVES = {
-    "tic_tac_toe": 7.7,
-    "connect_four": 22.0,
-    "kuhn_poker": 2.2,
-    "leduc_poker": 4.1,
-    "mini_hanabi": 5.5,
-    "simple_hanabi": 5.4,
-    "full_hanabi": 12.4,
-}
-"""Mean moves (all seats) per game under random play: the starting model plays close to random."""
-LEGAL_MOVES = {"tic_tac_toe": 5.6, "connect_four": 6.7}
-"""Mean legal moves per position under random play: the searches `parallel_mcts` runs ahead per reply."""
 RESPONSE_FRACTION = 0.5
 """Assumed tokens per model turn, as a fraction of ``max_tokens_per_turn``."""
 GPU_TOKENS_PER_S = 5000.0
@@ -62,13 +44,14 @@ CPU_TOKENS_PER_S = 50.0
 
 def mcts_seconds(game: str, simulations: int) -> float:
     """Seconds per MCTS reply: measured, or scaled linearly from the nearest measured simulation count."""
-    if (game, simulations) in MCTS_SECONDS:
-        return MCTS_SECONDS[game, simulations]
-    known = [n for g, n in MCTS_SECONDS if g == game]
-    if not known:
-        raise ValueError(f"no MCTS timing for {game!r} (measured: {sorted({g for g, _ in MCTS_SECONDS})})")
-    nearest = min(known, key=lambda n: abs(n - simulations))
-    return MCTS_SECONDS[game, nearest] * simulations / nearest
+    measured = make_game(game).mcts_seconds
+    if simulations in measured:
+        return measured[simulations]
+    if not measured:
+        timed = [name for name in GAMES.names() if make_game(name).mcts_seconds]
+        raise ValueError(f"no MCTS timing for {game!r} (measured: {timed})")
+    nearest = min(measured, key=lambda n: abs(n - simulations))
+    return measured[nearest] * simulations / nearest
 
 
 def tokens_per_s(cfg) -> tuple[float, str]:
@@ -79,7 +62,7 @@ def tokens_per_s(cfg) -> tuple[float, str]:
         try:
             params = model_arch(llm.model)[0].params()
         except ValueError:
-            params = 4e9
+            params = int(4e9)
         rate = workers.num_workers * GPU_TOKENS_PER_S * 4e9 / params
         return rate, f"{workers.num_workers} vLLM worker(s) x {GPU_TOKENS_PER_S:g} tokens/s at 4B parameters"
     return CPU_TOKENS_PER_S, f"one CPU process at {CPU_TOKENS_PER_S:g} tokens/s"
@@ -104,15 +87,16 @@ def train_eval_cost(cfg, cpus: int) -> EvalCost:
     rate, how = tokens_per_s(cfg)
     limit = getattr(e, "max_tokens_per_turn", None) or getattr(e, "max_tokens", None) or cfg.rollout.max_tokens_per_turn
     per_turn = RESPONSE_FRACTION * limit
-    total, rows = 0.0, {}  # (game, opponent) -> (seats, model s, opponent s, setting s)
+    total = 0.0
+    rows: dict[tuple[str, str], tuple[int, float, float, float]] = {}  # (game, opponent) -> seats, model, opp., all
     for game, label, sims, selfplay in settings(e):
-        moves = GAME_MOVES[game]
+        moves = make_game(game).mean_moves
         model = e.episodes * (moves if selfplay else moves / 2) * per_turn / rate
         opponent = 0.0
         if sims:
             reply, replies = mcts_seconds(game, sims), e.episodes * moves / 2
             if e.mcts_on_ray:
-                opponent = max(replies * LEGAL_MOVES[game] * reply / cpus, moves / 2 * reply)
+                opponent = max(replies * make_game(game).mean_legal_moves * reply / cpus, moves / 2 * reply)
             else:
                 opponent = replies * reply
         seconds = max(model, opponent) if sims and e.mcts_on_ray else model + opponent

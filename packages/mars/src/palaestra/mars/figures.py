@@ -4,9 +4,12 @@
   (one bar group per state), titled with the exact exploitability; logged once per evaluation step.
 - `before_after_figure`: the first and last evaluation of a training run side by side: win rates
   (with their 95% intervals) and exploitabilities.
+- `plot_results`: one evaluation's win rates (self-play scores for cooperative games) per setting, as a PNG.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from palaestra.shared.tracking import new_figure
 
@@ -52,3 +55,30 @@ def before_after_figure(start: dict[str, float], end: dict[str, float], start_st
     ax.legend(fontsize=8)
     figure.tight_layout()
     return figure
+
+
+def plot_results(records: list[dict], path: Path) -> Path | None:
+    """Win rates with 95% intervals per setting (mean returns for cooperative games)."""
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['game']}\n{r['seat']} vs {r['opponent']}" for r in records]
+    coop = [r["opponent"] == "self" for r in records]
+    values = [r["mean_return"] if c else r["win_rate"] for r, c in zip(records, coop)]
+    # max(0, .): rounding can put a bound a hair inside the value; matplotlib refuses negative error bars
+    lows = [max(0.0, v - (r["mean_return_lo"] if c else r["win_rate_lo"])) for v, r, c in zip(values, records, coop)]
+    highs = [max(0.0, (r["mean_return_hi"] if c else r["win_rate_hi"]) - v) for v, r, c in zip(values, records, coop)]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(records)), 4))
+    colors = ["tab:green" if c else "tab:blue" for c in coop]
+    ax.bar(range(len(records)), values, yerr=[lows, highs], color=colors, capsize=4)
+    ax.set_xticks(range(len(records)), labels, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel("win rate (blue) / self-play score (green)")
+    ax.set_title("MARS evaluation (95% intervals)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

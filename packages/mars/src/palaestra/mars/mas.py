@@ -18,6 +18,9 @@ served model honours the seed, and agents with one seed and one prompt would
 give one answer. ``trained_llm`` adds a second model run through the same
 systems on the same questions; metrics ``mas/<set>/<base|trained>/<system>/accuracy``
 (with 95% Wilson bounds) land side by side in one MLflow run.
+
+MARS's own table is another part of the job (``table:``, `palaestra.mars.mas_table`): MASLab's MAD and
+AutoGen on the seven benchmarks, scored by equivalence, pass@1 over k samples. ``systems: []`` runs it alone.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.mars.mas_benchmarks import (
-    STYLES,
     BuiltinSet,
     QuestionStyle,
     accuracy_metrics,
@@ -40,6 +42,7 @@ from palaestra.mars.mas_benchmarks import (
     question_text,
     same_answer,
 )
+from palaestra.mars.mas_table import TableConfig, run_table
 from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import job
 from palaestra.shared.llm import LLMConfig
@@ -57,8 +60,6 @@ class System(StrEnum):
     group_chat = "group_chat"
 
 
-AGGREGATIONS = tuple(a.value for a in Aggregation)
-SYSTEMS = tuple(s.value for s in System)
 INSTRUCTION = "Think step by step, then give your final answer as <answer>ANSWER</answer>."
 
 
@@ -89,6 +90,9 @@ class MASConfig(JobConfig):
     """Debate aggregation: majority | first."""
     temperature: float = 0.6
     max_tokens: int = 512
+    table: TableConfig = field(default_factory=TableConfig)
+    """MARS's MAS table: MAD and AutoGen on the seven benchmarks, pass@1 over k samples (`palaestra.mars.mas_table`;
+    run when ``table.benchmarks`` is set). ``systems: []`` runs the table alone."""
 
 
 def debate_prompt(question: str, others: list[str]) -> str:
@@ -204,15 +208,17 @@ def run_systems(client, questions: list[dict[str, Any]], cfg: MASConfig) -> dict
 
 
 def _check(cfg: MASConfig) -> None:
-    if cfg.aggregation not in AGGREGATIONS:
-        raise ConfigError(f"aggregation: unknown rule {cfg.aggregation!r}; known: {', '.join(AGGREGATIONS)}")
+    if cfg.aggregation not in list(Aggregation):
+        raise ConfigError(f"aggregation: unknown rule {cfg.aggregation!r}; known: {', '.join(Aggregation)}")
     if cfg.num_agents < 1 or cfg.rounds < 1:
         raise ConfigError("num_agents and rounds must be at least 1")
     for system in cfg.systems:
-        if system not in SYSTEMS:
-            raise ConfigError(f"systems: unknown system {system!r}; known: {', '.join(SYSTEMS)}")
-    if cfg.style not in STYLES:
-        raise ConfigError(f"style: unknown style {cfg.style!r}; known: {', '.join(STYLES)}")
+        if system not in list(System):
+            raise ConfigError(f"systems: unknown system {system!r}; known: {', '.join(System)}")
+    if cfg.style not in list(QuestionStyle):
+        raise ConfigError(f"style: unknown style {cfg.style!r}; known: {', '.join(QuestionStyle)}")
+    if not cfg.systems and not cfg.table.benchmarks:
+        raise ConfigError("nothing to run: systems is empty and table.benchmarks is not set")
 
 
 @job("mars.mas", MASConfig)
@@ -227,18 +233,23 @@ def mas_job(cfg: MASConfig, tracker: Tracker) -> dict:
     else:
         questions, dataset = builtin_questions(cfg.builtin, cfg.num_questions, cfg.seed), cfg.builtin
     models = [("base", cfg.llm)] + ([("trained", cfg.trained_llm)] if cfg.trained_llm is not None else [])
-    metrics: dict[str, float] = {f"mas/{dataset}/questions": float(len(questions))}
+    metrics: dict[str, float] = {f"mas/{dataset}/questions": float(len(questions))} if cfg.systems else {}
     transcripts = []
     for tag, llm in models:
         client = make_client(llm)
-        for system, records in run_systems(client, questions, cfg).items():
+        for system, records in (run_systems(client, questions, cfg) if cfg.systems else {}).items():
             metrics.update(accuracy_metrics([r["correct"] for r in records], f"mas/{dataset}/{tag}/{system}"))
             transcripts += [{"model": tag, "system": system, **r} for r in records]
             key = f"mas/{dataset}/{tag}/{system}/accuracy"
             print(f"{dataset} {tag:>7} {system:>10}: {metrics[key]:.3f}", flush=True)
+        if cfg.table.benchmarks:  # MARS's table: MAD and AutoGen on the benchmarks
+            table_metrics, table_records = run_table(client, cfg.table, cfg.seed, tag)
+            metrics.update(table_metrics)
+            transcripts += table_records
         client.close()
     tracker.log_metrics(metrics)
     out = scratch_dir() / "mas_transcripts.jsonl"
     out.write_text("".join(json.dumps(r) + "\n" for r in transcripts))
     tracker.log_artifact(out)
-    return {k.removeprefix(f"mas/{dataset}/"): v for k, v in metrics.items() if k.endswith("/accuracy")}
+    keep = ("/accuracy", "/pass_at_1", "/pass_at_1_lo", "/pass_at_1_hi")
+    return {k.removeprefix(f"mas/{dataset}/").removeprefix("mas/"): v for k, v in metrics.items() if k.endswith(keep)}

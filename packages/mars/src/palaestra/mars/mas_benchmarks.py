@@ -31,7 +31,6 @@ class QuestionStyle(StrEnum):
     gpqa = "gpqa"
 
 
-STYLES = tuple(s.value for s in QuestionStyle)
 LETTERS = "ABCDEFGHIJ"
 
 
@@ -93,9 +92,6 @@ class BuiltinSet(StrEnum):
     gpqa_mini = "gpqa_mini"
 
 
-BUILTIN = tuple(b.value for b in BuiltinSet)
-
-
 def builtin_questions(name: str, n: int = 20, seed: int = 0) -> list[dict[str, Any]]:
     """A question set written in code: arithmetic (n generated), aime_mini, gpqa_mini."""
     if name == "arithmetic":
@@ -104,13 +100,13 @@ def builtin_questions(name: str, n: int = 20, seed: int = 0) -> list[dict[str, A
         return [dict(q) for q in AIME_MINI][:n]
     if name == "gpqa_mini":
         return [dict(q) for q in GPQA_MINI][:n]
-    raise ConfigError(f"unknown built-in question set {name!r}; known: {', '.join(BUILTIN)}")
+    raise ConfigError(f"unknown built-in question set {name!r}; known: {', '.join(BuiltinSet)}")
 
 
 def load_questions(path: str | Path, limit: int | None = None, style: str = "plain") -> list[dict[str, Any]]:
     """Rows of a JSONL question file, checked for `style` (plain | aime | gpqa)."""
-    if style not in STYLES:
-        raise ConfigError(f"unknown question style {style!r}; known: {', '.join(STYLES)}")
+    if style not in list(QuestionStyle):
+        raise ConfigError(f"unknown question style {style!r}; known: {', '.join(QuestionStyle)}")
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"questions_file not found: {path}")

@@ -10,11 +10,15 @@ Ray workers).
   random, mcts or equilibrium);
 - task sources (`TASKS`): ``mars_legal_moves``, the SFT warm-start
   conversations of legal moves generated from OpenSpiel;
-- the batch rule (`BATCH_RULES`, rl/batch_rules.py) ``first_finished``, MARS's
-  batch (`palaestra.mars.batching.FirstFinished`), through `register_in`: the
-  module of `BATCH_RULES` imports torch, which listing jobs must not;
+- the advantage estimators (`ADVANTAGES`) ``rae``, SPIRAL's role-conditioned baseline
+  (`palaestra.mars.rae`), and ``episode_return`` and ``batch_norm`` (`palaestra.mars.returns`);
+- the batch rules (`BATCH_RULES`, rl/batch_rules.py) ``first_finished``, MARS's
+  batch (`palaestra.mars.batching.FirstFinished`), and ``mars_rows``, the one
+  ``mars.train`` uses: the rows of either rule, credited as ``batch.pre_turn_rewards`` says;
+  both registries' modules import torch, which listing jobs must not, so these go through `register_in`;
 - the evaluation-time estimate of ``mars.train`` for ``palaestra plan``
-  (`EVAL_COSTS`, `palaestra.mars.eval_cost`).
+  (`EVAL_COSTS`, `palaestra.mars.eval_cost`), and the plan of ``mars.mas``'s table
+  (`JOB_PLANS`, `palaestra.mars.mas_plan`).
 
 Their kwargs are plain values, so env specs pickle to rollout workers.
 """
@@ -24,20 +28,29 @@ from __future__ import annotations
 from typing import Any
 
 from palaestra.mars.env import GameEnv, Shaping
-from palaestra.shared.plan import EVAL_COSTS
+from palaestra.shared.plan import EVAL_COSTS, JOB_PLANS
 from palaestra.shared.registry import register_in
 from palaestra.shared.rollout.env import ENVS
 from palaestra.shared.rollout.tasks import TASKS
 
 register_in("palaestra.batch_rules", "first_finished", "palaestra.mars.batching:FirstFinished")
+register_in(
+    "palaestra.batch_rules", "mars_rows", "palaestra.mars.batching:MarsRows"
+)  # mars.train's: rows, then crediting
 EVAL_COSTS.register("mars.train", "palaestra.mars.eval_cost:train_eval_cost")
+JOB_PLANS.register("mars.mas", "palaestra.mars.mas_plan:mas_job_plan")  # the MAS table's requests and tokens
+register_in("palaestra.advantages", "rae", "palaestra.mars.rae:rae")  # SPIRAL's role-conditioned advantages
+register_in(
+    "palaestra.advantages", "episode_return", "palaestra.mars.returns:episode_return"
+)  # the estimator ablation's
+register_in("palaestra.advantages", "batch_norm", "palaestra.mars.returns:batch_norm")
 
 
 def _shaping(shaping: dict[str, Any] | None) -> Shaping:
     return Shaping(**(shaping or {}))
 
 
-@ENVS.register("mars_game")
+@ENVS.register("mars_game")  # type: ignore[arg-type]  # a factory; shared ENVS is annotated for classes
 def mars_game(
     game: str = "tic_tac_toe",
     shaping: dict[str, Any] | None = None,
@@ -49,7 +62,7 @@ def mars_game(
     return GameEnv(game, _shaping(shaping), prompt, opening_moves, prompt_file)
 
 
-@ENVS.register("mars_versus")
+@ENVS.register("mars_versus")  # type: ignore[arg-type]  # a factory, as above
 def mars_versus(
     game: str = "tic_tac_toe",
     opponent: str = "random",
@@ -65,10 +78,11 @@ def mars_versus(
     prompt_file: str = "",
 ):
     """A MARS game with the learner in one seat and a fixed opponent in the other."""
-    from palaestra.mars.players import MCTSPlayer, RandomPlayer, TabularPolicyPlayer
+    from palaestra.mars.players import MCTSPlayer, Player, RandomPlayer, TabularPolicyPlayer
     from palaestra.mars.versus import VersusEnv
 
     env = GameEnv(game, _shaping(shaping), prompt, prompt_file=prompt_file)
+    player: Player
     if opponent == "random":
         player = RandomPlayer(seed)
     elif opponent == "mcts":

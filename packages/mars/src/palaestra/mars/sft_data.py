@@ -38,13 +38,28 @@ boards vary even when the mover is deterministic.
 from __future__ import annotations
 
 import random
+from enum import StrEnum
 from typing import Any
 
 from palaestra.mars.env import GameEnv, Shaping, render_response
 from palaestra.mars.players import MCTSPlayer, Player, RandomPlayer
 
-MOVERS = ("random", "first", "mcts", "equilibrium", "card_strength")
-OPPONENTS = ("self", "random")
+
+class Mover(StrEnum):
+    """Who makes the recorded moves."""
+
+    random = "random"
+    first = "first"
+    mcts = "mcts"
+    equilibrium = "equilibrium"
+    card_strength = "card_strength"
+
+
+class Partner(StrEnum):
+    """Who plays the other seat: the mover itself or a random player."""
+
+    self = "self"
+    random = "random"
 
 
 class MixturePlayer(Player):
@@ -119,14 +134,14 @@ def legal_move_conversations(
     prompt_file: str = "",
 ) -> list[dict[str, Any]]:
     """One row per recorded seat per episode: ``{"messages": [...], "game": ..., "agent": ...}``."""
-    if mover not in MOVERS:
-        raise ValueError(f"mover must be one of {', '.join(MOVERS)}, not {mover!r}")
+    if mover not in list(Mover):
+        raise ValueError(f"mover must be one of {', '.join(Mover)}, not {mover!r}")
     if not 0.0 <= random_fraction <= 1.0:
         raise ValueError(f"random_fraction must be in [0, 1], not {random_fraction}")
     if first_k < 1:
         raise ValueError(f"first_k must be >= 1, not {first_k}")
-    if opponent not in OPPONENTS:
-        raise ValueError(f"opponent must be one of {', '.join(OPPONENTS)}, not {opponent!r}")
+    if opponent not in list(Partner):
+        raise ValueError(f"opponent must be one of {', '.join(Partner)}, not {opponent!r}")
     if mover == "card_strength" and (game != "kuhn_poker" or strength is None):
         raise ValueError(
             f"mover card_strength is for kuhn_poker with strength: [pJ, pQ, pK] (got {game!r}, {strength})"
@@ -137,6 +152,7 @@ def legal_move_conversations(
     elif mover == "first":
         player = FirstLegalPlayer(random_fraction, seed, first_k)
     elif mover == "card_strength":
+        assert strength is not None  # checked above
         player = CardStrengthPlayer(strength, seed)
     elif mover == "mcts":
         player = MCTSPlayer(env.game, max_simulations=50, rollout_count=1, seed=seed, solve=True)

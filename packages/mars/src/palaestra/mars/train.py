@@ -29,11 +29,13 @@ from enum import StrEnum
 from typing import Any
 
 from palaestra.mars import plugins  # noqa: F401  (registers the batch rule first_finished and the eval cost)
-from palaestra.mars.batching import BatchRule, MarsBatch, check_batch
+from palaestra.mars.batching import MarsBatch, check_batch
 from palaestra.mars.env import PromptStyle, Shaping, agent_name
-from palaestra.mars.eval import GameEvalConfig, eval_headline, evaluate
+from palaestra.mars.eval import GameEvalConfig, Opponent, Policy, Seat, eval_headline, evaluate
 from palaestra.mars.eval_table import compare, format_table
 from palaestra.mars.games import GAMES
+from palaestra.mars.rae import BASELINES
+from palaestra.mars.versus import LearnerSeat
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
@@ -50,19 +52,10 @@ class Mode(StrEnum):
     versus = "versus"
 
 
-class LearnerSeat(StrEnum):
-    first = "first"
-    second = "second"
-    alternate = "alternate"
-
-
 class FixedOpponent(StrEnum):
     random = "random"
     mcts = "mcts"
     equilibrium = "equilibrium"
-
-
-MODES = tuple(m.value for m in Mode)
 
 
 @dataclass
@@ -143,8 +136,8 @@ class MarsTrainConfig(TrainConfig):
 
 
 def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
-    if cfg.mode not in MODES:
-        raise ConfigError(f"mode: unknown mode {cfg.mode!r}; known: {', '.join(MODES)}")
+    if cfg.mode not in list(Mode):
+        raise ConfigError(f"mode: unknown mode {cfg.mode!r}; known: {', '.join(Mode)}")
     if not cfg.games:
         raise ConfigError("games: the training mixture is empty")
     shaping = {k: getattr(cfg.shaping, k) for k in Shaping.__dataclass_fields__}
@@ -165,26 +158,29 @@ def game_env_specs(cfg: MarsTrainConfig) -> list[EnvSpec]:
 
 def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
     e = cfg.eval  # resolved: every sampling field set (TrainConfig.__post_init__)
-    assert None not in (e.temperature, e.top_p, e.top_k, e.max_tokens_per_turn, e.max_context_tokens, e.max_turns)
+    temperature, top_p, top_k = e.temperature, e.top_p, e.top_k
+    max_tokens, max_context, max_turns = e.max_tokens_per_turn, e.max_context_tokens, e.max_turns
+    assert temperature is not None and top_p is not None and top_k is not None
+    assert max_tokens is not None and max_context is not None and max_turns is not None
     return GameEvalConfig(
         games=list(e.games),
-        policy="llm",
+        policy=Policy.llm,
         llm=cfg.llm,
-        temperature=e.temperature,
-        max_tokens=e.max_tokens_per_turn,
+        temperature=temperature,
+        max_tokens=max_tokens,
         stop=list(e.stop or []),
-        max_turns=e.max_turns,
-        opponents=list(e.opponents),
-        seats=list(e.seats),
+        max_turns=max_turns,
+        opponents=[Opponent(o) for o in e.opponents],
+        seats=[Seat(s) for s in e.seats],
         episodes=e.episodes,
         mcts_simulations=e.mcts_simulations,
         mcts_levels=list(e.mcts_levels),
         mcts_on_ray=e.mcts_on_ray,
         cluster=cfg.cluster,
-        top_p=e.top_p,
-        top_k=e.top_k,
+        top_p=top_p,
+        top_k=top_k,
         response_prefix=e.response_prefix or "",
-        max_context_tokens=e.max_context_tokens,
+        max_context_tokens=max_context,
         exploitability=list(e.exploitability),
         exploitability_temperature=e.exploitability_temperature,
         shaping=cfg.shaping,
@@ -199,6 +195,7 @@ def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
 def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
     """MARS self-play RL (turn-level advantages, agent normalization) through the shared trainer; eval before/after."""
     eval_cfg = _eval_config(cfg)
+    BASELINES.reset()  # `rae`'s moving averages: each run starts them at 0 (a resumed one: restored below)
 
     evaluations: list[list[dict]] = []  # each evaluation's records, for MARS's base-vs-trained table
 
@@ -215,9 +212,14 @@ def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
         evaluations.append(records)
         return metrics
 
-    rule = "first_finished" if cfg.batch.rule == BatchRule.first_finished else "all"  # rl/batch_rules.py
-    with Trainer(cfg, tracker, eval_hook=game_eval, batch_rule=rule) as trainer:
+    # the rows of cfg.batch.rule, credited by cfg.batch.pre_turn_rewards (batching.py, rl/batch_rules.py)
+    with Trainer(cfg, tracker, eval_hook=game_eval, batch_rule="mars_rows") as trainer:
+        BASELINES.attach(trainer.ckpt_dir / "rae_baselines.json", lambda: trainer.step)
         trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
+        if trainer.resumed and any(a.name == "rae" for a in cfg.advantages):
+            BASELINES.restore(trainer.step)
+        elif not trainer.resumed:
+            BASELINES.forget()
         out = trainer.train()
     summary: dict[str, Any] = {}
     first = trainer.eval_history[0][1] if cfg.eval_before else {}

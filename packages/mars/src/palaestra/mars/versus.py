@@ -12,18 +12,27 @@ agent normalization still groups by seat.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from palaestra.mars.env import GameEnv
 from palaestra.shared.rollout.env import Step, TextEnv
 
 
+class LearnerSeat(StrEnum):
+    """The learner's seat: first, second, or alternating with the reset seed."""
+
+    first = "first"
+    second = "second"
+    alternate = "alternate"
+
+
 class VersusEnv(TextEnv):
     """One game seat for the learner; the other seat is played by `opponent`."""
 
     def __init__(self, env: GameEnv, opponent: Any, seat: str = "alternate"):
-        if seat not in ("first", "second", "alternate"):
-            raise ValueError(f"seat must be first, second or alternate, not {seat!r}")
+        if seat not in list(LearnerSeat):
+            raise ValueError(f"seat must be {', '.join(LearnerSeat)}, not {seat!r}")
         self.env, self.opponent, self.seat = env, opponent, seat
         self.env_type = env.env_type
         self.agents = [env.agents[0]]
@@ -32,7 +41,7 @@ class VersusEnv(TextEnv):
     def reset(self, seed: int | None = None) -> dict[str, Any]:
         info = self.env.reset(seed)
         seed = seed or 0
-        player = {"first": 0, "second": 1}.get(self.seat, seed % 2)
+        player = {LearnerSeat.first: 0, LearnerSeat.second: 1}.get(LearnerSeat(self.seat), seed % 2)
         self.agents = [self.env.agents[player]]
         self.opponent.reset(seed)
         self._opp_conversation = []
