@@ -48,7 +48,7 @@ FORMS = {
         _block({"name": c["name"], "arguments": json.dumps(c["arguments"])}) for c in cs
     ),
     "text_around": lambda cs: "<think>t</think>\nSure!\n" + "\n".join(_block(c) for c in cs) + "\nDone.",
-    "two_in_one_tag": lambda cs: _block("\n".join(json.dumps(c) for c in cs)),
+    "two_in_one_tag": lambda cs: _block("\n".join(json.dumps(c) for c in (cs if len(cs) > 1 else cs + cs))),
     "list_in_one_tag": lambda cs: _block(json.dumps(cs)),
     "wrong_types": lambda cs: "\n".join(
         _block({"name": c["name"], "arguments": _wrong_types(c["arguments"])}) for c in cs
@@ -62,6 +62,20 @@ FORMS = {
     "compact": lambda cs: "".join(_block(c, sep="") for c in cs),
     "plain_text": lambda cs: "<think>none fits</think>I cannot help with that.",
 }
+
+
+# the paper's format (`fc_binary`'s first condition), judged by hand per form: <think>...</think>, then only
+# <tool_call> blocks each holding one JSON object with a name, or a plain answer
+FORMAT_OK = {"good": True, "good_no_think": False, "unclosed_think": False, "missing_arguments": True,
+             "renamed_arguments": True, "parameters_key": True, "string_arguments": True, "text_around": False,
+             "two_in_one_tag": False, "list_in_one_tag": False, "wrong_types": True, "unknown_function": True,
+             "empty_json": False, "empty_object": False, "broken_json": False, "good_then_broken": False,
+             "single_quotes": False, "compact": True, "plain_text": True}  # fmt: skip
+
+
+def _with_think(form: str, text: str) -> str:
+    """The corpus text with a think block in front where it has none (BFCL stores the same text after it)."""
+    return text if "<think>" in text or form == "good_no_think" else "<think>t</think>\n" + text
 
 
 def _calls(task) -> list[dict]:
@@ -121,10 +135,11 @@ def test_single_turn_verdicts_equal_bfcls_generate_and_evaluate(tmp_path):
     from palaestra.egpo.bfcl import load_category
     from palaestra.egpo.bfcl_results import write_run_files
     from palaestra.egpo.eval import score_single_turn
+    from palaestra.egpo.reward import fc_binary
     from palaestra.egpo.tasks import load_bfcl
 
-    cases = agree = same_file = 0
-    disagreements = []
+    cases = agree = same_file = reward_agree = 0
+    disagreements, reward_disagreements, rewards = [], [], {}
     verdicts_by_form: dict[str, list[bool]] = {}
     for form, write in FORMS.items():
         texts, ours, records = {}, {}, {}
@@ -135,6 +150,7 @@ def test_single_turn_verdicts_equal_bfcls_generate_and_evaluate(tmp_path):
                 texts[task.id] = [text]
                 verdict = score_single_turn(task, text, "bfcl", MODEL)
                 ours[task.id] = verdict["valid"]
+                rewards[task.id] = fc_binary(task, _with_think(form, text))
                 records[category].append({"id": task.id, "outputs": [text], "valid": verdict["valid"]})
         entries = [e for c, n in SINGLE.items() for e, _ in load_category(c, n)]
         _bfcl_generate(entries, texts, tmp_path / form / "bfcl" / "result")
@@ -151,16 +167,23 @@ def test_single_turn_verdicts_equal_bfcls_generate_and_evaluate(tmp_path):
                 verdicts_by_form.setdefault(form, []).append(official)
                 if official != valid:
                     disagreements.append((form, entry_id, official, valid))
+                # the strict reward: 1 exactly when BFCL accepts and the paper's format holds
+                reward, info = rewards[entry_id]
+                reward_agree += reward == float(official and FORMAT_OK[form])
+                if reward != float(official and FORMAT_OK[form]):
+                    reward_disagreements.append((form, entry_id, official, reward, info["reason"]))
     n_entries = sum(SINGLE.values())
     assert cases == len(FORMS) * n_entries == 19 * 29, cases
     assert agree == cases, f"{len(disagreements)} of {cases} verdicts differ from BFCL's: {disagreements[:10]}"
     assert same_file == cases, f"{cases - same_file} of {cases} stored responses differ from BFCL's result files"
+    assert reward_agree == cases, f"fc_binary differs on {len(reward_disagreements)}: {reward_disagreements[:10]}"
     # the corpus separates: BFCL accepts the well-formed calls and rejects most malformed ones
     accepted = {form: sum(v) for form, v in verdicts_by_form.items()}
     assert accepted["good"] >= n_entries - 6  # irrelevance entries reject any call
     for form in ("missing_arguments", "parameters_key", "string_arguments", "broken_json", "single_quotes"):
         assert accepted[form] <= SINGLE["irrelevance"] + 1, (form, accepted[form])  # only "no call" passes
-    print(f"\n{cases} cases ({len(FORMS)} forms x {n_entries} entries): all equal to BFCL's runner; accepted per "
+    print(f"\n{cases} cases ({len(FORMS)} forms x {n_entries} entries): verdicts, stored responses and fc_binary all "
+          f"equal to BFCL's runner; accepted per "
           f"form: {accepted}")  # fmt: skip
 
 
