@@ -19,19 +19,18 @@ live without live_relevance, categories that did not run count 0 as in BFCL), lo
 figures: `bfcl_v3_summary`) as ``bfcl/summary_v3/{overall,non_live,live,multi_turn,single_turn,...}``; the
 printed line names the version of each figure and the offline maximum of each overall. BFCL's result files
 (each raw response as BFCL's runner stores it), score files and ``data_overall.csv`` go to ``<output_dir>/bfcl/``
-(and MLflow), so that ``bfcl evaluate`` re-scores a run from what the model wrote. ``decoder`` says how
-responses are decoded and scored (``palaestra``: our parser, one malformed ``<tool_call>`` block fails the answer,
-then BFCL's checkers; ``bfcl``: BFCL's handler of ``bfcl_model`` and BFCL's runner, `palaestra.egpo.bfcl_handler`,
-exactly as ``bfcl evaluate`` scores the result files), ``prompt`` how tasks are put to the model (``palaestra``:
-our system prompt; ``bfcl_fc``: BFCL's FC mode, the entry's messages and BFCL's function docs as tools to the
-model's chat template; ``bfcl_prompting``: BFCL's prompting mode, the handler's own system prompt with the function
-docs in it and no tools, for a prompting-mode ``bfcl_model``); all three are tagged on the run.
+(and MLflow), so that ``bfcl evaluate`` re-scores a run from what the model wrote. ``decoder``: ``palaestra``
+(our parser, then BFCL's checkers) or ``bfcl`` (BFCL's handler of ``bfcl_model`` and BFCL's runner,
+`palaestra.egpo.bfcl_handler`); ``prompt``: ``palaestra`` (our system prompt), ``bfcl_fc`` (BFCL's FC mode: the
+entry's messages, its function docs as tools) or ``bfcl_prompting`` (BFCL's prompting mode: the handler's system
+prompt, no tools); all are tagged on the run.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -59,9 +58,7 @@ from palaestra.shared.tracking import Tracker
 
 DEFAULT_CATEGORIES = list(bfcl.ALL_CATEGORIES)
 """Every BFCL category that runs offline in our format (see `palaestra.egpo.bfcl`)."""
-PROMPTS = ("palaestra", "bfcl_fc", "bfcl_prompting")
-WHOLE_CONTEXT = 1 << 30
-"""``max_context_tokens`` given to the engine for "the model's whole context" (it keeps to the model's own)."""
+WHOLE_CONTEXT = 1 << 30  # max_context_tokens for "the model's whole context" (the engine keeps to the model's own)
 
 
 class EvalPolicy(StrEnum):
@@ -80,7 +77,7 @@ class Decoder(StrEnum):
 
 
 class PromptFormat(StrEnum):
-    """How tasks are put to the model (`PROMPTS`)."""
+    """How tasks are put to the model (see the module docstring)."""
 
     palaestra = "palaestra"
     bfcl_fc = "bfcl_fc"
@@ -101,25 +98,20 @@ class BfclEvalConfig(JobConfig):
     """Entries of the categories named here (instead of ``limit``): the first N in BFCL's order."""
     policy: EvalPolicy = EvalPolicy.model
     """model | ground_truth | wrong (the last two: the harness check, with an oracle instead of the model)."""
-    temperature: float = 0.0
-    """Sampling temperature (0: greedy)."""
-    max_tokens_per_turn: int = 1024
-    """Generated tokens per model response."""
+    temperature: float = 0.0  # 0: greedy
+    max_tokens_per_turn: int = 1024  # generated tokens per model response
     max_context_tokens: int | None = 16384
-    """Prompt + response tokens per conversation (multi-turn prompts carry all eight environments' docs); None: the
-    model's whole context, as BFCL's runner gives it (with ``max_tokens_per_turn: 4096`` that is BFCL's budget,
-    min(4096, context - prompt))."""
+    """Prompt + response tokens per conversation; None: the model's whole context, as BFCL's runner gives it (with
+    ``max_tokens_per_turn: 4096``: BFCL's budget, min(4096, context - prompt))."""
     max_model_calls: int = 60
     """Model responses per multi-turn episode (all turns together); more truncates it (scored wrong)."""
-    top_p: float = 1.0
-    """Nucleus sampling (BFCL's runner leaves it at the server's default, 1.0)."""
+    top_p: float = 1.0  # BFCL's runner leaves it at the server's default, 1.0
     decoder: Decoder = Decoder.palaestra
-    """palaestra (our parser, then BFCL's checkers) | bfcl (BFCL's handler of ``bfcl_model`` and BFCL's runner)."""
+    """palaestra (our parser, then BFCL's checkers) | bfcl (BFCL's handler of ``bfcl_model`` and its runner)."""
     prompt: PromptFormat = PromptFormat.palaestra
     """palaestra (our system prompt) | bfcl_fc (BFCL's FC-mode messages) | bfcl_prompting (BFCL's prompting mode)."""
     bfcl_model: str = bfcl_handler.DEFAULT_MODEL
-    """The BFCL model key whose handler decodes (``decoder: bfcl``), prompts (``prompt: bfcl_prompting``) and names
-    the result files: ``...-FC`` keys are FC mode, the others prompting mode."""
+    """The BFCL model key whose handler decodes, prompts and names the result files (``...-FC``: FC mode)."""
     write_bfcl_files: bool = True
     """Write BFCL's result / score files and score CSV under ``<output_dir>/bfcl``."""
 
@@ -212,6 +204,7 @@ def oracle_answer(env: TextEnv, wrong: bool) -> str:
         if not calls:
             return "<think>No function fits.</think>I cannot do that with the functions I have."
         return format_calls([ToolCall(c["name"], c["arguments"]) for c in calls], thinking="Calling the tools.")
+    assert isinstance(env, BFCLMultiTurnEnv), type(env).__name__
     turn_calls = env.oracle_calls[env.turn]
     first_due = next((i for i, calls in enumerate(env.oracle_calls) if calls), None)
     if env.steps_in_turn == 0 and turn_calls and not (wrong and env.turn == first_due):  # wrong: skip a due turn
@@ -252,7 +245,7 @@ def run_model(envs: list[TextEnv], client: Any, cfg: BfclEvalConfig, rollouts: A
         top_p=cfg.top_p,
     )
     rollouts = rollouts if rollouts is not None else LocalRollouts(client, settings)
-    specs = [EpisodeSpec(make_env=lambda e=env: e, seed=cfg.seed, group_id=str(i)) for i, env in enumerate(envs)]
+    specs = [EpisodeSpec(make_env=_returning(env), seed=cfg.seed, group_id=str(i)) for i, env in enumerate(envs)]
     result = rollouts.run(specs, cfg.seed, settings)
     by_group = {t.group_id: t for t in result.trajectories}
     out = []
@@ -279,6 +272,10 @@ def run_model(envs: list[TextEnv], client: Any, cfg: BfclEvalConfig, rollouts: A
     return out
 
 
+def _returning(env: TextEnv) -> Callable[[], TextEnv]:  # a typed make_env
+    return lambda: env
+
+
 def build_envs(
     category: str,
     limit: int | None,
@@ -287,10 +284,11 @@ def build_envs(
     bfcl_model: str = bfcl_handler.DEFAULT_MODEL,
 ) -> tuple[list[TextEnv], list[str]]:
     if bfcl.category_kind(category) == "multi_turn":
-        envs, ids = [], []
+        envs: list[TextEnv] = []
+        ids = []
         for entry, truth in bfcl.load_category(category, limit):
-            env = BFCLMultiTurnEnv(entry, truth, decoder=decoder, prompt=prompt, bfcl_model=bfcl_model)
-            env.oracle_calls = ground_truth_turn_calls(entry, truth)
+            env = BFCLMultiTurnEnv(entry, truth or [], decoder=decoder, prompt=prompt, bfcl_model=bfcl_model)
+            env.oracle_calls = ground_truth_turn_calls(entry, truth or [])
             envs.append(env)
             ids.append(entry["id"])
         return envs, ids

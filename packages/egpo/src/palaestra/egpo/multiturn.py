@@ -72,11 +72,13 @@ class BFCLMultiTurnEnv(TextEnv):
         self.category = entry["id"].rsplit("_", 1)[0]
         self.long_context = "long_context" in self.category or "composite" in self.category
         self._key: str | None = None
+        self.oracle_calls: list[list[tuple[str, dict]]] = []
+        """The ground truth per turn as keyword calls, for the eval's oracle (`ground_truth_turn_calls`)."""
 
     @classmethod
     def from_category(cls, category: str, index: int, **kwargs: Any) -> BFCLMultiTurnEnv:
         entry, truth = load_category(category)[index]
-        return cls(entry, truth, **kwargs)
+        return cls(entry, truth or [], **kwargs)
 
     # -- protocol -----------------------------------------------------------
     def reset(self, seed: int | None = None) -> dict[str, Any]:
@@ -190,7 +192,8 @@ class BFCLMultiTurnEnv(TextEnv):
             finally:
                 _drop_instances(key)
         else:
-            self.result = check_multi_turn(self.entry, self.decoded, self.ground_truth, self._key, force_quit)
+            key = self._key or "palaestra_closed"
+            self.result = check_multi_turn(self.entry, self.decoded, self.ground_truth, key, force_quit)
         valid = bool(self.result["valid"])
         info.update(
             multi_turn_valid=valid,

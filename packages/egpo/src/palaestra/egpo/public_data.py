@@ -152,7 +152,7 @@ def python_calls(text: str) -> tuple[str, list[dict]] | None:
         if not isinstance(tree, ast.List) or not all(isinstance(e, ast.Call) for e in tree.elts):
             continue
         calls = []
-        for call in tree.elts:
+        for call in [e for e in tree.elts if isinstance(e, ast.Call)]:
             if call.args:
                 raise ValueError(f"positional arguments in {ast.unparse(call)!r} (BFCL calls take keywords)")
             kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}

@@ -40,7 +40,7 @@ def hub_files(spec: str, cache_dir: str | None = None) -> list[Path]:
     org, name, *rest = spec.split("/")
     name, _, revision = name.partition("@")
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "repo_type": "dataset",
         "revision": revision or None,
         "cache_dir": cache_dir or os.environ.get("HF_HUB_CACHE"),
@@ -48,8 +48,8 @@ def hub_files(spec: str, cache_dir: str | None = None) -> list[Path]:
     }
     try:
         if rest:
-            return [Path(hf_hub_download(f"{org}/{name}", "/".join(rest), **kwargs))]
-        root = Path(snapshot_download(f"{org}/{name}", allow_patterns=["*.json", "*.jsonl"], **kwargs))
+            return [Path(str(hf_hub_download(f"{org}/{name}", "/".join(rest), **kwargs)))]
+        root = Path(str(snapshot_download(f"{org}/{name}", allow_patterns=["*.json", "*.jsonl"], **kwargs)))
     except Exception as err:  # huggingface_hub's errors name neither the set nor the way out
         raise FileNotFoundError(hub_error(f"{org}/{name}", err, offline)) from None
     return sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl"))

@@ -110,11 +110,12 @@ def bfcl_function_docs(tools: list[dict], ground_truth: list | None = None) -> l
 
 
 def _element_type(values: list) -> str:
-    names = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "dict", list: "array"}
-    kinds = {names.get(type(x)) for v in values if isinstance(v, list) for x in v}
+    names: dict[type, str] = {bool: "boolean", int: "integer", float: "float", str: "string"}
+    names.update({dict: "dict", list: "array"})
+    kinds = {names.get(type(x), "?") for v in values if isinstance(v, list) for x in v}
     if kinds == {"integer", "float"}:
         return "float"
-    return kinds.pop() if len(kinds) == 1 and None not in kinds else "string"
+    return kinds.pop() if len(kinds) == 1 and "?" not in kinds else "string"
 
 
 def bfcl_judgement(sample: Any, completion: str) -> tuple[bool, str]:

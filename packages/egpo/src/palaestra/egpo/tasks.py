@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,7 @@ class FCTask:
 def _json_schema(spec: Any) -> Any:
     if not isinstance(spec, dict):
         return spec
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in spec.items():
         if key == "type" and isinstance(value, str):
             out[key] = _JSON_TYPES.get(value, value)
@@ -156,7 +157,7 @@ def canonical_calls(ground_truth: list[dict[str, dict[str, list]]], tools: list[
     return calls
 
 
-def _first_accepted(accepted: dict[str, list], required: set[str] = frozenset()) -> dict:
+def _first_accepted(accepted: dict[str, list], required: AbstractSet[str] = frozenset()) -> dict:
     args = {}
     for param, values in accepted.items():
         if not isinstance(values, list) or not values:
@@ -247,7 +248,8 @@ def tasks_from_record(record: dict, index: int, source: str = "jsonl", turns: st
         return [FCTask(rid, messages, tools, truth, source)]
     if "messages" not in record:
         raise ValueError(f"record {index} has no 'messages' and no ground truth ('ground_truth' or 'answers')")
-    tasks, history = [], []
+    tasks: list[FCTask] = []
+    history: list[dict] = []
     for message in record["messages"]:
         # a task per assistant answer to a user message (``every``: to a tool result too)
         after = ("user", "tool") if turns == "every" else ("user",)

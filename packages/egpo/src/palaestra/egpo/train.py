@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from palaestra.shared.rl.trainer import Trainer
 
 
-@ENVS.register("bfcl_multi_turn")
+@ENVS.register("bfcl_multi_turn")  # type: ignore[arg-type]  # a factory of envs: the registry calls it
 def bfcl_multi_turn(category: str = "multi_turn_base", limit: int | None = None):
     """BFCL multi-turn entries of `category`; ``reset(seed)`` plays entry ``seed % count``."""
     from palaestra.egpo.bfcl import load_category
@@ -50,10 +50,11 @@ def bfcl_multi_turn(category: str = "multi_turn_base", limit: int | None = None)
         num_tasks = len(pairs)  # for task_sampling: epochs (palaestra.shared.rl.task_sampling)
 
         def reset(self, seed: int | None = None) -> dict[str, Any]:
-            self.entry, self.ground_truth = pairs[(seed or 0) % len(pairs)]
+            entry, truth = pairs[(seed or 0) % len(pairs)]
+            self.entry, self.ground_truth = entry, truth or []
             return super().reset(seed)
 
-    return _Env(*pairs[0])
+    return _Env(pairs[0][0], pairs[0][1] or [])
 
 
 def _egpo_advantages() -> list[AdvantageStep]:
@@ -135,7 +136,7 @@ class BfclAtEnd:
             categories=list(cfg.eval.categories),
             limit=cfg.eval.limit,
             limits=dict(cfg.eval.limits),
-            max_tokens_per_turn=cfg.eval.max_tokens_per_turn,
+            max_tokens_per_turn=cfg.eval.max_tokens_per_turn or cfg.rollout.max_tokens_per_turn,
             max_context_tokens=cfg.eval.max_context_tokens,
             max_model_calls=cfg.eval.max_model_calls,
             temperature=cfg.eval.temperature or 0.0,
@@ -238,7 +239,7 @@ def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
             tracker.log_params({"derived.steps": steps, "derived.num_tasks": tasks})
             print(f"egpo.train: {cfg.epochs} epochs over {tasks} tasks = {steps} steps", flush=True)
         trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
-        out = trainer.train()
+        out: dict[str, Any] = dict(trainer.train())
     if bfcl is not None:
         out.update(bfcl.result)
     out.setdefault("headline", train_headline(out))  # the BFCL accuracy when evaluated, else the training reward
