@@ -86,7 +86,7 @@ def test_bfcls_own_scorer_reads_our_result_files(tmp_path):
             if hasattr(env, "responses"):
                 record["turn_outputs"] = env.responses
             records[category].append(record)
-    ours = write_run_files(tmp_path, records, model="oracle")["scores"]
+    ours = write_run_files(tmp_path, records, model="oracle")["scores"]  # files of the default handler's folder
     assert all(ours[c] == (2, 4) for c in categories), ours
     score_dir = tmp_path / "bfcl_score"
     score_dir.mkdir()
@@ -107,6 +107,9 @@ def test_decode_rules_differ_on_a_malformed_block():
     assert calls is None and "not valid JSON" in error  # ours: the whole answer fails
     calls, error = decode_calls(text, "bfcl")
     assert error is None and [(c.name, c.arguments) for c in calls] == [("f", {"x": 1})]  # BFCL: skipped
+    # BFCL's decode_ast indexes call["arguments"]: a call without it fails the decode (ours reads it as f())
+    calls, error = decode_calls('<tool_call>\n{"name": "f"}\n</tool_call>', "bfcl")
+    assert calls is None and "KeyError" in error
     assert decode_calls(good, "palaestra")[0] == decode_calls(good, "bfcl")[0]
     with pytest.raises(ValueError, match="unknown decoder"):
         decode_calls(good, "lenient")
@@ -160,7 +163,10 @@ CATEGORY = {
 }
 
 
-def test_bfcls_own_runner_rescores_our_files_to_our_numbers_whichever_decoder(tmp_path):
+def test_bfcls_own_runner_rescores_our_raw_files_with_bfcls_decoder(tmp_path):
+    """The result files hold the raw responses: BFCL's runner reproduces a run scored with ``decoder: bfcl``, and
+    gives BFCL's numbers (not ours) for a run scored with our decoder where the rules differ (issue 36: before, the
+    files held our decoded calls re-rendered and BFCL only re-checked our decoding)."""
     from bfcl_eval.eval_checker.eval_runner import runner
 
     from palaestra.egpo.eval import score_single_turn
@@ -169,7 +175,8 @@ def test_bfcls_own_runner_rescores_our_files_to_our_numbers_whichever_decoder(tm
     cases, canonical_calls = _rescore_cases()
     expected, records = {}, {}
     for (case, decoder), category in CATEGORY.items():
-        expected[category] = (EXPECTED[case][decoder == "bfcl"], 10)
+        expected[category] = (EXPECTED[case][decoder == "bfcl"], 10)  # our run's count
+        bfcl_count = (EXPECTED[case][1], 10)  # what BFCL's decoder makes of the same raw text
         records[category] = []
         for task in load_bfcl(category, 10):
             text = cases[case](canonical_calls(task.ground_truth, task.tools))
@@ -177,8 +184,9 @@ def test_bfcls_own_runner_rescores_our_files_to_our_numbers_whichever_decoder(tm
             record = {"id": task.id, "outputs": [text], "valid": verdict["valid"], "error": verdict["error"]}
             records[category].append(record)
         # the result file of this category is written with this decoder (one call per decoder's categories)
-        ours = write_run_files(tmp_path / category, {category: records[category]}, model="m", decoder=decoder)
+        ours = write_run_files(tmp_path / category, {category: records[category]}, model="m")
         assert ours["scores"][category] == expected[category], (case, decoder)
+        expected[category] = bfcl_count
         for path in (tmp_path / category / "result").rglob("*.json"):  # gather the files under one root
             target = tmp_path / "all" / path.relative_to(tmp_path / category)
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -45,10 +45,11 @@ def test_comment_states_the_task_and_step_counts_the_settings_imply():
     per_epoch = total / cfg.tasks_per_step
     steps = math.ceil(cfg.epochs * total / cfg.tasks_per_step)
     comment = " ".join(line.lstrip("# ") for line in CONFIG.read_text().splitlines() if line.startswith("#"))
-    assert _number(re.search(r"= ([\d,]+) single-turn tasks", comment)[1]) == single
-    found = re.search(r"Tasks: ([\d,]+) \+ ([\d,]+) = ([\d,]+)", comment)
+    assert _number(re.search(r"= ([\d,]+) records", comment)[1]) == single  # caps count records (issue 36)
+    found = re.search(r"that would be ([\d,]+) \+ ([\d,]+) = ([\d,]+)", comment)  # one task per record
     assert tuple(_number(g) for g in found.groups()) == (single, multi, total)
     assert _number(re.search(r"([\d.]+) steps per epoch", comment)[1]) == round(per_epoch, 1)
+    assert "steps = ceil(5 x tasks / 128)" in comment and cfg.epochs == 5 and cfg.tasks_per_step == 128
     found = re.search(r"ceil\((\d+) x ([\d,]+) / (\d+)\) = ([\d,]+) steps", comment)
     assert tuple(_number(g) for g in found.groups()) == (cfg.epochs, total, cfg.tasks_per_step, steps)
 
@@ -76,11 +77,24 @@ def test_paper_data_spec_offline_against_a_hub_cache(tmp_path, monkeypatch):
     cfg = load_config(CONFIG, [f"output_dir={tmp_path}/run"])
     env = cfg.envs[0].kwargs
     samples = TASKS.get(env["source"])(**env["source_kwargs"])
-    report = json.loads((tmp_path / "run" / "data_report.json").read_text())["sources"]
+    data_report = json.loads((tmp_path / "run" / "data_report.json").read_text())
+    report = data_report["sources"]
+    # turns: every on the three multi-turn sets: a task at every assistant message (the APIGen-MT and HardGen
+    # fixtures hold one record of 4 assistant messages, FunReason-MT's two); xLAM one task per record
     assert {k: (v["checked"], v["contaminated"], v["kept"]) for k, v in report.items()} == {
         "xlam": (4, 1, 3),
-        "apigen_mt": (2, 0, 2),
-        "funreason_mt": (4, 0, 4),
-        "hardgen": (2, 0, 2),
+        "apigen_mt": (4, 0, 4),
+        "funreason_mt": (8, 0, 8),
+        "hardgen": (4, 0, 4),
     }
-    assert len(samples) == 11
+    # the data report: records and tasks per source and the multi-turn share (a prompt with an earlier answer or
+    # a tool result: 3 of the 4 steps of each multi-turn record)
+    assert {k: (v["records"], v["tasks"], v["multi_turn_tasks"]) for k, v in report.items()} == {
+        "xlam": (4, 4, 0),
+        "apigen_mt": (1, 4, 3),
+        "funreason_mt": (2, 8, 6),
+        "hardgen": (1, 4, 3),
+    }
+    assert data_report["totals"] == {"records": 8, "tasks": 20, "multi_turn_tasks": 12, "kept": 19,
+                                     "multi_turn_share": 0.6}  # fmt: skip
+    assert len(samples) == 19

@@ -244,8 +244,8 @@ def test_source_reasoning_is_kept_for_the_warm_start():
 
     apigen, _ = load_public(str(DATA / "apigen-mt_5k.json"))
     assert [t.thinking for t in apigen] == ["Look up the user first.", None]  # the think tool's thought
-    funreason, _ = load_public(str(DATA / "bfcl_multi_turn.json"), limit=2)
-    assert [t.thinking for t in funreason] == ["The user wants the reports folder.", "Two calls."]
+    funreason, _ = load_public(str(DATA / "bfcl_multi_turn.json"))  # (a cap counts records since issue 36)
+    assert [t.thinking for t in funreason[:2]] == ["The user wants the reports folder.", "Two calls."]
     row = {
         "messages": [
             {"role": "user", "content": "q"},

@@ -1,4 +1,6 @@
-"""Independent check of `fc_binary` against BFCL's official ``ast_checker`` on BFCL's own data.
+"""Independent check of our re-implementation of BFCL's value rules (`palaestra.egpo.ast_match`, behind the named
+leniency ``fc_binary_lenient_decode``) against BFCL's official ``ast_checker`` on BFCL's own data. (``fc_binary``
+itself is BFCL's decoder and checker since issue 36; its corpus test is test_bfcl_decoding.py.)
 
 1. Every ground truth of the six categories, written in our response format and decoded by our
    parser, scores 1.0 wherever the official checker accepts it (BFCL ships a handful of ground
@@ -17,6 +19,7 @@ import pytest
 
 from palaestra.egpo.bfcl import official_ast_check, require_bfcl
 from palaestra.egpo.reward import fc_binary
+from palaestra.egpo.reward import fc_binary_lenient_decode as fc_rule
 from palaestra.egpo.tasks import FCTask, canonical_calls, load_bfcl, tool_doc
 from palaestra.shared.toolcall import ToolCall, format_calls
 
@@ -102,7 +105,7 @@ def agreement():
                 text = format_calls([ToolCall(c["name"], c["arguments"]) for c in calls], thinking="reasoning")
                 decoded = json.loads(json.dumps([{c["name"]: c["arguments"]} for c in calls]))
                 official = bool(official_ast_check(task.tools, decoded, task.ground_truth, category)["valid"])
-                ours, info = fc_binary(task, text)
+                ours, info = fc_rule(task, text)
                 row = rows.setdefault((category, kind), [0, 0, 0])
                 row[0] += 1
                 row[1] += (ours == 1.0) == official
@@ -116,7 +119,7 @@ def agreement():
 
 
 def _print_table(rows, disagreements, unsatisfiable):
-    print("\nfc_binary vs BFCL ast_checker (bfcl-eval 2026.3.23)")
+    print("\nfc_binary_lenient_decode (ast_match) vs BFCL ast_checker (bfcl-eval 2026.3.23)")
     print(f"{'category':<20}{'perturbation':<18}{'cases':>7}{'agree':>7}{'official ok':>13}{'agreement':>11}")
     for (category, kind), (n, agree, ok) in rows.items():
         print(f"{category:<20}{kind:<18}{n:>7}{agree:>7}{ok:>13}{agree / n:>11.2%}")

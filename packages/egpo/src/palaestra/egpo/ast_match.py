@@ -35,6 +35,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+
+def _sub(mapping: dict, key: str) -> dict:
+    """``mapping[key]`` where it is a dict, else an empty one (schemas in the wild leave parts out)."""
+    value = mapping.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 # BFCL's Python type names plus the JSON-schema names that datagen-style tools use.
 PYTHON_TYPES: dict[str, type] = {
     "string": str,
@@ -76,16 +83,17 @@ def _type_ok(value: Any, type_name: str, spec: dict, accepted: list) -> tuple[bo
     expected = PYTHON_TYPES[type_name]
     answer_type = _answer_type(accepted) if isinstance(accepted, list) else None
     is_variable = answer_type is not None and answer_type is not expected
+    seq: Any = value  # (`type(value) is expected` would narrow `value` to object for mypy)
     if type(value) is expected:
         if type_name not in _NESTED:
             return True, is_variable
-        items = spec.get("items") if isinstance(spec.get("items"), dict) else {}
+        items = _sub(spec, "items")
         item_type = items.get("type")
         if item_type not in PYTHON_TYPES:
             return True, is_variable
         for candidate in accepted:
             # a non-list candidate (e.g. the optional marker "") imposes nothing on the items
-            if not isinstance(candidate, list) or all(_type_ok(item, item_type, {}, candidate)[0] for item in value):
+            if not isinstance(candidate, list) or all(_type_ok(item, item_type, {}, candidate)[0] for item in seq):
                 return True, is_variable
         return False, is_variable
     if answer_type is not None and type(value) is answer_type:
@@ -134,10 +142,10 @@ def _value_error(param: str, value: Any, spec: dict, accepted: list) -> str | No
         return f"wrong type for parameter {param!r}: expected {type_name}, got {type(value).__name__}"
     expected = PYTHON_TYPES[type_name]
     if not is_variable:
-        items = spec.get("items") if isinstance(spec.get("items"), dict) else {}
+        items = _sub(spec, "items")
         if expected is dict:
             good = _dict_ok(value, accepted)
-        elif expected is list and PYTHON_TYPES.get(items.get("type")) is dict:
+        elif expected is list and PYTHON_TYPES.get(str(items.get("type"))) is dict:
             good = _list_of_dicts_ok(value, accepted)
         elif expected is str:
             good = standardize(value) in [standardize(a) for a in accepted if isinstance(a, str)]
@@ -167,8 +175,8 @@ def check_call(name: str, arguments: dict, expected: dict[str, dict[str, list]],
     if name != gt_name:
         return f"wrong function name {name!r} (expected {gt_name!r})"
     doc = find_tool(tools, gt_name) or {}
-    params = doc.get("parameters") if isinstance(doc.get("parameters"), dict) else {}
-    props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+    params = _sub(doc, "parameters")
+    props = _sub(params, "properties")
     for param in params.get("required") or []:
         if param not in arguments:
             return f"missing required parameter {param!r}"

@@ -28,22 +28,20 @@ BFCL does (it shows "N/A" but scores 0): an offline run here (no web search, mem
 can reach at most 60% overall and 1/3 of the simple group's Java/JavaScript share is missing too.
 
 Files, in BFCL's layout so that its own scorer (``bfcl evaluate``, `eval_runner.runner`) reads them:
-``result/<model>/<group>/BFCL_v4_<category>_result.json`` (JSON lines ``{"id", "result"}``: the response
-after ``</think>`` for single-turn entries, per turn per step for multi-turn ones, as BFCL's Qwen FC
-handler stores them), ``score/<model>/<group>/BFCL_v4_<category>_score.json`` (a header line with
-accuracy, correct and total count, then the failed entries) and ``score/data_overall.csv`` with BFCL's
-``COLUMNS_OVERALL`` header. ``<model>`` is the BFCL model key whose handler decodes the results:
-``Qwen_Qwen3-4B-Instruct-2507-FC`` (its decoder reads exactly our ``<tool_call>`` blocks).
+``result/<model>/<group>/BFCL_v4_<category>_result.json`` (JSON lines ``{"id", "result"}``), ``score/<model>/<group>/
+BFCL_v4_<category>_score.json`` (a header line with accuracy, correct and total count, then the failed entries) and
+``score/data_overall.csv`` with BFCL's ``COLUMNS_OVERALL`` header. ``<model>`` is the folder of the BFCL model key
+whose handler reads the results (``bfcl_model``, default ``Qwen/Qwen3-4B-Instruct-2507-FC``).
+
+A result file's ``result`` is each raw response as BFCL's runner stores it: the handler's ``model_responses``
+(`palaestra.egpo.bfcl_handler.stored_response`; for Qwen the text after ``</think>``), per turn per step for
+multi-turn entries; the whole response is kept beside it as ``raw_result``. So ``bfcl evaluate`` re-scores the
+model's own text with BFCL's decoder: it reproduces the run's numbers where the run decoded with ``decoder: bfcl``,
+and gives BFCL's numbers for a run scored with our decoder (``palaestra``), where the two rules differ.
 
 Decoders (`decode_calls`): ``palaestra`` (`palaestra.shared.toolcall`: one malformed block fails the whole
-answer) or ``bfcl`` (BFCL's ``QwenFCHandler``: the text after ``</think>``, blocks matching
-``<tool_call>\\n...\\n</tool_call>`` JSON-decoded one by one, a malformed one skipped).
-
-A result file's ``result`` is the calls the run's decoder read from each response, written back in the form
-BFCL's Qwen FC decoder reads (`canonical_result`: one ``<tool_call>\\n{json}\\n</tool_call>`` per call, ``""``
-when none was read); the response itself is kept beside it as ``raw_result``. So BFCL's own runner re-scores the
-file to the run's numbers whichever decoder wrote it (compact blocks without newlines, an unclosed
-``<think>``, a malformed block next to a good one: `decode_calls` differs there, the file does not).
+answer) or ``bfcl`` (BFCL's ``QwenFCHandler.decode_ast`` on the stored response: a malformed block is skipped, a
+call without ``arguments`` fails the decode).
 """
 
 from __future__ import annotations
@@ -53,7 +51,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from palaestra.egpo.bfcl import CHECKER_MODEL_NAME, require_bfcl
+from palaestra.egpo.bfcl import require_bfcl
+from palaestra.egpo.bfcl_handler import DEFAULT_MODEL, model_dir
 from palaestra.shared.toolcall import ToolCall, parse_response
 
 BFCL_VERSION = "BFCL v4 (bfcl-eval 2026.3.23)"
@@ -72,15 +71,13 @@ def decode_calls(text: str, decoder: str = "palaestra") -> tuple[list[ToolCall] 
         return (None, parsed.error) if parsed.error else (parsed.calls, None)
     if decoder != "bfcl":
         raise ValueError(f"unknown decoder {decoder!r} (one of {DECODERS})")
-    require_bfcl()
-    from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
+    from palaestra.egpo import bfcl_handler
 
-    items = QwenFCHandler._extract_tool_calls(cleaned_response(text))
-    if any(not isinstance(i, dict) or not isinstance(i.get("name"), str) for i in items):
-        return None, "a decoded tool call is not a {'name', 'arguments'} object"
-    if any(not isinstance(i.get("arguments", {}), dict) for i in items):
-        return None, "tool call arguments are not an object"
-    return [ToolCall(i["name"], i.get("arguments", {})) for i in items], None
+    model = bfcl_handler.DEFAULT_MODEL
+    decoded, error = bfcl_handler.decode_ast(model, bfcl_handler.stored_response(model, text))
+    if decoded is None:
+        return None, error
+    return [ToolCall(name, args) for call in decoded for name, args in call.items()], None
 
 
 def category_size(category: str) -> int:
@@ -158,19 +155,6 @@ def offline_maximum(version: str = "v4") -> float:
     return summary(perfect)["overall"]
 
 
-def canonical_result(text: str, decoder: str = "palaestra") -> str:
-    """The calls `decoder` reads from `text`, as BFCL's Qwen FC decoder reads them; ``""`` when it reads none."""
-    calls, _ = decode_calls(text, decoder)
-    return "\n".join(
-        f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n</tool_call>" for c in calls or []
-    )
-
-
-def cleaned_response(text: str) -> str:
-    """What BFCL's Qwen FC handler keeps of a response: the text after ``</think>``."""
-    return text.split("</think>")[-1].lstrip("\n") if "</think>" in text else text
-
-
 def _group_dir(category: str) -> str:
     require_bfcl()
     from bfcl_eval.utils import get_directory_structure_by_category
@@ -184,18 +168,20 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def write_result_file(root: Path, category: str, results: list[dict]) -> Path:
+def write_result_file(root: Path, category: str, results: list[dict], bfcl_model: str = DEFAULT_MODEL) -> Path:
     """BFCL's result file of one category: ``results`` are ``{"id", "result"}`` rows."""
     name = f"BFCL_v4_{category}_result.json"
-    return _write_jsonl(Path(root) / "result" / CHECKER_MODEL_NAME / _group_dir(category) / name, results)
+    return _write_jsonl(Path(root) / "result" / model_dir(bfcl_model) / _group_dir(category) / name, results)
 
 
-def write_score_file(root: Path, category: str, correct: int, failed: list[dict], total: int) -> Path:
+def write_score_file(
+    root: Path, category: str, correct: int, failed: list[dict], total: int, bfcl_model: str = DEFAULT_MODEL
+) -> Path:
     """BFCL's score file of one category: a header line, then the failed entries."""
     header = {"accuracy": correct / total if total else 0.0, "correct_count": correct, "total_count": total}
     name = f"BFCL_v4_{category}_score.json"
     rows = [header, *[{"valid": False, "test_category": category, **f} for f in failed]]
-    return _write_jsonl(Path(root) / "score" / CHECKER_MODEL_NAME / _group_dir(category) / name, rows)
+    return _write_jsonl(Path(root) / "score" / model_dir(bfcl_model) / _group_dir(category) / name, rows)
 
 
 def _percent(value: float | None) -> str:
@@ -247,40 +233,35 @@ def write_score_csv(root: Path, scores: dict[str, tuple[int, int]], model: str) 
 
 
 def result_row(
-    entry_id: str,
-    category: str,
-    outputs: list[str],
-    turn_outputs: list[list[str]] | None,
-    decoder: str = "palaestra",
+    entry_id: str, outputs: list[str], turn_outputs: list[list[str]] | None, bfcl_model: str = DEFAULT_MODEL
 ) -> dict:
-    """One line of a result file from a run's raw responses: the calls `decoder` read (`canonical_result`) as
-    ``result``, the responses as ``raw_result``."""
+    """One line of a result file from a run's raw responses: each as BFCL's runner stores it (`stored_response`)
+    as ``result``, the responses themselves as ``raw_result``."""
+    from palaestra.egpo.bfcl_handler import stored_response
+
     if turn_outputs is not None:  # multi-turn: per turn, per step
-        return {
-            "id": entry_id,
-            "result": [[canonical_result(t, decoder) for t in turn] for turn in turn_outputs],
-            "raw_result": turn_outputs,
-        }
+        result = [[stored_response(bfcl_model, t) for t in turn] for turn in turn_outputs]
+        return {"id": entry_id, "result": result, "raw_result": turn_outputs}
     raw = outputs[-1] if outputs else ""
-    return {"id": entry_id, "result": canonical_result(raw, decoder), "raw_result": raw}
+    return {"id": entry_id, "result": stored_response(bfcl_model, raw), "raw_result": raw}
 
 
 def write_run_files(
-    root: Path, records_by_category: dict[str, list[dict]], model: str, decoder: str = "palaestra"
+    root: Path, records_by_category: dict[str, list[dict]], model: str, bfcl_model: str = DEFAULT_MODEL
 ) -> dict[str, Any]:
     """Result files, score files and the score CSV of a run (records as `palaestra.egpo.eval` builds them;
-    `decoder`: the one that read the responses)."""
+    `bfcl_model`: the BFCL model key whose handler reads the result files)."""
     scores = {}
     for category, records in records_by_category.items():
-        rows = [result_row(r["id"], category, r["outputs"], r.get("turn_outputs"), decoder) for r in records]
-        write_result_file(root, category, rows)
+        rows = [result_row(r["id"], r["outputs"], r.get("turn_outputs"), bfcl_model) for r in records]
+        write_result_file(root, category, rows, bfcl_model)
         correct = sum(bool(r["valid"]) for r in records)
         failed = [
             {"id": r["id"], "error_type": r.get("error") or r.get("multi_turn_error")}
             for r in records
             if not r["valid"]
         ]
-        write_score_file(root, category, correct, failed, len(records))
+        write_score_file(root, category, correct, failed, len(records), bfcl_model)
         scores[category] = (correct, len(records))
     csv = write_score_csv(root, scores, model)
     return {"scores": scores, "csv": csv}

@@ -17,23 +17,25 @@ Summary scores: BFCL v4's own formula (`palaestra.egpo.bfcl_results.bfcl_summary
 live without live_relevance, categories that did not run count 0 as in BFCL), logged as
 ``bfcl/summary/{overall,non_live,live,irrelevance,multi_turn,agentic,relevance}``, and BFCL v3's (the papers'
 figures: `bfcl_v3_summary`) as ``bfcl/summary_v3/{overall,non_live,live,multi_turn,single_turn,...}``; the
-printed line names the version of each figure and the offline maximum of each overall. BFCL's result files,
-score files and ``data_overall.csv`` go to ``<output_dir>/bfcl/`` (and MLflow), so that ``bfcl evaluate``
-can re-score a run. ``decoder`` says how responses were decoded (ours: one malformed ``<tool_call>``
-block fails the answer; ``bfcl``: BFCL's Qwen FC decoder skips it), ``prompt`` whether our system prompt
-is added (``palaestra``) or the entry goes as BFCL's FC mode sends it (``bfcl_fc``: BFCL's messages, BFCL's
-function docs as tools, the model's own chat template); both are tagged on the run.
+printed line names the version of each figure and the offline maximum of each overall. BFCL's result files
+(each raw response as BFCL's runner stores it), score files and ``data_overall.csv`` go to ``<output_dir>/bfcl/``
+(and MLflow), so that ``bfcl evaluate`` re-scores a run from what the model wrote. ``decoder``: ``palaestra``
+(our parser, then BFCL's checkers) or ``bfcl`` (BFCL's handler of ``bfcl_model`` and BFCL's runner,
+`palaestra.egpo.bfcl_handler`); ``prompt``: ``palaestra`` (our system prompt), ``bfcl_fc`` (BFCL's FC mode: the
+entry's messages, its function docs as tools) or ``bfcl_prompting`` (BFCL's prompting mode: the handler's system
+prompt, no tools); all are tagged on the run.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from palaestra.egpo import bfcl
+from palaestra.egpo import bfcl, bfcl_handler
 from palaestra.egpo.bfcl_results import (
     BFCL_V3_VERSION,
     BFCL_VERSION,
@@ -56,7 +58,7 @@ from palaestra.shared.tracking import Tracker
 
 DEFAULT_CATEGORIES = list(bfcl.ALL_CATEGORIES)
 """Every BFCL category that runs offline in our format (see `palaestra.egpo.bfcl`)."""
-PROMPTS = ("palaestra", "bfcl_fc")
+WHOLE_CONTEXT = 1 << 30  # max_context_tokens for "the model's whole context" (the engine keeps to the model's own)
 
 
 class EvalPolicy(StrEnum):
@@ -75,10 +77,11 @@ class Decoder(StrEnum):
 
 
 class PromptFormat(StrEnum):
-    """How tasks are put to the model (`PROMPTS`)."""
+    """How tasks are put to the model (see the module docstring)."""
 
     palaestra = "palaestra"
     bfcl_fc = "bfcl_fc"
+    bfcl_prompting = "bfcl_prompting"
 
 
 @dataclass
@@ -95,18 +98,20 @@ class BfclEvalConfig(JobConfig):
     """Entries of the categories named here (instead of ``limit``): the first N in BFCL's order."""
     policy: EvalPolicy = EvalPolicy.model
     """model | ground_truth | wrong (the last two: the harness check, with an oracle instead of the model)."""
-    temperature: float = 0.0
-    """Sampling temperature (0: greedy)."""
-    max_tokens_per_turn: int = 1024
-    """Generated tokens per model response."""
-    max_context_tokens: int = 16384
-    """Prompt + response tokens per conversation (multi-turn prompts carry all eight environments' docs)."""
+    temperature: float = 0.0  # 0: greedy
+    max_tokens_per_turn: int = 1024  # generated tokens per model response
+    max_context_tokens: int | None = 16384
+    """Prompt + response tokens per conversation; None: the model's whole context, as BFCL's runner gives it (with
+    ``max_tokens_per_turn: 4096``: BFCL's budget, min(4096, context - prompt))."""
     max_model_calls: int = 60
     """Model responses per multi-turn episode (all turns together); more truncates it (scored wrong)."""
+    top_p: float = 1.0  # BFCL's runner leaves it at the server's default, 1.0
     decoder: Decoder = Decoder.palaestra
-    """palaestra (one malformed tool-call block fails the answer) | bfcl (BFCL's Qwen FC decoder: skipped)."""
+    """palaestra (our parser, then BFCL's checkers) | bfcl (BFCL's handler of ``bfcl_model`` and its runner)."""
     prompt: PromptFormat = PromptFormat.palaestra
-    """palaestra (our system prompt, tools as JSON schema) | bfcl_fc (BFCL's FC-mode messages and function docs)."""
+    """palaestra (our system prompt) | bfcl_fc (BFCL's FC-mode messages) | bfcl_prompting (BFCL's prompting mode)."""
+    bfcl_model: str = bfcl_handler.DEFAULT_MODEL
+    """The BFCL model key whose handler decodes, prompts and names the result files (``...-FC``: FC mode)."""
     write_bfcl_files: bool = True
     """Write BFCL's result / score files and score CSV under ``<output_dir>/bfcl``."""
 
@@ -116,9 +121,15 @@ class BFCLSingleTurnEnv(TextEnv):
 
     agents = ["agent"]
 
-    def __init__(self, task: FCTask, decoder: str = "palaestra", prompt: str = "palaestra"):
+    def __init__(
+        self,
+        task: FCTask,
+        decoder: str = "palaestra",
+        prompt: str = "palaestra",
+        bfcl_model: str = bfcl_handler.DEFAULT_MODEL,
+    ):
         self.task = task
-        self.decoder, self.prompt = decoder, prompt
+        self.decoder, self.prompt, self.bfcl_model = decoder, prompt, bfcl_model
         self.env_type = f"bfcl_{task.category}"
 
     def reset(self, seed: int | None = None) -> dict[str, Any]:
@@ -129,29 +140,45 @@ class BFCLSingleTurnEnv(TextEnv):
         if self._observed:
             return []
         self._observed = True
+        if self.prompt == "bfcl_prompting":
+            return bfcl_handler.first_turn_messages(self.bfcl_model, self.task.id, self.task.messages, self.task.tools)
         return list(self.task.messages) if self.prompt == "bfcl_fc" else self.task.prompt_messages()
 
     def tools(self, agent: str) -> list[dict] | None:
+        if self.prompt == "bfcl_prompting":
+            return None  # BFCL's prompting mode: the function docs are in its system prompt
         return list(self.task.tools) if self.prompt == "bfcl_fc" else self.task.chat_tools()
 
     def step(self, action: str) -> Step:
-        verdict = score_single_turn(self.task, action, self.decoder)
+        verdict = score_single_turn(self.task, action, self.decoder, self.bfcl_model)
         return Step(rewards={"agent": 1.0 if verdict["valid"] else 0.0}, terminated=True, info=verdict)
 
 
-def score_single_turn(task: FCTask, text: str, decoder: str = "palaestra") -> dict[str, Any]:
-    """Decode `text` (our rule or BFCL's) and score it with BFCL's official rule for the task's category."""
-    calls, error = decode_calls(text, decoder)
-    decoded = None if calls is None else [{c.name: c.arguments} for c in calls]
-    out: dict[str, Any] = {"decoded": decoded, "decode_error": error}
-    if bfcl.category_kind(task.category) == "relevance":
-        out["valid"] = bfcl.official_relevance_check(decoded, task.category)
-        out["error"] = None if out["valid"] else "relevance rule"
-    elif decoded is None:
-        out["valid"], out["error"] = False, f"ast_decoder:decoder_failed ({error})"
+def score_single_turn(
+    task: FCTask, text: str, decoder: str = "palaestra", bfcl_model: str = bfcl_handler.DEFAULT_MODEL
+) -> dict[str, Any]:
+    """Decode and score `text`: our parser then BFCL's checkers (``palaestra``), or BFCL's handler of `bfcl_model`
+    and BFCL's runner on the response as BFCL stores it (``bfcl``: `palaestra.egpo.bfcl_handler`)."""
+    out: dict[str, Any]
+    if decoder == "bfcl":
+        stored = bfcl_handler.stored_response(bfcl_model, text)
+        verdict = bfcl_handler.score_single_turn(
+            bfcl_model, task.id, task.category, stored, task.tools, task.ground_truth
+        )
+        out = {"decoded": verdict["decoded"], "decode_error": verdict["error"], "valid": verdict["valid"]}
+        out["error"] = verdict["error_type"]
     else:
-        result = bfcl.official_ast_check(task.tools, copy.deepcopy(decoded), task.ground_truth, task.category)
-        out["valid"], out["error"] = bool(result["valid"]), result.get("error_type")
+        calls, error = decode_calls(text, decoder)
+        decoded = None if calls is None else [{c.name: c.arguments} for c in calls]
+        out = {"decoded": decoded, "decode_error": error}
+        if bfcl.category_kind(task.category) == "relevance":
+            out["valid"] = bfcl.official_relevance_check(decoded, task.category)
+            out["error"] = None if out["valid"] else "relevance rule"
+        elif decoded is None:
+            out["valid"], out["error"] = False, f"ast_decoder:decoder_failed ({error})"
+        else:
+            result = bfcl.official_ast_check(task.tools, copy.deepcopy(decoded), task.ground_truth, task.category)
+            out["valid"], out["error"] = bool(result["valid"]), result.get("error_type")
     # our training reward's verdict on the same text (format without <think> required, as the eval is)
     out["fc_binary"] = float(judge_completion(task, text, require_think=False)[0])
     return out
@@ -177,6 +204,7 @@ def oracle_answer(env: TextEnv, wrong: bool) -> str:
         if not calls:
             return "<think>No function fits.</think>I cannot do that with the functions I have."
         return format_calls([ToolCall(c["name"], c["arguments"]) for c in calls], thinking="Calling the tools.")
+    assert isinstance(env, BFCLMultiTurnEnv), type(env).__name__
     turn_calls = env.oracle_calls[env.turn]
     first_due = next((i for i, calls in enumerate(env.oracle_calls) if calls), None)
     if env.steps_in_turn == 0 and turn_calls and not (wrong and env.turn == first_due):  # wrong: skip a due turn
@@ -206,17 +234,18 @@ def run_model(envs: list[TextEnv], client: Any, cfg: BfclEvalConfig, rollouts: A
     from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig
     from palaestra.shared.rollout.workers import LocalRollouts
 
-    # a conversation longer than the model's context is cut (scored wrong), never sent: the engine keeps to
-    # min(max_context_tokens, the model's context)
+    # a conversation longer than the model's context is cut, never sent: the engine keeps to min(max_context_tokens,
+    # the model's context); None leaves only the model's context (BFCL's runner gives the model all of it)
     settings = RolloutConfig(
         group_size=1,
         max_turns=cfg.max_model_calls,
         max_tokens_per_turn=cfg.max_tokens_per_turn,
-        max_context_tokens=cfg.max_context_tokens,
+        max_context_tokens=cfg.max_context_tokens or WHOLE_CONTEXT,
         temperature=cfg.temperature,
+        top_p=cfg.top_p,
     )
     rollouts = rollouts if rollouts is not None else LocalRollouts(client, settings)
-    specs = [EpisodeSpec(make_env=lambda e=env: e, seed=cfg.seed, group_id=str(i)) for i, env in enumerate(envs)]
+    specs = [EpisodeSpec(make_env=_returning(env), seed=cfg.seed, group_id=str(i)) for i, env in enumerate(envs)]
     result = rollouts.run(specs, cfg.seed, settings)
     by_group = {t.group_id: t for t in result.trajectories}
     out = []
@@ -232,6 +261,10 @@ def run_model(envs: list[TextEnv], client: Any, cfg: BfclEvalConfig, rollouts: A
         limit = traj.limit if not traj.terminated else None
         info = final if traj.terminated else {"error": traj.error or f"truncated ({traj.limit})"}
         outputs = [t.text for t in traj.turns]
+        if isinstance(env, BFCLSingleTurnEnv) and traj.limit == "context" and outputs and not traj.failed:
+            # BFCL scores a response cut at the end of the context as it came back
+            info = score_single_turn(env.task, outputs[-1], env.decoder, env.bfcl_model)
+            reward = 1.0 if info["valid"] else 0.0
         # per user turn: the env's own record (in this process, or in the final info from a worker); one list
         # when the episode was cut on a worker before its end
         turns = getattr(env, "responses", None) or final.get("responses") or [outputs]
@@ -239,30 +272,34 @@ def run_model(envs: list[TextEnv], client: Any, cfg: BfclEvalConfig, rollouts: A
     return out
 
 
+def _returning(env: TextEnv) -> Callable[[], TextEnv]:  # a typed make_env
+    return lambda: env
+
+
 def build_envs(
-    category: str, limit: int | None, decoder: str = "palaestra", prompt: str = "palaestra"
+    category: str,
+    limit: int | None,
+    decoder: str = "palaestra",
+    prompt: str = "palaestra",
+    bfcl_model: str = bfcl_handler.DEFAULT_MODEL,
 ) -> tuple[list[TextEnv], list[str]]:
     if bfcl.category_kind(category) == "multi_turn":
-        envs, ids = [], []
+        envs: list[TextEnv] = []
+        ids = []
         for entry, truth in bfcl.load_category(category, limit):
-            env = BFCLMultiTurnEnv(entry, truth, decoder=decoder, system_prompt=prompt != "bfcl_fc")
-            env.oracle_calls = ground_truth_turn_calls(entry, truth)
+            env = BFCLMultiTurnEnv(entry, truth or [], decoder=decoder, prompt=prompt, bfcl_model=bfcl_model)
+            env.oracle_calls = ground_truth_turn_calls(entry, truth or [])
             envs.append(env)
             ids.append(entry["id"])
         return envs, ids
     tasks = load_bfcl(category, limit)
-    return [BFCLSingleTurnEnv(t, decoder, prompt) for t in tasks], [t.id for t in tasks]
+    return [BFCLSingleTurnEnv(t, decoder, prompt, bfcl_model) for t in tasks], [t.id for t in tasks]
 
 
 @job("egpo.eval", BfclEvalConfig)
 def evaluate(cfg: BfclEvalConfig, tracker: Tracker) -> dict:
     """BFCL evaluation of any LLM backend in our prompt format, scored by BFCL's official checkers."""
-    try:
-        for category in cfg.categories:
-            bfcl.category_kind(category)
-        bfcl.require_bfcl()
-    except (ValueError, ImportError) as err:
-        raise ConfigError(str(err)) from None
+    check_bfcl_settings(cfg)
     skipped = sorted(bfcl.OFFLINE_SKIPPED)
     print(f"egpo.eval: not run offline / outside our format: {', '.join(skipped)}", flush=True)
     tracker.set_tags({"bfcl.skipped_categories": ",".join(skipped)})
@@ -278,6 +315,14 @@ def evaluate(cfg: BfclEvalConfig, tracker: Tracker) -> dict:
             client.close()
 
 
+def check_bfcl_settings(cfg: Any) -> None:
+    """`bfcl_handler.check_settings` of a config (this job's or ``egpo.train``'s ``eval``) as a ConfigError."""
+    try:
+        bfcl_handler.check_settings(cfg.categories, cfg.bfcl_model, cfg.prompt, cfg.decoder)
+    except (ValueError, ImportError) as err:
+        raise ConfigError(str(err)) from None
+
+
 def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker, rollouts: Any = None) -> dict:
     """Run and score every category with `client` (None: the oracle of ``cfg.policy``), on `rollouts` when given
     (the trainer's: its workers and synced weights); log to `tracker`."""
@@ -287,11 +332,13 @@ def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker, rol
             "bfcl.version_v3": BFCL_V3_VERSION,  # bfcl/summary_v3/*
             "bfcl.decoder": cfg.decoder,
             "bfcl.prompt": cfg.prompt,
+            "bfcl.model": cfg.bfcl_model,
         }
     )
     accuracy, scores, by_category = {}, {}, {}
     for category in cfg.categories:
-        envs, ids = build_envs(category, cfg.limits.get(category, cfg.limit), cfg.decoder, cfg.prompt)
+        limit = cfg.limits.get(category, cfg.limit)
+        envs, ids = build_envs(category, limit, cfg.decoder, cfg.prompt, cfg.bfcl_model)
         if client is None:
             results = run_oracle(envs, wrong=cfg.policy == "wrong")
         else:
@@ -324,7 +371,8 @@ def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker, rol
         f"egpo.eval: {BFCL_VERSION} overall {summary['bfcl/summary/overall']:.2%} (offline maximum "
         f"{offline_maximum('v4'):.2%}: the agentic 40% cannot run here) | {BFCL_V3_VERSION} overall {v3['overall']:.2%}"
         f" (offline maximum {offline_maximum('v3'):.2%}), multi-turn {v3['multi_turn']:.2%}, single-turn "
-        f"{v3['single_turn']:.2%} | decoder {cfg.decoder}, prompt {cfg.prompt}; counted 0 as BFCL does: "
+        f"{v3['single_turn']:.2%} | decoder {cfg.decoder}, prompt {cfg.prompt}, handler {cfg.bfcl_model}; "
+        "counted 0 as BFCL does: "
         f"{', '.join(not_run) or 'none'} + web search, memory, Java, JavaScript",
         flush=True,
     )
@@ -333,7 +381,7 @@ def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker, rol
 
         root = Path(cfg.output_dir) / "bfcl"
         model = cfg.llm.model if client is not None else cfg.policy
-        files = write_run_files(root, by_category, model=model, decoder=cfg.decoder)
+        files = write_run_files(root, by_category, model=model, bfcl_model=cfg.bfcl_model)
         tracker.log_artifact(root, "bfcl")
         print(f"egpo.eval: BFCL result/score files and {files['csv']} under {root}", flush=True)
     correct, total = sum(c for c, _ in scores.values()), sum(n for _, n in scores.values())

@@ -115,7 +115,7 @@ def task_sample(
         content = "I cannot help with that using these tools." if not calls else ""
         text = format_calls(calls, thinking=reference_thinking(task, think_args), content=content)
         messages = [*messages, {"role": "assistant", "content": text}]
-    sample = {
+    sample: dict[str, Any] = {
         "id": task.id,
         "messages": messages,
         "tools": task.chat_tools(),
@@ -125,5 +125,5 @@ def task_sample(
     if compact_tools:
         listing = "Tools: " + "; ".join(compact_signature(t) for t in task.tools)
         system = {"role": "system", "content": f"{messages[0]['content']}\n{listing}"}
-        sample.update(messages=[system, *messages[1:]], tools=None, tool_docs=sample["tools"])
+        sample.update({"messages": [system, *messages[1:]], "tools": None, "tool_docs": sample["tools"]})
     return sample

@@ -5,16 +5,19 @@ One episode is one BFCL multi-turn entry (``multi_turn_base``, ``_miss_func``, `
 (GorillaFileSystem, MathAPI, MessageAPI, TwitterAPI, TicketAPI, TradingBot, TravelAPI,
 VehicleControlAPI). It follows BFCL's own inference loop (``base_handler.inference_multi_turn_*``):
 
-- each model response is decoded (`palaestra.shared.toolcall`); its calls are executed by BFCL's
-  ``execute_multi_turn_func_call`` on this episode's instances and the results come back as
-  ``tool`` messages; a response with no call (a plain answer, or one that does not decode) ends
-  the user turn, and the next user message follows;
+- each model response is decoded (`palaestra.shared.toolcall`, or with ``decoder="bfcl"`` BFCL's handler's
+  ``decode_execute`` on the response as BFCL stores it, `palaestra.egpo.bfcl_handler`); its calls are executed by
+  BFCL's ``execute_multi_turn_func_call`` on this episode's instances and the results come back as ``tool``
+  messages; a response with no call (a plain answer, or one that does not decode) ends the user turn, and the
+  next user message follows;
 - a miss-func turn adds the held-out functions to the user message, as BFCL's prompting mode does
   (the tools in the system prompt are fixed at the first turn);
 - more than ``max_steps`` (BFCL: 20) responses in one user turn force-quit the episode (failed);
 - at the end, BFCL's ``multi_turn_checker`` replays the decoded calls and the ground truth on fresh
   instances and compares every environment's state and the results after each turn: reward 1.0 if
-  valid, else 0.0 (``info["multi_turn_valid"]``, ``info["multi_turn_error"]``).
+  valid, else 0.0 (``info["multi_turn_valid"]``, ``info["multi_turn_error"]``); with ``decoder="bfcl"`` the
+  verdict is BFCL's runner's on the stored responses (``_evaluate_single_multi_turn_entry``: it decodes them
+  again, skipping steps that fail, as ``bfcl evaluate`` does).
 
 BFCL keeps environment instances in its module's globals, keyed by model name and entry id; each
 episode uses its own key and removes its instances when it ends (`close`).
@@ -47,27 +50,35 @@ class BFCLMultiTurnEnv(TextEnv):
         ground_truth: list[list[str]],
         max_steps: int = MAX_STEPS_PER_TURN,
         decoder: str = "palaestra",
-        system_prompt: bool = True,
+        prompt: str = "palaestra",
         reward_per_turn: bool = False,
+        bfcl_model: str | None = None,
     ):
         require_bfcl()
+        from palaestra.egpo.bfcl_handler import DEFAULT_MODEL
+
+        self.bfcl_model = bfcl_model or DEFAULT_MODEL
+        """The BFCL model key whose handler decodes (``decoder="bfcl"``) and prompts (``prompt="bfcl_prompting"``)."""
         self.reward_per_turn = reward_per_turn
         """Reward each user turn as it ends (1/T if BFCL accepts the episode up to it) instead of 1/0 at the end."""
         self.decoder = decoder
         """palaestra | bfcl: the decode rule of `palaestra.egpo.bfcl_results.decode_calls`."""
-        self.system_prompt = system_prompt
-        """Our system prompt first (False: BFCL's FC mode, the entry's messages and function docs only)."""
+        self.prompt = prompt
+        """palaestra (our system prompt first) | bfcl_fc (the entry's messages and function docs only) |
+        bfcl_prompting (the handler's prompting-mode system prompt in the first turn, no tools)."""
         self.entry = entry
         self.ground_truth = ground_truth
         self.max_steps = max_steps
         self.category = entry["id"].rsplit("_", 1)[0]
         self.long_context = "long_context" in self.category or "composite" in self.category
         self._key: str | None = None
+        self.oracle_calls: list[list[tuple[str, dict]]] = []
+        """The ground truth per turn as keyword calls, for the eval's oracle (`ground_truth_turn_calls`)."""
 
     @classmethod
     def from_category(cls, category: str, index: int, **kwargs: Any) -> BFCLMultiTurnEnv:
         entry, truth = load_category(category)[index]
-        return cls(entry, truth, **kwargs)
+        return cls(entry, truth or [], **kwargs)
 
     # -- protocol -----------------------------------------------------------
     def reset(self, seed: int | None = None) -> dict[str, Any]:
@@ -77,8 +88,13 @@ class BFCLMultiTurnEnv(TextEnv):
         self.steps_in_turn = 0
         self.decoded: list[list[list[str]]] = [[]]
         self.responses: list[list[str]] = [[]]
-        system = [{"role": "system", "content": SYSTEM_PROMPT}] if self.system_prompt else []
-        self.pending: list[dict] = [*system, *self._user_messages(0)]
+        first = self._user_messages(0)
+        if self.prompt == "bfcl_prompting":
+            from palaestra.egpo.bfcl_handler import first_turn_messages
+
+            first = first_turn_messages(self.bfcl_model, self.entry["id"], first, self.entry["function"])
+        system = [{"role": "system", "content": SYSTEM_PROMPT}] if self.prompt == "palaestra" else []
+        self.pending: list[dict] = [*system, *first]
         self.result: dict[str, Any] | None = None
         self._execute([])  # create this episode's instances from the initial config
         return {"id": self.entry["id"], "turns": len(self.entry["question"])}
@@ -88,24 +104,36 @@ class BFCLMultiTurnEnv(TextEnv):
         return messages
 
     def tools(self, agent: str) -> list[dict] | None:
-        if not self.system_prompt:
+        if self.prompt == "bfcl_prompting":
+            return None  # in BFCL's system prompt
+        if self.prompt == "bfcl_fc":
             return list(self.entry["function"])
         return [to_chat_tool(doc) for doc in self.entry["function"]]
 
-    def step(self, action: str) -> Step:
+    def _decode(self, action: str) -> tuple[list[str], list[str], str | None]:
+        """(call strings to execute, their names for the tool messages, decode error) of one response."""
+        if self.decoder == "bfcl":  # BFCL's inference loop: decode_execute on the stored response
+            from palaestra.egpo import bfcl_handler
+
+            stored = bfcl_handler.stored_response(self.bfcl_model, action)
+            strings, error = bfcl_handler.execute_calls(self.bfcl_model, stored)
+            return strings, strings, error  # BFCL names each tool message by its call string
         from palaestra.egpo.bfcl_results import decode_calls
 
         decoded, error = decode_calls(action, self.decoder)
-        self.responses[self.turn].append(action)
         calls = decoded or []
-        info: dict[str, Any] = {"action": [(c.name, c.arguments) for c in calls], "turn": self.turn}
+        return [call_string(c.name, c.arguments) for c in calls], [c.name for c in calls], error
+
+    def step(self, action: str) -> Step:
+        strings, names, error = self._decode(action)
+        self.responses[self.turn].append(action)
+        info: dict[str, Any] = {"action": strings, "turn": self.turn}
         if error:
             info["format_error"] = error
-        if calls:
-            strings = [call_string(c.name, c.arguments) for c in calls]
+        if strings:
             self.decoded[self.turn].append(strings)
             results = self._execute(strings)
-            self.pending = [{"role": "tool", "name": c.name, "content": r} for c, r in zip(calls, results)]
+            self.pending = [{"role": "tool", "name": n, "content": r} for n, r in zip(names, results)]
             self.steps_in_turn += 1
             if self.steps_in_turn <= self.max_steps:
                 return Step(info=info)
@@ -154,7 +182,18 @@ class BFCLMultiTurnEnv(TextEnv):
         return [str(r) for r in results]
 
     def _finish(self, info: dict, force_quit: bool = False) -> Step:
-        self.result = check_multi_turn(self.entry, self.decoded, self.ground_truth, self._key, force_quit)
+        if self.decoder == "bfcl":  # BFCL's runner on what BFCL's result file holds (a force quit: fewer turns)
+            from palaestra.egpo.bfcl_handler import score_multi_turn, stored_response
+
+            stored = [[stored_response(self.bfcl_model, t) for t in turn] for turn in self.responses]
+            key = f"{self._key}_check"
+            try:
+                self.result = score_multi_turn(self.bfcl_model, self.entry, stored, self.ground_truth, key)
+            finally:
+                _drop_instances(key)
+        else:
+            key = self._key or "palaestra_closed"
+            self.result = check_multi_turn(self.entry, self.decoded, self.ground_truth, key, force_quit)
         valid = bool(self.result["valid"])
         info.update(
             multi_turn_valid=valid,

@@ -58,12 +58,14 @@ def entry_from_row(row: dict, index: int, max_tools: int = 0, seed: int = 0) -> 
     return entry, [list(t) for t in truth]
 
 
-def load_rows(path: str | Path, limit: int | None = None, max_tools: int = 0, seed: int = 0) -> list[tuple]:
+def load_rows(
+    path: str | Path, limit: int | None = None, max_tools: int = 0, seed: int = 0
+) -> list[tuple[dict, list[list[str]]]]:
     """``(entry, ground_truth)`` of the multi-turn rows of a datagen JSONL file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"datagen file not found: {path}")
-    out = []
+    out: list[tuple[dict, list[list[str]]]] = []
     for number, row in read_jsonl(path):
         out.append(entry_from_row(row, number - 1, max_tools, seed))
         if limit and len(out) >= limit:
@@ -73,7 +75,7 @@ def load_rows(path: str | Path, limit: int | None = None, max_tools: int = 0, se
     return out
 
 
-@ENVS.register("datagen_multi_turn")
+@ENVS.register("datagen_multi_turn")  # type: ignore[arg-type]  # a factory of envs: the registry calls it
 def datagen_multi_turn(
     path: str,
     limit: int | None = None,

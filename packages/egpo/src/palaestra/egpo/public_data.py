@@ -36,62 +36,18 @@ from __future__ import annotations
 
 import ast
 import json
-import os
+import random
 import re
 from pathlib import Path
 from typing import Any
 
 from palaestra.egpo.bfcl_contamination import BfclQueryIndex
-from palaestra.egpo.tasks import FCTask, tasks_from_record, tool_doc
-from palaestra.shared.jsonl import read_jsonl
+from palaestra.egpo.public_files import hub_files, read_records, resolve_files  # noqa: F401  (their home)
+from palaestra.egpo.tasks import TURNS, FCTask, tasks_from_record, tool_doc
 
 FORMATS = ("auto", "xlam", "apigen_mt", "funreason_mt", "hardgen", "palaestra")
 _PY_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object"}
 _SEQUENCES = ("list", "tuple", "set", "sequence")
-
-
-# ---- files: local or hub ------------------------------------------------------------------------------------
-
-
-def resolve_files(path: str, cache_dir: str | None = None) -> list[Path]:
-    """The data files of a source: a local file, a local folder's ``.json``/``.jsonl`` files, or a hub dataset."""
-    if path.startswith("hf://datasets/"):
-        return hub_files(path[len("hf://datasets/") :], cache_dir)
-    local = Path(path).expanduser()
-    if local.is_dir():
-        return sorted(p for p in local.rglob("*") if p.suffix in (".json", ".jsonl"))
-    if not local.is_file():
-        raise FileNotFoundError(f"training data not found: {path}")
-    return [local]
-
-
-def hub_files(spec: str, cache_dir: str | None = None) -> list[Path]:
-    """``<org>/<name>[/<file>]`` of a hub dataset (``@revision`` after the name allowed) as local files."""
-    try:
-        from huggingface_hub import hf_hub_download, snapshot_download
-    except ImportError:
-        raise ImportError("hf:// data needs huggingface_hub (pip install 'palaestra-egpo[hub]')") from None
-    org, name, *rest = spec.split("/")
-    name, _, revision = name.partition("@")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    kwargs = {
-        "repo_type": "dataset",
-        "revision": revision or None,
-        "cache_dir": cache_dir or os.environ.get("HF_HUB_CACHE"),
-        "local_files_only": offline,
-    }
-    if rest:
-        return [Path(hf_hub_download(f"{org}/{name}", "/".join(rest), **kwargs))]
-    root = Path(snapshot_download(f"{org}/{name}", allow_patterns=["*.json", "*.jsonl"], **kwargs))
-    return sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl"))
-
-
-def read_records(path: Path) -> list[Any]:
-    """The records of a ``.jsonl`` file or of a ``.json`` file holding an array (or one object)."""
-    if path.suffix == ".jsonl":
-        return [value for _, value in read_jsonl(path)]
-    data = json.loads(path.read_text())
-    return data if isinstance(data, list) else [data]
 
 
 # ---- formats ------------------------------------------------------------------------------------------------
@@ -138,7 +94,7 @@ def _loads(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def xlam_tasks(record: dict, index: int, source: str) -> list[FCTask]:
+def xlam_tasks(record: dict, index: int, source: str, turns: str = "all") -> list[FCTask]:
     tools = [xlam_tool(t) for t in _loads(record["tools"]) or []]
     answers = [
         {"name": a["name"], "arguments": _loads(a.get("arguments", {}))} for a in _loads(record["answers"]) or []
@@ -173,14 +129,15 @@ def apigen_mt_messages(record: dict) -> list[dict]:
     return messages
 
 
-def apigen_mt_tasks(record: dict, index: int, source: str) -> list[FCTask]:
+def apigen_mt_tasks(record: dict, index: int, source: str, turns: str = "all") -> list[FCTask]:
     from palaestra.egpo.tasks import SYSTEM_PROMPT
 
     tools = [t for t in _loads(record.get("tools", [])) or [] if tool_doc(t).get("name") != "think"]
     messages = apigen_mt_messages(record)
     if record.get("system"):  # the domain's policy stays; our format instructions come first
         messages = [{"role": "system", "content": f"{SYSTEM_PROMPT}\n\n{record['system']}"}, *messages]
-    return tasks_from_record({"id": record.get("id", index), "messages": messages, "tools": tools}, index, source)
+    row = {"id": record.get("id", index), "messages": messages, "tools": tools}
+    return tasks_from_record(row, index, source, turns)
 
 
 def python_calls(text: str) -> tuple[str, list[dict]] | None:
@@ -195,7 +152,7 @@ def python_calls(text: str) -> tuple[str, list[dict]] | None:
         if not isinstance(tree, ast.List) or not all(isinstance(e, ast.Call) for e in tree.elts):
             continue
         calls = []
-        for call in tree.elts:
+        for call in [e for e in tree.elts if isinstance(e, ast.Call)]:
             if call.args:
                 raise ValueError(f"positional arguments in {ast.unparse(call)!r} (BFCL calls take keywords)")
             kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
@@ -232,9 +189,10 @@ def funreason_messages(record: dict) -> tuple[list[dict], list[dict]]:
     return messages, [tool_doc(t) for t in tools]
 
 
-def funreason_tasks(record: dict, index: int, source: str) -> list[FCTask]:
+def funreason_tasks(record: dict, index: int, source: str, turns: str = "all") -> list[FCTask]:
     messages, tools = funreason_messages(record)
-    return tasks_from_record({"id": record.get("id", index), "messages": messages, "tools": tools}, index, source)
+    row = {"id": record.get("id", index), "messages": messages, "tools": tools}
+    return tasks_from_record(row, index, source, turns)
 
 
 CONVERTERS = {
@@ -254,35 +212,42 @@ def load_public(
     drop_error_responses: bool = False,
     cache_dir: str | None = None,
     source: str | None = None,
+    seed: int = 0,
 ) -> tuple[list[FCTask], dict[str, int]]:
-    """Tasks of one source and its counts (``records``, ``tasks``, ``skipped`` records and why)."""
+    """Tasks of one source and its counts (``records``, ``tasks``, ``multi_turn_tasks``, ``skipped`` records and
+    why). `limit` caps records, not tasks: a seeded random subset (`seed`) of them, in file order; `turns`: which
+    assistant messages of a record are tasks (`palaestra.egpo.tasks.TURNS`)."""
     if format not in FORMATS:
         raise ValueError(f"invalid value for 'format': {format!r} ({' | '.join(FORMATS)})")
-    if turns not in ("all", "first"):
-        raise ValueError(f"invalid value for 'turns': {turns!r} (all | first)")
+    if turns not in TURNS:
+        raise ValueError(f"invalid value for 'turns': {turns!r} ({' | '.join(TURNS)})")
     name = source or path.rstrip("/").split("/")[-1]
+    records = [(file, i, r) for file in resolve_files(path, cache_dir) for i, r in enumerate(read_records(file))]
+    stats: dict[str, Any] = {"records_in_source": len(records), "records": 0, "tasks": 0, "skipped": 0}
+    stats["error_responses_dropped"] = 0
+    if limit and limit < len(records):
+        keep = sorted(random.Random(f"{seed}:{name}").sample(range(len(records)), limit))
+        records = [records[k] for k in keep]
     tasks: list[FCTask] = []
-    stats: dict[str, Any] = {"records": 0, "tasks": 0, "skipped": 0, "error_responses_dropped": 0}
-    for file in resolve_files(path, cache_dir):
-        for index, record in enumerate(read_records(file)):
-            if limit and len(tasks) >= limit:
-                break
-            stats["records"] += 1
-            if drop_error_responses and isinstance(record, dict) and record.get("error_tool_response"):
-                stats["error_responses_dropped"] += 1
-                continue
-            kind = detect_format(record) if format == "auto" else format
-            try:
-                found = CONVERTERS[kind](record, index, name)
-            except (KeyError, TypeError, ValueError, SyntaxError) as err:
-                stats["skipped"] += 1
-                stats.setdefault("first_skip", f"{file.name} record {index}: {type(err).__name__}: {err}")
-                continue
-            for task in found[:1] if turns == "first" else found:
-                task.id = f"{name}/{task.id}"
-                tasks.append(task)
-    tasks = tasks[:limit] if limit else tasks
+    for file, index, record in records:
+        stats["records"] += 1
+        if drop_error_responses and isinstance(record, dict) and record.get("error_tool_response"):
+            stats["error_responses_dropped"] += 1
+            continue
+        kind = detect_format(record) if format == "auto" else format
+        try:
+            found = CONVERTERS[kind](record, index, name, turns)
+        except (KeyError, TypeError, ValueError, SyntaxError) as err:
+            stats["skipped"] += 1
+            stats.setdefault("first_skip", f"{file.name} record {index}: {type(err).__name__}: {err}")
+            continue
+        for task in found:
+            task.id = f"{name}/{task.id}"
+            tasks.append(task)
     stats["tasks"] = len(tasks)
+    # a multi-turn task: its prompt holds an earlier answer of the assistant or a tool result
+    stats["multi_turn_tasks"] = sum(any(m.get("role") in ("assistant", "tool") for m in t.messages) for t in tasks)
+    stats["multi_turn_share"] = stats["multi_turn_tasks"] / len(tasks) if tasks else 0.0
     return tasks, stats
 
 
@@ -362,6 +327,7 @@ def _public_fc_tasks(
     for spec in sources:
         spec = dict(spec)
         name = spec.pop("name", None) or spec["path"].rstrip("/").split("/")[-1]
+        spec.setdefault("seed", seed)
         found, stats = load_public(source=name, **spec)
         if index is not None:
             hits = index.task_hits(found)
@@ -372,6 +338,10 @@ def _public_fc_tasks(
         report["sources"][name] = stats
         print(f"public_fc_tasks: {name}: {json.dumps(stats, default=str)}", flush=True)
         tasks += found
+    parts = report["sources"].values()
+    totals = {k: sum(p.get(k, 0) for p in parts) for k in ("records", "tasks", "multi_turn_tasks", "kept")}
+    report["totals"] = {**totals, "multi_turn_share": totals["multi_turn_tasks"] / max(totals["tasks"], 1)}
+    print(f"public_fc_tasks: all sources: {json.dumps(report['totals'])}", flush=True)
     if report_path:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)
         Path(report_path).write_text(json.dumps(report, indent=1, default=str))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,7 @@ class FCTask:
 def _json_schema(spec: Any) -> Any:
     if not isinstance(spec, dict):
         return spec
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in spec.items():
         if key == "type" and isinstance(value, str):
             out[key] = _JSON_TYPES.get(value, value)
@@ -156,7 +157,7 @@ def canonical_calls(ground_truth: list[dict[str, dict[str, list]]], tools: list[
     return calls
 
 
-def _first_accepted(accepted: dict[str, list], required: set[str] = frozenset()) -> dict:
+def _first_accepted(accepted: dict[str, list], required: AbstractSet[str] = frozenset()) -> dict:
     args = {}
     for param, values in accepted.items():
         if not isinstance(values, list) or not values:
@@ -216,8 +217,15 @@ def _is_possible_answer(truth: list) -> bool:
     return all(isinstance(t, dict) and len(t) == 1 and "name" not in t for t in truth)
 
 
-def tasks_from_record(record: dict, index: int, source: str = "jsonl") -> list[FCTask]:
-    """The tasks in one JSONL record (see the module docstring for the accepted shapes)."""
+TURNS = ("all", "first", "every")
+"""Which assistant messages of a conversation become tasks: ``all`` (each answer to a user message), ``first`` (the
+first of those), ``every`` (every assistant message, after a user message or a tool result, with the whole
+history before it: HardGen's authors' split "at each assistant response"; a final text answer is a task where no
+call is due, rewarded when none is decoded)."""
+
+
+def tasks_from_record(record: dict, index: int, source: str = "jsonl", turns: str = "all") -> list[FCTask]:
+    """The tasks in one JSONL record (see the module docstring for the accepted shapes; `turns`: `TURNS`)."""
     if not isinstance(record, dict):
         raise ValueError(f"record {index} is not a JSON object")
     tools = [tool_doc(t) for t in parse_json_field(record.get("tools", []), f"record {index} 'tools'") or []]
@@ -240,13 +248,17 @@ def tasks_from_record(record: dict, index: int, source: str = "jsonl") -> list[F
         return [FCTask(rid, messages, tools, truth, source)]
     if "messages" not in record:
         raise ValueError(f"record {index} has no 'messages' and no ground truth ('ground_truth' or 'answers')")
-    tasks, history = [], []
+    tasks: list[FCTask] = []
+    history: list[dict] = []
     for message in record["messages"]:
-        # a task per assistant answer to a user message (answers to tool results continue a chain)
-        if message.get("role") == "assistant" and history and history[-1].get("role") == "user":
+        # a task per assistant answer to a user message (``every``: to a tool result too)
+        after = ("user", "tool") if turns == "every" else ("user",)
+        if message.get("role") == "assistant" and history and history[-1].get("role") in after:
             truth = exact_ground_truth(_calls_of(message), tools)
             thought = message.get("thinking") or _think_text(message.get("content"))
             tasks.append(FCTask(f"{rid}-{len(tasks)}", list(history), tools, truth, source, thought))
+            if turns == "first":
+                break
         history.append({k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "name")})
     return tasks
 

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import palaestra.egpo.fc_tasks  # noqa: F401  (registers the `fc_tasks` task source)
 import palaestra.egpo.multiturn_data  # noqa: F401  (registers the `datagen_multi_turn` env)
+from palaestra.egpo.bfcl_handler import DEFAULT_MODEL
 from palaestra.egpo.eval import Decoder, PromptFormat
+from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.config import EnvSpec, EvalConfig, TaskSampling, TrainConfig
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from palaestra.shared.rl.trainer import Trainer
 
 
-@ENVS.register("bfcl_multi_turn")
+@ENVS.register("bfcl_multi_turn")  # type: ignore[arg-type]  # a factory of envs: the registry calls it
 def bfcl_multi_turn(category: str = "multi_turn_base", limit: int | None = None):
     """BFCL multi-turn entries of `category`; ``reset(seed)`` plays entry ``seed % count``."""
     from palaestra.egpo.bfcl import load_category
@@ -48,10 +50,11 @@ def bfcl_multi_turn(category: str = "multi_turn_base", limit: int | None = None)
         num_tasks = len(pairs)  # for task_sampling: epochs (palaestra.shared.rl.task_sampling)
 
         def reset(self, seed: int | None = None) -> dict[str, Any]:
-            self.entry, self.ground_truth = pairs[(seed or 0) % len(pairs)]
+            entry, truth = pairs[(seed or 0) % len(pairs)]
+            self.entry, self.ground_truth = entry, truth or []
             return super().reset(seed)
 
-    return _Env(*pairs[0])
+    return _Env(pairs[0][0], pairs[0][1] or [])
 
 
 def _egpo_advantages() -> list[AdvantageStep]:
@@ -61,8 +64,10 @@ def _egpo_advantages() -> list[AdvantageStep]:
 @dataclass
 class EvalAfterConfig(EvalConfig):
     """A BFCL evaluation of the trained policy at the end of training (same MLflow run). The sampling fields are
-    `EvalConfig`'s (unset: the training rollout's), used by the default evaluation (``eval_tasks``); BFCL reads
-    ``max_tokens_per_turn`` and ``max_context_tokens`` from them and decodes greedily (its protocol)."""
+    `EvalConfig`'s (unset: the training rollout's), used by the default evaluation (``eval_tasks``) and by BFCL's
+    (``temperature``, ``top_p``, ``max_tokens_per_turn``, ``max_context_tokens``); with ``categories`` set, an unset
+    ``temperature`` is 0 (BFCL's runner samples at 0.001) and ``group_size`` is 1 (BFCL plays each entry once: any
+    other value is refused), so the resolved config shows what the BFCL evaluation ran with."""
 
     categories: list[str] = field(default_factory=list)
     """BFCL categories (empty: no evaluation)."""
@@ -75,7 +80,9 @@ class EvalAfterConfig(EvalConfig):
     prompt: PromptFormat = PromptFormat.palaestra
     """palaestra (our system prompt) | bfcl_fc (BFCL's FC-mode messages and function docs; `BfclEvalConfig.prompt`)."""
     decoder: Decoder = Decoder.palaestra
-    """palaestra | bfcl (BFCL's Qwen FC decoder; `BfclEvalConfig.decoder`)."""
+    """palaestra | bfcl (BFCL's handler of ``bfcl_model`` and BFCL's runner; `BfclEvalConfig.decoder`)."""
+    bfcl_model: str = DEFAULT_MODEL
+    """The BFCL model key whose handler decodes, prompts and names the result files (`BfclEvalConfig.bfcl_model`)."""
 
 
 @dataclass
@@ -93,6 +100,16 @@ class EGPOTrainConfig(TrainConfig):
     contamination_check: bool = True
     """Run every training set through BFCL's contamination check before training and log what it found as the
     artifact ``data/contamination.json`` (`check_training_sets`)."""
+
+    def __post_init__(self) -> None:
+        if self.eval.categories:  # BFCL's protocol where the section leaves it open (before the rollout's fill-in)
+            if self.eval.temperature is None:
+                self.eval.temperature = 0.0
+            if self.eval.group_size is None:
+                self.eval.group_size = 1
+            if self.eval.group_size != 1:
+                raise ConfigError(f"eval.group_size {self.eval.group_size}: BFCL's evaluation plays each entry once")
+        super().__post_init__()
 
 
 class BfclAtEnd:
@@ -119,11 +136,14 @@ class BfclAtEnd:
             categories=list(cfg.eval.categories),
             limit=cfg.eval.limit,
             limits=dict(cfg.eval.limits),
-            max_tokens_per_turn=cfg.eval.max_tokens_per_turn,
+            max_tokens_per_turn=cfg.eval.max_tokens_per_turn or cfg.rollout.max_tokens_per_turn,
             max_context_tokens=cfg.eval.max_context_tokens,
             max_model_calls=cfg.eval.max_model_calls,
+            temperature=cfg.eval.temperature or 0.0,
+            top_p=cfg.eval.top_p if cfg.eval.top_p is not None else 1.0,
             prompt=cfg.eval.prompt,
             decoder=cfg.eval.decoder,
+            bfcl_model=cfg.eval.bfcl_model,
             seed=cfg.seed,
             output_dir=f"{cfg.output_dir}/eval",
         )
@@ -206,6 +226,10 @@ def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
     """EGPO (or GRPO, by the advantage list) on function-calling tasks through the shared trainer."""
     from palaestra.shared.rl.trainer import Trainer
 
+    if cfg.eval.categories:  # before training: a wrong BFCL setting fails now, not after the run
+        from palaestra.egpo.eval import check_bfcl_settings
+
+        check_bfcl_settings(cfg.eval)
     if cfg.contamination_check:
         log_contamination(cfg, tracker)
     bfcl = BfclAtEnd(cfg, tracker) if cfg.eval.categories else None
@@ -215,7 +239,7 @@ def train(cfg: EGPOTrainConfig, tracker: Tracker) -> dict:
             tracker.log_params({"derived.steps": steps, "derived.num_tasks": tasks})
             print(f"egpo.train: {cfg.epochs} epochs over {tasks} tasks = {steps} steps", flush=True)
         trainer.prepare()  # resume or SFT warm start, reference model, rollout workers
-        out = trainer.train()
+        out: dict[str, Any] = dict(trainer.train())
     if bfcl is not None:
         out.update(bfcl.result)
     out.setdefault("headline", train_headline(out))  # the BFCL accuracy when evaluated, else the training reward
