@@ -126,7 +126,8 @@ class ScriptedTeacher(BaseHTTPRequestHandler):
         if self.slips and k % 3 == 1 and len(plan) >= 2 and not hinted and latest["role"] == "user":
             plan = plan[1:]  # a capable model's slip on a first try: the critic's hint fixes it
         if done >= len(plan):
-            return {"thinking": "All steps are done.", "content": "All done."}
+            results = "; ".join(m["content"] for m in messages[anchor:] if m["role"] == "tool")
+            return {"thinking": "All steps are done.", "content": f"All done. Results: {results}"}  # reports them
         name, args = plan[done]
         call = {"id": f"c{done}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
         return {"thinking": f"Step {done + 1}: {name} gives what the request needs.", "tool_calls": [call]}

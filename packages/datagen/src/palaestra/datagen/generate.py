@@ -206,7 +206,8 @@ def generate(cfg: DataGenerationConfig, tracker: Tracker) -> dict:
     print(
         f"datagen: {report['kept']} samples -> {cfg.output_path}; {report['calls_per_trace']:.2f} calls per trace, "
         f"function coverage {report['function_coverage']:.3f}; contaminated {c.get('contaminated', 0)}, "
-        f"ungrounded kept {report.get('ungrounded_kept', 0)}, error-response steps "
+        f"ungrounded kept {report.get('ungrounded_kept', 0)}, incoherent kept "
+        f"{sum(report.get('incoherent_kept', {}).values())}, error-response steps "
         f"{report.get('error_response_steps', 0)}; drops {report['drops']}"
     )
     if report.get("llm_calls") and report["kept"]:

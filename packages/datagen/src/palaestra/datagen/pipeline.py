@@ -286,7 +286,8 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     Steps: plan the turns (`plan_turns`); per turn, a directed trace (`sample_trace`), the advanced tool (tool
     maker), the withheld input of a miss_param turn (`omitted_input`), the hard query (query writer), the chain's
     tasks (`turn_tasks`) each through the guided chain, their records (`turn_entry`, `trace_record`); then the row
-    (`dataset.make_row`), its grounding check and the judge filter (`judge`, when on)."""
+    (`dataset.make_row`), its grounding check, its goal coherence by replay (`coherence`) and the judge filter
+    (`judge`, when on)."""
     rng = random.Random(item["seed"])
     spec = get_env(item["env"])
     env = ToolEnv(spec, spec.initial_state(item["scenario"]))
@@ -307,10 +308,13 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     def tools_now(hidden: set[str]) -> list[dict]:
         return [x for x in all_tools if x["function"]["name"] not in hidden]
 
+    coherence: dict = {}  # the coherence check's problems, once a sample reaches it
+
     def out(drop: str | None, sample=None, problems=(), judge_score=None):
         stats = {"sampler": {"calls": sampler_stats.calls, "flows": sampler_stats.flows}, "chain": chain_stats}
         judged = {"judge_score": judge_score} if judge_score is not None or drop == "judge:no_score" else {}
-        return {"sample": sample, "drop": drop, "problems": list(problems), **mark.since(), "stats": stats, **judged}
+        result = {"sample": sample, "drop": drop, "problems": list(problems), **mark.since(), "stats": stats}
+        return {**result, **judged, **coherence}
 
     called: set[str] = set()  # tools earlier turns called (a later turn preferably takes one's result)
     for t, target in enumerate(plan.targets):
@@ -350,6 +354,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
             turns.append(turn_entry(task, trace, tool, omit, withheld))
         traces.append(trace_record(trace))
         advanced.append(tool.schema())
+    from palaestra.datagen.coherence import check_row
     from palaestra.datagen.dataset import make_row
     from palaestra.datagen.grounding import verify_row
 
@@ -360,6 +365,9 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     problems = verify_row(row, spec)
     if problems:
         return out(f"grounding_{problems[0]}", problems=problems)
+    coherence["coherence"] = check_row(row, spec)  # every step follows from the goal, by replay
+    if coherence["coherence"]:
+        return out(f"coherence_{coherence['coherence'][0]}")
     if roles.judge is not None:  # the judge filter: only a verified sample is worth a judge's request
         score = roles.judge.score(row)
         if score is None:

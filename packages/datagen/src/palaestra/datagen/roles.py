@@ -227,7 +227,10 @@ class DeterministicReasoner:
         if try_index == 0 and turn.trace.hidden and rng.random() < self.naive_first_try:
             plan = [i for i in plan if i not in turn.trace.hidden]
         if done >= len(plan):
-            return format_calls([], thinking=rng.choice(FINISHED), content=P.report(_results_since_user(messages), rng))
+            # the results the user asked for: the stated steps' (a hidden step's is only a means)
+            stated = {s.name for j, s in enumerate(steps) if j not in turn.trace.hidden}
+            results = [r for name, r in _results_since_user(messages, named=True) if name in stated]
+            return format_calls([], thinking=rng.choice(FINISHED), content=P.report(results, rng))
         i = plan[done]
         step = steps[i]
         why = []
@@ -253,16 +256,18 @@ class DeterministicReasoner:
         )
 
 
-def _results_since_user(messages: list[dict]) -> list:
-    out = []
+def _results_since_user(messages: list[dict], named: bool = False) -> list:
+    """The tool results since the last user message (``(tool name, result)`` pairs when `named`)."""
+    out: list = []
     for m in messages:
         if m["role"] in ("user", "system"):
             out = []
         elif m["role"] == "tool":
             try:
-                out.append(json.loads(m["content"]))
+                result = json.loads(m["content"])
             except (json.JSONDecodeError, TypeError):
-                out.append(m["content"])
+                result = m["content"]
+            out.append((m.get("name"), result) if named else result)
     return out
 
 
