@@ -314,3 +314,20 @@ class LLMCritic:
         if not hint:
             self.llm.drop(self, "empty")
         return hint
+
+
+# factories named in `role_registry` (``factory(ctx: RoleContext)``)
+def tool_maker(ctx) -> LLMToolMaker:
+    return LLMToolMaker(ctx.counter)
+
+
+def query_writer(ctx) -> LLMQueryWriter:
+    return LLMQueryWriter(ctx.counter)
+
+
+def reasoner(ctx) -> LLMReasoner:
+    return LLMReasoner(ctx.counter)
+
+
+def critic(ctx) -> LLMCritic:
+    return LLMCritic(ctx.counter)

@@ -17,7 +17,6 @@ import json
 import random
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import cache
 
 from palaestra.datagen import phrasing as P
@@ -26,6 +25,7 @@ from palaestra.datagen.argfill import leaves
 from palaestra.datagen.chain import TurnTask, guided_chain
 from palaestra.datagen.envs import ToolEnv, get_env
 from palaestra.datagen.graph import ApiGraph
+from palaestra.datagen.role_registry import STAGES, RoleContext, build, choice, role_names
 from palaestra.datagen.sampler import SamplerStats, draw_length, sample_trace
 from palaestra.datagen.schema import parameters
 from palaestra.shared.config import value_check
@@ -37,41 +37,31 @@ DEPENDENT_BONUS = 5.0
 """Later turns' targets: weight, on top, of a tool that a tool called in an earlier turn can feed."""
 ANSWERS = ["The {w} is {v}.", "It's {v}.", "Use {v}.", "Sorry, I forgot: the {w} is {v}.", "{v}, please."]
 """The user's answer when the assistant asked for a missing value (a miss_param turn)."""
-ROLE_NAMES = ("tool_maker", "query_writer", "reasoner", "critic")
-MODEL_ROLES = (*ROLE_NAMES, "judge")
-"""Roles that can have their own model (``roles.models``)."""
 
 
-class RoleImpl(StrEnum):
-    """Who plays a role: templates from schemas and the trace, or an LLM."""
-
-    deterministic = "deterministic"
-    llm = "llm"
-
-
-class JudgeImpl(StrEnum):
-    """The judge filter: off, or an LLM (`judge`)."""
-
-    off = "off"
-    llm = "llm"
+_CHOICES = "palaestra.datagen.role_registry"
 
 
 @dataclass
 class RolesConfig:
     """Which implementation plays each role, and the LLM behind the LLM ones."""
 
-    tool_maker: RoleImpl = RoleImpl.deterministic
+    tool_maker: str = field(default="deterministic", metadata=value_check(f"{_CHOICES}:check_tool_maker"))
+    """deterministic | llm (or an implementation registered in `role_registry`)."""
+    query_writer: str = field(default="deterministic", metadata=value_check(f"{_CHOICES}:check_query_writer"))
     """deterministic | llm."""
-    query_writer: RoleImpl = RoleImpl.deterministic
+    reasoner: str = field(default="deterministic", metadata=value_check(f"{_CHOICES}:check_reasoner"))
     """deterministic | llm."""
-    reasoner: RoleImpl = RoleImpl.deterministic
+    critic: str = field(default="deterministic", metadata=value_check(f"{_CHOICES}:check_critic"))
     """deterministic | llm."""
-    critic: RoleImpl = RoleImpl.deterministic
-    """deterministic | llm."""
-    judge: JudgeImpl = JudgeImpl.off
+    judge: str = field(default="off", metadata=value_check(f"{_CHOICES}:check_judge"))
     """off | llm: an LLM scores every verified sample (does the request determine its calls?), `judge`."""
     judge_threshold: float = 7.0
     """Judge scores (1-10) under this drop the sample as ``judge:low_score``."""
+    others: dict[str, str] = field(
+        default_factory=dict, metadata=value_check("palaestra.datagen.role_registry:check_choices")
+    )
+    """Roles registered beyond the built-in ones (`role_registry.register_role`): role -> implementation."""
     naive_first_try: float = 0.3
     """Deterministic reasoner: chance to skip hidden steps on its first try (exercises the critic loop)."""
     llm: LLMConfig = field(default_factory=LLMConfig)
@@ -114,14 +104,14 @@ def _client(llm_json: str):
 
 
 def check_role_models(value: dict, owner) -> str | None:
-    unknown = [k for k in value if k not in MODEL_ROLES]
-    return f"unknown role(s) {unknown} (roles: {', '.join(MODEL_ROLES)})" if unknown else None
+    unknown = [k for k in value if k not in role_names()]
+    return f"unknown role(s) {unknown} (roles: {', '.join(role_names())})" if unknown else None
 
 
 def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, object | None]:
-    """Roles per config, and the `CountingClient` when any role is an LLM one (`counter`, if given: a fork of a
-    worker's, for one of the items it generates at once)."""
-    if counter is None and any(getattr(cfg, r) == "llm" for r in MODEL_ROLES):
+    """Roles per config through `role_registry`, and the `CountingClient` when any role is an LLM one
+    (`counter`, if given: a fork of a worker's, for one of the items it generates at once)."""
+    if counter is None and any(choice(cfg, r) == "llm" for r in role_names()):
         from dataclasses import asdict
 
         from palaestra.datagen.llm_roles import CountingClient
@@ -130,20 +120,10 @@ def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, object | None]:
         counter = CountingClient(
             _client(json.dumps(asdict(cfg.llm), sort_keys=True)), cfg.sampling, cfg.max_consecutive_errors, per_role
         )
-    from palaestra.datagen import llm_roles as L
-
-    pick = {
-        "tool_maker": (R.DeterministicToolMaker, L.LLMToolMaker),
-        "query_writer": (R.DeterministicQueryWriter, L.LLMQueryWriter),
-        "reasoner": (lambda: R.DeterministicReasoner(cfg.naive_first_try), L.LLMReasoner),
-        "critic": (R.DeterministicCritic, L.LLMCritic),
-    }
-    chosen = {r: (pick[r][1](counter) if getattr(cfg, r) == "llm" else pick[r][0]()) for r in ROLE_NAMES}
-    if cfg.judge == "llm":
-        from palaestra.datagen.judge import LLMJudge
-
-        chosen["judge"] = LLMJudge(counter, cfg.judge_threshold)
-    return R.Roles(**chosen), counter
+    ctx = RoleContext(cfg, counter)
+    stages = {r: build(r, ctx) for r in STAGES}
+    filters = [f for f in (build(r, ctx) for r in role_names("filter")) if f is not None]
+    return R.Roles(**stages, filters=filters), counter
 
 
 def weighted_tool(
@@ -286,8 +266,8 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     Steps: plan the turns (`plan_turns`); per turn, a directed trace (`sample_trace`), the advanced tool (tool
     maker), the withheld input of a miss_param turn (`omitted_input`), the hard query (query writer), the chain's
     tasks (`turn_tasks`) each through the guided chain, their records (`turn_entry`, `trace_record`); then the row
-    (`dataset.make_row`), its grounding check, its goal coherence by replay (`coherence`) and the judge filter
-    (`judge`, when on)."""
+    (`dataset.make_row`), its grounding check, its goal coherence by replay (`coherence`) and the filters
+    (`role_registry`: the LLM judge, when on)."""
     rng = random.Random(item["seed"])
     spec = get_env(item["env"])
     env = ToolEnv(spec, spec.initial_state(item["scenario"]))
@@ -310,11 +290,10 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
 
     coherence: dict = {}  # the coherence check's problems, once a sample reaches it
 
-    def out(drop: str | None, sample=None, problems=(), judge_score=None):
+    def out(drop: str | None, sample=None, problems=(), fields=None):
         stats = {"sampler": {"calls": sampler_stats.calls, "flows": sampler_stats.flows}, "chain": chain_stats}
-        judged = {"judge_score": judge_score} if judge_score is not None or drop == "judge:no_score" else {}
         result = {"sample": sample, "drop": drop, "problems": list(problems), **mark.since(), "stats": stats}
-        return {**result, **judged, **coherence}
+        return {**result, **(fields or {}), **coherence}
 
     called: set[str] = set()  # tools earlier turns called (a later turn preferably takes one's result)
     for t, target in enumerate(plan.targets):
@@ -368,12 +347,11 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     coherence["coherence"] = check_row(row, spec)  # every step follows from the goal, by replay
     if coherence["coherence"]:
         return out(f"coherence_{coherence['coherence'][0]}")
-    if roles.judge is not None:  # the judge filter: only a verified sample is worth a judge's request
-        score = roles.judge.score(row)
-        if score is None:
-            return out("judge:no_score")
-        if score < roles.judge.threshold:
-            return out("judge:low_score", judge_score=score)
-        row["verdict"]["judge_score"] = score
-        return out(None, row, judge_score=score)
-    return out(None, row)
+    fields: dict = {}
+    for f in roles.filters:  # the filters (the LLM judge, ...): only a verified sample is worth their requests
+        verdict = f.check(row)
+        fields |= verdict.fields
+        if verdict.drop:
+            return out(verdict.drop, fields=fields)
+        row["verdict"].update(verdict.fields)
+    return out(None, row, fields=fields)

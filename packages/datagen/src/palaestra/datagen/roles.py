@@ -306,16 +306,35 @@ def openai_tools(spec, exclude: set[str] = frozenset()) -> list[dict]:
 
 @dataclass
 class Roles:
+    """The role objects one worker uses: the chain's four stages and the filters (`role_registry`)."""
+
     tool_maker: Any
     query_writer: Any
     reasoner: Any
     critic: Any
-    judge: Any = None
-    """The judge filter (`judge.LLMJudge`), or None when off."""
+    filters: list = field(default_factory=list)
+    """Filters run on every verified sample, in order (`role_registry.Filter`: the LLM judge, ...)."""
 
     def names(self) -> dict[str, str]:
         names = {k: getattr(self, k).name for k in ("tool_maker", "query_writer", "reasoner", "critic")}
-        return names | ({"judge": self.judge.name} if self.judge is not None else {})
+        return names | {f.role: f.name for f in self.filters}
+
+
+# factories named in `role_registry` (``factory(ctx: RoleContext)``)
+def tool_maker(ctx) -> DeterministicToolMaker:
+    return DeterministicToolMaker()
+
+
+def query_writer(ctx) -> DeterministicQueryWriter:
+    return DeterministicQueryWriter()
+
+
+def reasoner(ctx) -> DeterministicReasoner:
+    return DeterministicReasoner(ctx.cfg.naive_first_try)
+
+
+def critic(ctx) -> DeterministicCritic:
+    return DeterministicCritic()
 
 
 def redact(text: str, values: list[Any], calls: list[str]) -> str:
