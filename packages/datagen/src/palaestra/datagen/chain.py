@@ -172,7 +172,7 @@ def failure_kind(result: TryResult) -> str:
     if f.get("no_question"):
         return "no_question"
     if not result.calls:
-        return "no_call"
+        return "prose"  # an answer in prose where a tool call was due (the drop names the reasoner)
     if any(not e.ok for e in result.executions):
         return "failed_call"
     if f.get("missing_tools"):

@@ -13,9 +13,10 @@ guided chain's (``unverified:<why>``). Checks per role:
 - query writer: 10-2000 characters, every value the user knows stated
   (`grounding.stated`: the same test the verifier applies), every criterion
   that singles out a record ("the highest priority"), no tool name. Its
-  prompt names the goal, the steps the user asks for (verification needs
-  each), what the assistant looks up itself, and only values a user can know
-  (the sampler never asks the user for a tool-made value);
+  prompt asks for the user's goal in the user's words (the trace's last
+  call), what the goal needs that the user asks for too (a login, a change
+  it depends on), what the assistant looks up itself, and only values a
+  user can know (the sampler never asks the user for a tool-made value);
 - critic: the text after ``</think>``, at most 600 characters (the chain
   redacts any call or value it leaks).
 """
@@ -32,6 +33,7 @@ from palaestra.datagen.grounding import stated
 from palaestra.datagen.phrasing import NOISE, imperative, param_phrase, value_text, words
 from palaestra.datagen.roles import AdvancedTool, DeterministicToolMaker, Query
 from palaestra.shared.llm.base import LLMClient, LLMError, SamplingParams
+from palaestra.shared.toolcall import parse_response
 
 PROMPTS = Path(__file__).parent / "prompts"
 PREAMBLE_RE = re.compile(r"^\s*(?:here(?:'s| is)[^:\n]*|sure[^:\n]*|request|user(?:'s)? request|query)\s*:\s*", re.I)
@@ -88,17 +90,21 @@ def selector_criteria(trace) -> list[str]:
 
 
 def query_writer_messages(tool: AdvancedTool, trace, spec, noise: str, omit: list[str] = ()) -> list[dict]:
-    """The query writer's request: the goal, the steps the user asks for, what the assistant looks up, the
-    criteria and the values the user knows (all but the omitted ones)."""
+    """The query writer's request: the user's goal (the trace's last call), what it needs that the user asks for
+    too (the stated steps before it), what the assistant looks up, the criteria and the values the user knows
+    (all but the omitted ones)."""
     values = [v for k, v in tool.inputs.items() if k not in omit]
     hidden = set(trace.hidden)
-    steps = "\n".join(f"- {imperative(spec.doc(s.name))}" for i, s in enumerate(trace.steps) if i not in hidden)
+    last = len(trace.steps) - 1
+    goal = imperative(spec.doc(trace.steps[-1].name)) if trace.steps else tool.description
+    before = [f"- {imperative(spec.doc(s.name))}" for i, s in enumerate(trace.steps) if i not in hidden and i < last]
     looked_up = [words(s.feed_keys.get(p, p)) for s in trace.steps for p in s.feeds]
     looked_up += [f"{words(k)} (an earlier answer's)" for s in trace.steps for k in s.prior_feeds.values()]
     content = prompt(
         "query_writer",
+        goal=goal,
         description=tool.description,
-        steps=steps or "- (none)",
+        steps="\n" + "\n".join(before) if before else "none",
         hidden=", ".join(looked_up) or "none",
         criteria="; ".join(selector_criteria(trace)) or "none",
         noise=noise,
@@ -196,6 +202,24 @@ class CountingClient:
         self.by_role: dict[str, dict[str, int]] = {}
         """Per role: requests, prompt / completion characters, and tokens where the server returns token ids."""
         self.drops: dict[str, int] = {}
+
+    def answered_in_prose(self, role: str, prose: bool) -> None:
+        """Count a role's answer in prose where a tool call was due; `max_consecutive_errors` in a row stop the
+        run with one line naming the role and the likely cause (a model that does not call tools, or a server
+        that does not parse its calls)."""
+        key = f"prose:{role}"
+        if not prose:
+            self.consecutive[key] = 0
+            return
+        self.drops[f"{role}:prose"] = self.drops.get(f"{role}:prose", 0) + 1
+        self.consecutive[key] = self.consecutive.get(key, 0) + 1
+        if self.max_consecutive_errors and self.consecutive[key] >= self.max_consecutive_errors:
+            raise LLMUnavailable(
+                f"datagen stopped: the {role} answered {self.consecutive[key]} requests in a row in prose where a "
+                "tool call was due; the model does not call tools, or the server does not parse its calls (vLLM: "
+                "--enable-auto-tool-choice --tool-call-parser matching the model, hermes for Qwen2.5/Qwen3; see "
+                "experiments/datagen/llm_served.yaml)"
+            )
 
     def fork(self) -> CountingClient:
         """A counter for one item: the same clients and the same failures-in-a-row (shared by the items a worker
@@ -297,7 +321,11 @@ class LLMReasoner:
         self.llm = llm
 
     def act(self, messages, tools, turn, try_index, rng) -> str:
-        return self.llm.chat(reasoner_messages(messages), tools=tools, role=self.role)
+        text = self.llm.chat(reasoner_messages(messages), tools=tools, role=self.role)
+        if text and turn.expects_calls and messages and messages[-1]["role"] in ("user", "system"):
+            # the first answer to a request that needs the tools: a call, or prose where a call was due
+            self.llm.answered_in_prose(self.role, not parse_response(text).calls)
+        return text
 
 
 class LLMCritic:

@@ -325,7 +325,8 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         for task in tasks:
             result = guided_chain(roles, env, history, task, cfg.k_max, rng, cfg.max_steps, chain_stats)
             if result is None:
-                return out(f"unverified:{chain_stats.get('last_failure', 'unknown')}")
+                why = chain_stats.get("last_failure", "unknown")
+                return out("reasoner:prose" if why == "prose" else f"unverified:{why}")
             history += result.messages
             env = result.truth
             if task.kind == "func_added":
