@@ -75,7 +75,7 @@ def _arguments_json(arguments: str | dict) -> str:
 
 def openai_record(row: dict, added_function_role: str = "system") -> dict:
     """One sample as ``{"id", "env", "messages", "tools"}`` (see the module docstring)."""
-    messages = []
+    messages: list[dict] = []
     for m in row["messages"]:
         out = {"role": m["role"], "content": m["content"] or ""}
         if m["role"] == "system" and messages:

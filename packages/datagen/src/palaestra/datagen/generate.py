@@ -149,6 +149,7 @@ def run_generation(cfg: DataGenerationConfig, graph: ApiGraph, tracker: Tracker,
         with tqdm(total=len(todo), desc=f"datagen {cfg.name} r{cfg.round}", disable=False) as bar:
             for b in range(0, len(payloads), batch):
                 group = payloads[b : b + batch]
+                results: list
                 if cfg.workers <= 0:
                     results = [run_chunk(p) for p in group]
                 else:

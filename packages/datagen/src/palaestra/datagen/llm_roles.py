@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from string import Template
 
@@ -89,7 +90,7 @@ def selector_criteria(trace) -> list[str]:
     ]
 
 
-def query_writer_messages(tool: AdvancedTool, trace, spec, noise: str, omit: list[str] = ()) -> list[dict]:
+def query_writer_messages(tool: AdvancedTool, trace, spec, noise: str, omit: Sequence[str] = ()) -> list[dict]:
     """The query writer's request: the user's goal (the trace's last call), what it needs that the user asks for
     too (the stated steps before it), what the assistant looks up, the criteria and the values the user knows
     (all but the omitted ones)."""
@@ -213,7 +214,8 @@ class CountingClient:
             return
         self.drops[f"{role}:prose"] = self.drops.get(f"{role}:prose", 0) + 1
         self.consecutive[key] = self.consecutive.get(key, 0) + 1
-        if self.max_consecutive_errors and self.consecutive[key] >= self.max_consecutive_errors:
+        student = self.context_failures  # a student being measured (`mine`): prose is its failure, not a setup's
+        if not student and self.max_consecutive_errors and self.consecutive[key] >= self.max_consecutive_errors:
             raise LLMUnavailable(
                 f"datagen stopped: the {role} answered {self.consecutive[key]} requests in a row in prose where a "
                 "tool call was due; the model does not call tools, or the server does not parse its calls (vLLM: "
@@ -260,6 +262,7 @@ class CountingClient:
         return (out[0].text if out else "") or ""
 
     def drop(self, role, reason: str) -> None:
+        """Record why `role` dropped a sample (its ``last_drop``, counted per role); the role returns None."""
         role.last_drop = reason
         key = f"{role.role}:{reason}"
         self.drops[key] = self.drops.get(key, 0) + 1
@@ -279,12 +282,15 @@ class LLMToolMaker:
         text = self.llm.chat(tool_maker_messages(trace, base), role=self.role)
         obj = first_json_object(text)
         if obj is None:
-            return self.llm.drop(self, "no_json")
+            self.llm.drop(self, "no_json")
+            return None
         name, description = obj.get("name"), obj.get("description")
         if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_]\w{0,63}", name)):
-            return self.llm.drop(self, "bad_name")
+            self.llm.drop(self, "bad_name")
+            return None
         if not (isinstance(description, str) and 10 <= len(description.strip()) <= 600):
-            return self.llm.drop(self, "bad_description")
+            self.llm.drop(self, "bad_description")
+            return None
         return AdvancedTool(name, description.strip(), base.inputs, base.output)
 
 
@@ -296,20 +302,24 @@ class LLMQueryWriter:
         self.llm = llm
         self.last_drop: str | None = None
 
-    def write(self, tool: AdvancedTool, trace, spec, rng: random.Random, omit: list[str] = ()) -> Query | None:
+    def write(self, tool: AdvancedTool, trace, spec, rng: random.Random, omit: Sequence[str] = ()) -> Query | None:
         values = {k: v for k, v in tool.inputs.items() if k not in omit}
         criteria = selector_criteria(trace)
         text = self.llm.chat(query_writer_messages(tool, trace, spec, rng.choice(NOISE), omit), role=self.role)
         text = answer_text(text)
         if not (10 <= len(text) <= 2000):
-            return self.llm.drop(self, "length")
+            self.llm.drop(self, "length")
+            return None
         # the request must carry every value the user knows (the verifier's own test), or the task is unsolvable
         if not all(stated(v["value"], text, v["param"]) for v in values.values()):
-            return self.llm.drop(self, "missing_value")
+            self.llm.drop(self, "missing_value")
+            return None
         if not all(c.split(" of the one with the ")[1] in " ".join(text.lower().split()) for c in criteria):
-            return self.llm.drop(self, "missing_criterion")
+            self.llm.drop(self, "missing_criterion")
+            return None
         if any(re.search(rf"\b{re.escape(name)}\b", text) for name in spec.tool_names if "_" in name or len(name) > 6):
-            return self.llm.drop(self, "names_tool")
+            self.llm.drop(self, "names_tool")
+            return None
         return Query(text, list(omit))
 
 

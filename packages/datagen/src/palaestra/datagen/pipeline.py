@@ -18,6 +18,7 @@ import random
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 from palaestra.datagen import phrasing as P
 from palaestra.datagen import roles as R
@@ -108,7 +109,7 @@ def check_role_models(value: dict, owner) -> str | None:
     return f"unknown role(s) {unknown} (roles: {', '.join(role_names())})" if unknown else None
 
 
-def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, object | None]:
+def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, Any]:
     """Roles per config through `role_registry`, and the `CountingClient` when any role is an LLM one
     (`counter`, if given: a fork of a worker's, for one of the items it generates at once)."""
     if counter is None and any(choice(cfg, r) == "llm" for r in role_names()):
@@ -328,7 +329,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
                 why = chain_stats.get("last_failure", "unknown")
                 return out("reasoner:prose" if why == "prose" else f"unverified:{why}")
             history += result.messages
-            env = result.truth
+            env = result.truth if result.truth is not None else env
             if task.kind == "func_added":
                 missed.append({"turn": len(turns), "functions": [withheld]})
             turns.append(turn_entry(task, trace, tool, omit, withheld))

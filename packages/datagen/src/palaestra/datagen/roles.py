@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +86,7 @@ def free_inputs(trace: Trace, spec) -> dict[str, dict]:
 class DeterministicToolMaker:
     name = "deterministic"
 
-    def make(self, trace: Trace, spec, rng: random.Random) -> AdvancedTool | None:
+    def make(self, trace: Trace, spec, rng: random.Random) -> AdvancedTool:
         steps = " then ".join(short_description(spec.doc(s.name)).lower() for s in trace.steps)
         last = trace.steps[-1]
         out = [k for k in (spec.doc(last.name).get("response") or {}).get("properties", {})]
@@ -104,7 +106,9 @@ class DeterministicQueryWriter:
 
     name = "deterministic"
 
-    def write(self, tool: AdvancedTool, trace: Trace, spec, rng: random.Random, omit: list[str] = ()) -> Query | None:
+    def write(
+        self, tool: AdvancedTool, trace: Trace, spec, rng: random.Random, omit: Sequence[str] = ()
+    ) -> Query | None:
         steps = trace.steps
         hidden = set(trace.hidden)
         visible = [i for i in range(len(steps)) if i not in hidden]
@@ -192,7 +196,7 @@ class DeterministicReasoner:
     def act(self, messages: list[dict], tools: list[dict], turn, try_index: int, rng: random.Random) -> str:
         spec_doc = {t["function"]["name"]: t["function"] for t in tools}
         if turn.kind == "miss_param":
-            pspec = next(
+            pspec: dict = next(
                 (
                     f["parameters"]["properties"][turn.missing]
                     for f in spec_doc.values()
@@ -300,7 +304,7 @@ class DeterministicCritic:
         return "Some results the request depends on were not produced; re-check each step's arguments."
 
 
-def openai_tools(spec, exclude: set[str] = frozenset()) -> list[dict]:
+def openai_tools(spec, exclude: AbstractSet[str] = frozenset()) -> list[dict]:
     return [to_openai_tool(d) for d in spec.docs if d["name"] not in exclude]
 
 

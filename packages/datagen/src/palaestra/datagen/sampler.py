@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -135,9 +137,9 @@ def sample_trace(
     rng: random.Random,
     length: int,
     stats: SamplerStats | None = None,
-    exclude: set[str] = frozenset(),
-    prior_outputs: list[tuple[str, Any]] = (),
-    prior_arguments: list[dict] = (),
+    exclude: AbstractSet[str] = frozenset(),
+    prior_outputs: Sequence[tuple[str, Any]] = (),
+    prior_arguments: Sequence[dict] = (),
 ) -> tuple[Trace, ToolEnv]:
     """A trace of up to `length` executed calls toward `target`, and the environment after it.
 
@@ -208,7 +210,7 @@ def sample_trace(
         if not ex.ok:
             blocked.add(pick)
             if pick == target and not hit:
-                target = None  # the target cannot run here: fall back to random legal tools
+                target = None  # type: ignore[assignment]  # the target cannot run here: random legal tools
                 hit = True
             if consuming:
                 break
@@ -227,9 +229,10 @@ def sample_trace(
                 step.prior_feeds[param] = outputs[found][0]  # an earlier turn's result, carried over
             elif found is None and (_distinctive(value) or _small_id(value, param)):
                 for src in range(len(steps) - 1, -1, -1):  # one of several records, picked by a criterion
-                    best = superlative(value, steps[src].output, param, props.get(param, {}))
-                    if best is not None:
-                        step.feeds[param], step.feed_keys[param], step.selectors[param] = src, best[0], list(best[1:])
+                    pick_by = superlative(value, steps[src].output, param, props.get(param, {}))
+                    if pick_by is not None:
+                        step.feeds[param], step.feed_keys[param] = src, pick_by[0]
+                        step.selectors[param] = list(pick_by[1:])
                         break
         if consuming and steps[-1] is not None and len(steps) - 1 not in step.feeds.values():
             break  # it would not consume the last result: the goal ends where it is
