@@ -84,7 +84,7 @@ def test_the_builtin_roles_and_the_judge_are_registered_alike():
 
 def test_a_new_filter_and_a_new_implementation_run_through_the_config(tmp_path):
     plain, _ = _run(tmp_path, "plain")
-    rows, stats = _run(tmp_path, "filtered", query_writer="polite", others={"one_turn_only": "strict"})
+    rows, stats = _run(tmp_path, "filtered", others={"query_writer": "polite", "one_turn_only": "strict"})
     one_turn = [r for r in plain if len(r["turns"]) == 1]
     assert 0 < len(one_turn) < len(plain)  # the filter has something to drop and something to keep
     assert len(rows) == len(one_turn)  # same seeds, same samples: exactly the one-turn ones are kept
@@ -99,8 +99,8 @@ def test_a_new_filter_and_a_new_implementation_run_through_the_config(tmp_path):
 @pytest.mark.parametrize(
     ("roles", "message"),
     [
-        ({"reasoner": "lmm"}, "no implementation 'lmm'"),
-        ({"judge": "on"}, "no implementation 'on'"),
+        ({"others": {"reasoner": "lmm"}}, "no implementation 'lmm'"),
+        ({"others": {"judge": "on"}}, "no implementation 'on'"),
         ({"others": {"one_turn_onli": "strict"}}, "did you mean 'one_turn_only'"),
         ({"others": {"one_turn_only": "lenient"}}, "known: strict, off"),
     ],

@@ -17,6 +17,7 @@ import json
 import random
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cache
 from typing import Any
 
@@ -40,29 +41,41 @@ ANSWERS = ["The {w} is {v}.", "It's {v}.", "Use {v}.", "Sorry, I forgot: the {w}
 """The user's answer when the assistant asked for a missing value (a miss_param turn)."""
 
 
-_CHOICES = "palaestra.datagen.role_registry"
+class RoleImpl(StrEnum):
+    """Who plays a built-in stage: templates from schemas and the trace, or an LLM."""
+
+    deterministic = "deterministic"
+    llm = "llm"
+
+
+class JudgeImpl(StrEnum):
+    """The judge filter: off, or an LLM (`judge`)."""
+
+    off = "off"
+    llm = "llm"
 
 
 @dataclass
 class RolesConfig:
     """Which implementation plays each role, and the LLM behind the LLM ones."""
 
-    tool_maker: str = field(default="deterministic", metadata=value_check(f"{_CHOICES}:check_tool_maker"))
-    """deterministic | llm (or an implementation registered in `role_registry`)."""
-    query_writer: str = field(default="deterministic", metadata=value_check(f"{_CHOICES}:check_query_writer"))
+    tool_maker: RoleImpl = RoleImpl.deterministic
+    """deterministic | llm (another registered implementation: under ``others``)."""
+    query_writer: RoleImpl = RoleImpl.deterministic
     """deterministic | llm."""
-    reasoner: str = field(default="deterministic", metadata=value_check(f"{_CHOICES}:check_reasoner"))
+    reasoner: RoleImpl = RoleImpl.deterministic
     """deterministic | llm."""
-    critic: str = field(default="deterministic", metadata=value_check(f"{_CHOICES}:check_critic"))
+    critic: RoleImpl = RoleImpl.deterministic
     """deterministic | llm."""
-    judge: str = field(default="off", metadata=value_check(f"{_CHOICES}:check_judge"))
+    judge: JudgeImpl = JudgeImpl.off
     """off | llm: an LLM scores every verified sample (does the request determine its calls?), `judge`."""
     judge_threshold: float = 7.0
     """Judge scores (1-10) under this drop the sample as ``judge:low_score``."""
     others: dict[str, str] = field(
         default_factory=dict, metadata=value_check("palaestra.datagen.role_registry:check_choices")
     )
-    """Roles registered beyond the built-in ones (`role_registry.register_role`): role -> implementation."""
+    """Role -> implementation, over the fields above: roles registered beyond the built-in ones
+    (`role_registry.register_role`), or another implementation of a built-in one (`add_implementation`)."""
     naive_first_try: float = 0.3
     """Deterministic reasoner: chance to skip hidden steps on its first try (exercises the critic loop)."""
     llm: LLMConfig = field(default_factory=LLMConfig)

@@ -10,8 +10,9 @@ A role is a part the pipeline plays per sample. Two kinds:
 A new role is one file (its implementations) and one `register_role` call naming them as lazy
 ``"module:factory"`` strings; ``factory(ctx: RoleContext)`` builds one per worker. A new implementation of a
 role is one more entry in its spec's ``implementations``. The config chooses one per role: the built-in
-roles by their field of `pipeline.RolesConfig`, others under ``roles.others: {role: implementation}``; an
-unknown role or implementation fails at resolve time with the known ones named.
+roles by their field of `pipeline.RolesConfig` (deterministic | llm), any role and any other implementation
+under ``roles.others: {role: implementation}``; an unknown role or implementation fails at resolve time with
+the known ones named.
 """
 
 from __future__ import annotations
@@ -102,12 +103,12 @@ def role_names(kind: str | None = None) -> list[str]:
 
 
 def choice(cfg: Any, role: str) -> str:
-    """The implementation `cfg` (`pipeline.RolesConfig`) picks for `role`."""
+    """The implementation `cfg` (`pipeline.RolesConfig`) picks for `role`: ``others[role]``, else the role's
+    own field (a built-in one), else its default."""
     spec = ROLES.get(role)
-    picked = getattr(cfg, role, None)
-    if picked is None:
-        picked = (getattr(cfg, "others", None) or {}).get(role, spec.default)
-    return str(picked)
+    others = getattr(cfg, "others", None) or {}
+    picked = others.get(role, getattr(cfg, role, None))
+    return str(spec.default if picked is None else picked)
 
 
 def build(role: str, ctx: RoleContext) -> Any:
@@ -128,14 +129,6 @@ def check_choices(value: dict, owner: Any) -> str | None:
         if impl not in known:
             return f"role {role!r} has no implementation {impl!r} (known: {', '.join(known)})"
     return None
-
-
-def __getattr__(name: str):
-    """``check_<role>``: the value check of a role's config field (``value_check("...:check_reasoner")``)."""
-    if name.startswith("check_") and name != "check_choices":
-        role = name[len("check_") :]
-        return lambda value, owner: check_choices({role: value}, owner)
-    raise AttributeError(name)
 
 
 # -- the built-in roles ---------------------------------------------------------------------------------

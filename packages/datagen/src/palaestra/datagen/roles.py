@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from palaestra.datagen import phrasing as P
+from palaestra.datagen.argfill import leaves
 from palaestra.datagen.phrasing import short_description
 from palaestra.datagen.sampler import Trace
 from palaestra.datagen.schema import parameters, to_openai_tool
@@ -234,7 +235,7 @@ class DeterministicReasoner:
             # the results the user asked for: the stated steps' (a hidden step's is only a means)
             stated = {s.name for j, s in enumerate(steps) if j not in turn.trace.hidden}
             results = [r for name, r in _results_since_user(messages, named=True) if name in stated]
-            return format_calls([], thinking=rng.choice(FINISHED), content=P.report(results, rng))
+            return format_calls([], thinking=_closing_thought(steps, results, rng), content=P.report(results, rng))
         i = plan[done]
         step = steps[i]
         why = []
@@ -246,18 +247,40 @@ class DeterministicReasoner:
             sel = step.selectors.get(param)
             which = f" of the record with the {sel[1]} {P.words(sel[0])}" if sel else ""
             key = P.words(step.feed_keys.get(param, param))
-            why.append(rng.choice(FEEDS).format(p=P.words(param), k=key, w=which, s=steps[src].name))
+            fed = rng.choice(FEEDS).format(p=P.words(param), k=key, w=which, s=steps[src].name)
+            why.append(fed + _value_note(step.arguments.get(param)))
         for param, key in step.prior_feeds.items():
-            why.append(f"the {P.words(param)} is the {P.words(key)} an earlier turn returned")
+            note = _value_note(step.arguments.get(param))
+            why.append(f"the {P.words(param)} is the {P.words(key)} an earlier turn returned{note}")
         given = [p for p in step.arguments if p not in step.feeds and p not in step.prior_feeds]
         if given and not consumers:
-            why.append(rng.choice(GIVEN).format(ps=", ".join(P.words(p) for p in given)))
+            said = ", ".join(P.words(p) + _value_note(step.arguments[p]) for p in given)
+            why.append(rng.choice(GIVEN).format(ps=said))
+        if not consumers and i < len(steps) - 1:  # a stated step before the goal: it enables the goal
+            why.append(f"{steps[-1].name} depends on it, so it comes first")
         doc = spec_doc.get(step.name)
         purpose = P.imperative(doc) if doc else "continue"
         lead = rng.choice(LEADS).format(n=step.name, p=purpose)
         return format_calls(
             [ToolCall(step.name, step.arguments)], thinking=lead + (f" {'; '.join(why).capitalize()}." if why else "")
         )
+
+
+def _value_note(value: Any) -> str:
+    """`` ('USR003')``: a short value in a reasoning sentence (nothing for a long one)."""
+    text = P.value_text(value)
+    return f" ({text})" if value is not None and len(text) <= 40 else ""
+
+
+def _closing_thought(steps: list, results: list, rng: random.Random) -> str:
+    """The reasoning before the closing answer, from this trace's facts: how many calls, which one the goal
+    was, what it returned first."""
+    goal = steps[-1].name if steps else "the last call"
+    facts = [(k, v) for k, v in leaves(results[-1], "result") if not isinstance(v, dict)] if results else []
+    first = f"; {goal} returned {P.words(facts[0][0]) or 'the result'}{_value_note(facts[0][1])}" if facts else ""
+    n = len(steps)
+    head = f"{n} call{'s' if n > 1 else ''} done" if n else "Done"
+    return f"{head}{first}. {rng.choice(FINISHED)}"
 
 
 def _results_since_user(messages: list[dict], named: bool = False) -> list:
