@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from palaestra.datagen.argfill import leaves, tokens
@@ -183,7 +184,7 @@ def check_row(row: dict, spec) -> list[str]:
         for i, s in enumerate(steps):
             doc = spec.doc(s["name"])
             before = env.copy()
-            ex = env.execute(s["name"], s["arguments"])
+            env.execute(s["name"], s["arguments"])
             if i in hidden and not before.same_state(env):
                 found.add("unrequested_state_change")
             keys = {**{p: s["feed_keys"].get(p, p) for p in s["feeds"]}, **s.get("prior_feeds", {})}
@@ -194,7 +195,6 @@ def check_row(row: dict, spec) -> list[str]:
                     found.add("kind_mismatch")  # card_number='Visa'
             if empty_range(s["arguments"]):
                 found.add("empty_range")
-            del ex
         reply = replies[t] if t < len(replies) else ""
         wanted = [steps[i]["output"] for i in range(len(steps)) if i not in hidden]
         verdicts = [reported(o, reply) for o in wanted if not is_error_response(o)]
@@ -203,3 +203,37 @@ def check_row(row: dict, spec) -> list[str]:
         ):
             found.add("unreported_result")
     return [p for p in PROBLEMS if p in found]
+
+
+# -- used by the sampler, so that it builds coherent traces rather than have them dropped
+def step_breaks_coherence(step: Any, steps: list, doc: dict) -> bool:
+    """Whether `step` would break goal coherence (`coherence`): it reads a value from a step that changed the
+    state (that step would be a hidden state change the user did not ask for), a value flows into it from a
+    key of another kind, or its arguments hold an empty range."""
+    if any(steps[src].changes_state for src in step.feeds.values()):
+        return True
+    keys = {**{p: step.feed_keys.get(p, p) for p in step.feeds}, **step.prior_feeds}
+    return any(kind_problem(k, p, doc, step.name) for p, k in keys.items()) or empty_range(step.arguments)
+
+
+def needed_only(start: ToolEnv, steps: list, env: ToolEnv, prerequisites) -> tuple[list, ToolEnv]:
+    """The steps without those the goal does not need (`coherence.needed_steps`: they feed nothing needed and
+    enable nothing), when the rest replays to the same results; else the steps as they are. A call of a kept
+    step's prerequisite tool (`prerequisites(tool)`, the graph's) stays: the trace remains legal."""
+    records = [{"name": s.name, "arguments": s.arguments, "feeds": s.feeds} for s in steps]
+    needed = needed_steps(start, records) if len(steps) > 1 else set(range(len(steps)))
+    for i in range(len(steps) - 1, -1, -1):
+        if i in needed:  # feeds and prerequisites point back, so one pass down closes the set
+            needed |= {j for j in range(i) if steps[j].name in set(prerequisites(steps[i].name))}
+            needed |= set(steps[i].feeds.values())
+    if len(needed) == len(steps):
+        return steps, env
+    index = {old: new for new, old in enumerate(sorted(needed))}
+    kept = [replace(steps[i], feeds={p: index[src] for p, src in steps[i].feeds.items()}) for i in sorted(needed)]
+    replay = start.copy()
+    outs = [replay.execute(s.name, s.arguments).output for s in kept]
+    if json.dumps(outs, sort_keys=True, default=str) != json.dumps(
+        [s.output for s in kept], sort_keys=True, default=str
+    ):
+        return steps, env
+    return kept, replay

@@ -14,7 +14,7 @@ the request determines every step (no call after it). A step whose argument
 the user would have to state although only an earlier output holds it (an id
 just created, a token, a computed figure; not in the initial state) is
 refused: the user could not know it. A finished trace keeps only the steps
-its goal needs (`prune`, then by replay `_needed_only`: a stated step that
+its goal needs (`prune`, then by replay `coherence.needed_only`: a stated step that
 neither feeds nor enables the goal goes).
 
 Each step records where its argument values came from; a value equal to an
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from palaestra.datagen.argfill import compatible_key, leaves, superlative, tokens, unique_candidates
+from palaestra.datagen.coherence import needed_only, step_breaks_coherence
 from palaestra.datagen.envs import ToolEnv
 from palaestra.datagen.graph import ApiGraph, node, try_call
 from palaestra.datagen.schema import parameters
@@ -236,7 +237,7 @@ def sample_trace(
                         break
         if consuming and steps[-1] is not None and len(steps) - 1 not in step.feeds.values():
             break  # it would not consume the last result: the goal ends where it is
-        if _incoherent(step, steps, env.spec.doc(pick)):
+        if step_breaks_coherence(step, steps, env.spec.doc(pick)):
             if consuming:
                 break
             blocked.add(pick)  # a hidden state change, a value of another kind, an empty range: not this call
@@ -289,47 +290,10 @@ def sample_trace(
                 [s.output for s in kept], sort_keys=True, default=str
             ) and replay.same_state(env):
                 steps, env = kept, replay
-        steps, env = _needed_only(start, steps, env, lambda tool: graph.prerequisites(name, tool))
+        steps, env = needed_only(start, steps, env, lambda tool: graph.prerequisites(name, tool))
 
     # the goal is the last call: the target, or a tool that consumes its result
     return Trace(name, steps[-1].name if steps else "", steps, target_hit), env
-
-
-def _incoherent(step: Step, steps: list[Step], doc: dict) -> bool:
-    """Whether `step` would break goal coherence (`coherence`): it reads a value from a step that changed the
-    state (that step would be a hidden state change the user did not ask for), a value flows into it from a
-    key of another kind, or its arguments hold an empty range."""
-    from palaestra.datagen.coherence import empty_range, kind_problem
-
-    if any(steps[src].changes_state for src in step.feeds.values()):
-        return True
-    keys = {**{p: step.feed_keys.get(p, p) for p in step.feeds}, **step.prior_feeds}
-    return any(kind_problem(k, p, doc, step.name) for p, k in keys.items()) or empty_range(step.arguments)
-
-
-def _needed_only(start: ToolEnv, steps: list[Step], env: ToolEnv, prerequisites) -> tuple[list[Step], ToolEnv]:
-    """The steps without those the goal does not need (`coherence.needed_steps`: they feed nothing needed and
-    enable nothing), when the rest replays to the same results; else the steps as they are. A call of a kept
-    step's prerequisite tool (`prerequisites(tool)`, the graph's) stays: the trace remains legal."""
-    from palaestra.datagen.coherence import needed_steps
-
-    records = [{"name": s.name, "arguments": s.arguments, "feeds": s.feeds} for s in steps]
-    needed = needed_steps(start, records) if len(steps) > 1 else set(range(len(steps)))
-    for i in range(len(steps) - 1, -1, -1):
-        if i in needed:  # feeds and prerequisites point back, so one pass down closes the set
-            needed |= {j for j in range(i) if steps[j].name in set(prerequisites(steps[i].name))}
-            needed |= set(steps[i].feeds.values())
-    if len(needed) == len(steps):
-        return steps, env
-    index = {old: new for new, old in enumerate(sorted(needed))}
-    kept = [replace(steps[i], feeds={p: index[src] for p, src in steps[i].feeds.items()}) for i in sorted(needed)]
-    replay = start.copy()
-    outs = [replay.execute(s.name, s.arguments).output for s in kept]
-    if json.dumps(outs, sort_keys=True, default=str) != json.dumps(
-        [s.output for s in kept], sort_keys=True, default=str
-    ):
-        return steps, env
-    return kept, replay
 
 
 def _echo(value: Any, producer: Step) -> bool:
