@@ -27,17 +27,18 @@ def _producer_share(graph, spec, target, producer, n=40) -> float:
 
 def test_edge_weights_steer_transitions():
     """The closed loop raises the weight of edges the student fails on; the sampler then walks them more often
-    (here: which of get_ticket's two producers feeds it)."""
-    spec = get_env("TicketAPI")
+    (here: which of get_tweet's read-only producers feeds it; TicketAPI's create_ticket, the other producer of
+    get_ticket, is refused as a hidden state change since issue 39, so it no longer competes)."""
+    spec = get_env("TwitterAPI")
     graph = ApiGraph()
     graph.add_env(spec, probe=False)
-    target, producer = "get_ticket", "get_user_tickets"
-    producers = {u.split(".")[1] for u, _ in graph.g.in_edges(node("TicketAPI", target))}
-    assert {producer, "create_ticket"} <= producers, producers
+    target, producer = "get_tweet", "get_user_tweets"
+    producers = {u.split(".")[1] for u, _ in graph.g.in_edges(node("TwitterAPI", target))}
+    assert {producer, "search_tweets"} <= producers, producers
     base = _producer_share(graph, spec, target, producer)
-    graph.g.edges[node("TicketAPI", producer), node("TicketAPI", target)]["weight"] = 60.0
+    graph.g.edges[node("TwitterAPI", producer), node("TwitterAPI", target)]["weight"] = 60.0
     boosted = _producer_share(graph, spec, target, producer)
-    assert boosted >= 0.5 and boosted >= 1.5 * base, (base, boosted)
+    assert boosted >= 0.4 and boosted >= 2 * base, (base, boosted)  # 0.175 -> 0.475 at 40 traces
 
 
 def test_heldout_split_is_stable_and_sized():

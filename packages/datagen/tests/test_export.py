@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 
 import pytest
 
@@ -21,45 +22,45 @@ def exported(deterministic_run):
     return path, path.parent / "export", result
 
 
-def _approx(value):
-    """Floats to 9 significant digits, recursively (arrow's JSON reader is not exact to the last digits)."""
-    if isinstance(value, float):
-        return float(f"{value:.9g}")
-    if isinstance(value, dict):
-        return {k: _approx(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_approx(v) for v in value)
-    return value
-
-
 def _rows(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
 
 
-def test_openai_export_loads_in_datasets_with_tools_as_a_list(exported):
-    import datasets
+def _load_jsonl(path) -> list[dict]:
+    """Rows as a trainer gets them: through `datasets` when installed, else arrow's JSON reader (what it uses)."""
+    try:
+        import datasets
+    except ImportError:
+        from pyarrow import json as pa_json
 
+        return pa_json.read_json(str(path)).to_pylist()
+    return list(datasets.load_dataset("json", data_files=str(path), split="train"))
+
+
+def _executed_calls(row) -> list[tuple[str, dict]]:
+    """The calls the generator executed (the trace it recorded), in order."""
+    return [(s["name"], s["arguments"]) for turn in json.loads(row["provenance"]["trace"]) for s in turn["steps"]]
+
+
+def test_openai_export_loads_in_datasets_with_tools_as_a_list(exported):
     source, out, result = exported
-    ds = datasets.load_dataset("json", data_files=str(out / "openai.jsonl"), split="train")
+    loaded = _load_jsonl(out / "openai.jsonl")
     rows = _rows(source)
-    assert len(ds) == len(rows) == result["samples"]
-    for rec, row in zip(ds, rows):
+    assert len(loaded) == len(rows) == result["samples"]
+    floats = 0
+    for rec, row in zip(loaded, rows):
         assert isinstance(rec["tools"], list) and rec["tools"][0]["type"] == "function"
         names = {t["function"]["name"] for t in rec["tools"]}
         assert names == {t["function"]["name"] for t in json.loads(row["tools"])}
-        # the chat's calls, arguments now objects, are the source row's (JSON strings there), in order
+        # arguments a JSON string, as OpenAI's API has them: loaded, they equal what ran, to the last digit
         calls = [
-            (c["function"]["name"], {k: v for k, v in c["function"]["arguments"].items() if v is not None})
+            (c["function"]["name"], json.loads(c["function"]["arguments"]))
             for m in rec["messages"]
             for c in (m.get("tool_calls") or [])
         ]
-        source_calls = [
-            (c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for m in row["messages"]
-            for c in (m["tool_calls"] or [])
-        ]
-        assert _approx(calls) == _approx(source_calls)  # arrow's JSON reader may move a double's last digit
+        assert calls == _executed_calls(row)
+        floats += sum(isinstance(v, float) for _, a in calls for v in a.values())
         assert [m["role"] for m in rec["messages"]] == [m["role"] for m in row["messages"]]
         # every call is one of the row's BFCL ground-truth calls (parsed here from their strings)
         truth = set()
@@ -68,9 +69,43 @@ def test_openai_export_loads_in_datasets_with_tools_as_a_list(exported):
                 node = ast.parse(call, mode="eval").body
                 args = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
                 truth.add((node.func.id, json.dumps(args, sort_keys=True)))
-        assert {(n, json.dumps(a, sort_keys=True)) for n, a in _approx(source_calls)} <= {
-            (n, json.dumps(a, sort_keys=True)) for n, a in _approx([(n, json.loads(a)) for n, a in truth])
+        assert {(n, json.dumps(a, sort_keys=True)) for n, a in calls} <= truth
+    assert floats > 0  # the fixture has float arguments, so the exact equality above tests something
+
+
+def test_float_arguments_survive_loading_exactly(tmp_path):
+    """0.924602 loads as 0.924602 from the export; as an object, arrow may read 0.9246019999999999."""
+    from palaestra.datagen.export import openai_record
+
+    values = [0.924602, 13.248935000000001, 1e-7, 2.5, 100.0]
+    call = {"id": "c0", "type": "function", "function": {"name": "f", "arguments": json.dumps({"x": values[0]})}}
+    rows = []
+    for i, v in enumerate(values):
+        c = {**call, "function": {"name": "f", "arguments": json.dumps({"x": v, "y": "a"})}}
+        row = {
+            "id": f"r{i}",
+            "provenance": {"env": "E"},
+            "tools": "[]",
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "", "tool_calls": [c]},
+                {"role": "tool", "content": "{}", "tool_call_id": "c0", "name": "f"},
+            ],
         }
+        rows.append(openai_record(row))
+    path = tmp_path / "openai.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = [json.loads(r["messages"][1]["tool_calls"][0]["function"]["arguments"])["x"] for r in _load_jsonl(path)]
+    assert loaded == values
+    # the control: the same calls with arguments as objects (the old export) do not all load as executed
+    for r in rows:
+        fn = r["messages"][1]["tool_calls"][0]["function"]
+        fn["arguments"] = json.loads(fn["arguments"])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    as_objects = [r["messages"][1]["tool_calls"][0]["function"]["arguments"]["x"] for r in _load_jsonl(path)]
+    if as_objects == values:
+        pytest.skip("this arrow reads nested doubles exactly; the string form is still exact")
+    assert as_objects != values
 
 
 def test_sharegpt_export_alternates_roles(exported):
@@ -96,6 +131,9 @@ def test_dataset_card_is_written(exported):
     for env in {r["provenance"]["env"] for r in rows}:
         assert env in card
     assert "ungrounded kept samples: 0" in card
+    # no path of the machine that made it: not the source's, not any absolute one
+    assert str(source.parent) not in card and str(source.parent.parent.parent) not in card
+    assert not re.search(r"(?<![\w.])/(tmp|home|work|root|Users|var|mnt|data)/", card), card
 
 
 @pytest.mark.slow

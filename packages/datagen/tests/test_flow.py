@@ -1,6 +1,7 @@
 """Goals whose steps feed each other: targets a producer can feed come first, later turns prefer a target an
 earlier turn's call can feed (dependent turns), computed figures can flow, and the deterministic run's share
-of traces with an output-to-input flow (counted here independently) is above the 17% it had before."""
+of traces with an output-to-input flow (counted here independently) stays above 12% now that goal coherence
+(`coherence`) refuses flows out of state-changing calls and between values of different kinds."""
 
 from __future__ import annotations
 
@@ -106,4 +107,6 @@ def test_flow_share_of_the_deterministic_run(deterministic_run):
                 returned += _scalars(step["output"])
             flows += flow
     assert traces > 150
-    assert flows / traces >= 0.21, (flows, traces)
+    # 0.23 before issue 39; 0.14 since a value read from a call that changed the state is refused (create a
+    # ticket, then close it: a change the user did not ask for) and flows only go into arguments of their kind
+    assert flows / traces >= 0.12, (flows, traces)

@@ -129,11 +129,13 @@ def test_coverage_and_depth_of_the_deterministic_run(deterministic_run):
             seen |= {(row["provenance"]["env"], s["name"]) for s in trace["steps"]}
     assert {env for env, _ in seen} == set(BFCL_CLASSES)
     total = sum(len(get_env(e).tool_names) for e in BFCL_CLASSES)
-    # 0.82 here (0.86 before targets a producer can feed weighed three times); 0.92 at deterministic.yaml's 400
-    assert len(seen) / total >= 0.8
+    # 0.79 here (0.82 before goal coherence, 0.86 before targets a producer can feed weighed three times);
+    # 0.91 at deterministic.yaml's 400
+    assert len(seen) / total >= 0.75
     # goal-directed traces (no filler: test_every_step_is_needed) are shorter than HardGen's 3.21 calls, which
-    # count random calls after the target; 1.43 at deterministic.yaml's 400 items
-    assert sum(calls) / len(calls) >= 1.25
+    # count random calls after the target; 1.28 at deterministic.yaml's 400 items (1.50 before goal coherence
+    # refused hidden state changes and stated steps the goal does not need), 1.21 here
+    assert sum(calls) / len(calls) >= 1.15
     assert all(1 <= c <= 8 for c in calls)
     kinds = {t["kind"] for r in rows for t in r["turns"]}
     assert {"miss_param", "param_given", "miss_func", "func_added"} <= kinds

@@ -119,3 +119,53 @@ def test_context_overflow_cause():
     served = "http://x/v1 answered 400: This model's maximum context length is 4096 tokens. However, you requested"
     assert error_cause(tiny) == error_cause(served) == "the prompt outgrows the model's context"
     assert is_context_overflow(served) and not is_context_overflow("http://x/v1 answered 503: overloaded")
+
+
+class ProseReasoner(ScriptedTeacher):
+    """A model that answers the reasoner in prose (vLLM's CPU build with SmolLM2 did): no tool call, ever."""
+
+    def reasoner(self, messages, tools) -> dict:
+        return {"content": "To do this you would first compute the value and then report it to the user."}
+
+
+def test_a_reasoner_answering_in_prose_stops_the_run_naming_the_role(tmp_path):
+    server = _serve(ProseReasoner)
+    try:
+        with pytest.raises(LLMUnavailable) as info:
+            _generate(tmp_path, f"http://127.0.0.1:{server.server_port}/v1", 12, ["MathAPI"])
+    finally:
+        server.shutdown()
+    line = one_line_error(info.value)
+    assert line is not None and "\n" not in line
+    assert "the reasoner answered 5 requests in a row in prose" in line and "--tool-call-parser" in line
+
+
+def test_prose_answers_are_dropped_under_the_reasoners_name(tmp_path):
+    from palaestra.datagen.generate import DataGenerationConfig, generate
+    from palaestra.datagen.pipeline import ItemConfig, RolesConfig
+    from palaestra.shared.config import TrackingConfig
+    from palaestra.shared.llm.base import LLMConfig
+    from palaestra.shared.tracking import Tracker
+
+    server = _serve(ProseReasoner)
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    llm = LLMConfig(backend="openai", model="scripted", base_url=url, api_key="x", max_retries=0)
+    roles = RolesConfig(reasoner="llm", llm=llm, max_consecutive_errors=0)  # never stop: count
+    cfg = DataGenerationConfig(
+        num_samples=4,
+        workers=0,
+        envs=["MathAPI"],
+        output_dir=str(tmp_path),
+        tracking=TrackingConfig(enabled=False),
+        roles=roles,
+        item=ItemConfig(max_turns=1, p_miss_param=0.0, p_miss_func=0.0),
+        log_samples=False,
+    )
+    try:
+        result = generate(cfg, Tracker(cfg.tracking))
+    finally:
+        server.shutdown()
+    stats = json.loads((cfg.output_path.parent / "stats.json").read_text())
+    assert result["kept"] == 0
+    assert stats["drops"].get("reasoner:prose", 0) >= 1, stats["drops"]
+    assert not any(k.startswith("unverified:") for k in stats["drops"]), stats["drops"]

@@ -126,7 +126,8 @@ class ScriptedTeacher(BaseHTTPRequestHandler):
         if self.slips and k % 3 == 1 and len(plan) >= 2 and not hinted and latest["role"] == "user":
             plan = plan[1:]  # a capable model's slip on a first try: the critic's hint fixes it
         if done >= len(plan):
-            return {"thinking": "All steps are done.", "content": "All done."}
+            results = "; ".join(m["content"] for m in messages[anchor:] if m["role"] == "tool")
+            return {"thinking": "All steps are done.", "content": f"All done. Results: {results}"}  # reports them
         name, args = plan[done]
         call = {"id": f"c{done}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
         return {"thinking": f"Step {done + 1}: {name} gives what the request needs.", "tool_calls": [call]}
@@ -378,3 +379,26 @@ def test_items_at_once_keep_requests_in_flight(tmp_path):
     for row in read_rows(cfg.output_path):
         assert verify_row(row, get_env(row["provenance"]["env"])) == []
     assert {r: u["requests"] for r, u in stats["llm_usage_by_role"].items()} == SlowTeacher.requests
+
+
+def test_the_query_writer_is_asked_for_the_users_goal():
+    """The prompt names the goal (the trace's last call) and, apart, what it needs that the user asks for."""
+    import random
+
+    from palaestra.datagen.envs import ToolEnv, get_env
+    from palaestra.datagen.generate import build_graph
+    from palaestra.datagen.llm_roles import query_writer_messages
+    from palaestra.datagen.phrasing import imperative
+    from palaestra.datagen.roles import DeterministicToolMaker
+    from palaestra.datagen.sampler import sample_trace
+
+    spec = get_env("TicketAPI")
+    graph = build_graph(["TicketAPI"])
+    for seed in range(6):
+        trace, _ = sample_trace(ToolEnv(spec, seed), graph, "close_ticket", random.Random(seed), 4)
+        if not trace.steps:
+            continue
+        tool = DeterministicToolMaker().make(trace, spec, random.Random(0))
+        text = query_writer_messages(tool, trace, spec, "noise")[0]["content"]
+        assert f"The user's goal: {imperative(spec.doc(trace.steps[-1].name))}\n" in text
+        assert "in your own words" in text and "Steps the user asks for" not in text

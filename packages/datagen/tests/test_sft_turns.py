@@ -3,7 +3,9 @@
 `QWEN3_LIKE` is written here from Qwen3's documented template behaviour: an
 assistant message keeps its reasoning (``<think>...</think>``) only after the
 last user message, earlier ones lose it; tool results are user turns wrapped
-in ``<tool_response>``; there are no ``{% generation %}`` markers. Under it a
+in ``<tool_response>``; a call's ``arguments`` are printed as they are when a
+string (OpenAI's form, the export's), dumped when an object; there are no
+``{% generation %}`` markers. Under it a
 whole multi-turn conversation loses the reasoning of every turn but the last,
 and TRL's ``assistant_only_loss`` cannot find the assistant tokens. The
 ``sft_turns`` export (one row per assistant message, its own history as the
@@ -49,7 +51,8 @@ QWEN3_LIKE = """
 {% endif %}{{ content }}
 {%- for c in m.tool_calls or [] %}
 <tool_call>
-{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+{%- set args = c.function.arguments if c.function.arguments is string else (c.function.arguments | tojson) %}
+{"name": "{{ c.function.name }}", "arguments": {{ args }}}
 </tool_call>
 {%- endfor %}<|im_end|>
 {% elif m.role == 'tool' %}<|im_start|>user

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import random
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from palaestra.datagen.schema import coerce, enum_values, parameters, required, type_matches
@@ -110,8 +111,9 @@ def superlative(value: Any, output: Any, param: str, pspec: dict) -> tuple[str, 
             continue
         mine = next(r for r in rows if r.get(key) == value)
         for sibling in sorted(k for k in mine if k != key):
-            nums = [r.get(sibling) for r in rows]
-            if not all(isinstance(n, int | float) and not isinstance(n, bool) for n in nums):
+            raw = [r.get(sibling) for r in rows]
+            nums = [float(n) for n in raw if isinstance(n, int | float) and not isinstance(n, bool)]
+            if len(nums) < len(raw):
                 continue
             if mine[sibling] == max(nums) and nums.count(max(nums)) == 1:
                 return key, sibling, "highest"
@@ -202,7 +204,7 @@ def propose_arguments(
     prior_outputs: list[tuple[str, Any]],
     rng: random.Random,
     prefer_outputs: bool = True,
-    raw_outputs: list = (),
+    raw_outputs: Sequence = (),
 ) -> tuple[dict, dict[str, str]]:
     """One argument assignment for `tool` and where each value came from.
 

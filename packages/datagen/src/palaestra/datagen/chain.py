@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from palaestra.datagen.envs import Execution, ToolEnv
@@ -132,7 +133,7 @@ def _user_message(turn: TurnTask, hint: str | None) -> dict | None:
     return {"role": "user", "content": text}
 
 
-def asks_for(reply: str, param: str, tools: list[dict] = ()) -> bool:
+def asks_for(reply: str, param: str, tools: Sequence[dict] = ()) -> bool:
     """Whether a reply asks a question that names the parameter (its words, e.g. ``file name``, or the phrase
     a user says for it, e.g. ``zipcode of the second city`` for ``cityB``: `grounding.asked_names`)."""
     answer = reply.split("</think>")[-1].lower()
@@ -172,7 +173,7 @@ def failure_kind(result: TryResult) -> str:
     if f.get("no_question"):
         return "no_question"
     if not result.calls:
-        return "no_call"
+        return "prose"  # an answer in prose where a tool call was due (the drop names the reasoner)
     if any(not e.ok for e in result.executions):
         return "failed_call"
     if f.get("missing_tools"):

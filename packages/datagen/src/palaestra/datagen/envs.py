@@ -45,6 +45,7 @@ import functools
 import inspect
 import json
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -118,7 +119,7 @@ class ApiEnvSpec:
                 return d
         raise KeyError(f"environment {self.name!r} has no tool {tool!r}")
 
-    def openai_tools(self, exclude: set[str] = frozenset()) -> list[dict]:
+    def openai_tools(self, exclude: AbstractSet[str] = frozenset()) -> list[dict]:
         return [to_openai_tool(d) for d in self.docs if d["name"] not in exclude]
 
     def initial_state(self, seed: int) -> dict:
@@ -200,7 +201,7 @@ class ToolEnv:
             method = getattr(self.instance, name)
             # BFCL methods have mutable defaults (post_tweet(mentions=[])) that later calls mutate in place;
             # an explicit fresh empty value keeps every execution, and the recorded call, independent of that
-            for pname, default in _mutable_defaults(type(self.instance), name):
+            for pname, default in _mutable_defaults(type(self.instance), name):  # type: ignore[arg-type]
                 arguments.setdefault(pname, type(default)())
             # the method gets its own copy: environments keep argument lists in their state and mutate them later
             output = method(**copy.deepcopy(arguments))
@@ -291,4 +292,4 @@ def bfcl_spec(class_name: str) -> ApiEnvSpec:
 
 
 for _cls in BFCL_CLASSES:
-    API_ENVS.register(_cls, (lambda c: cache(lambda: bfcl_spec(c)))(_cls))
+    API_ENVS.register(_cls, (lambda c: cache(lambda: bfcl_spec(c)))(_cls))  # type: ignore[arg-type]  # lazy

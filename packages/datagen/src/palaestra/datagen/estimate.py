@@ -25,6 +25,7 @@ from palaestra.datagen import llm_roles as L
 from palaestra.datagen import roles as R
 from palaestra.datagen.judge import judge_messages
 from palaestra.datagen.phrasing import NOISE
+from palaestra.datagen.role_registry import FilterVerdict, choice, role_names
 
 CHARS_PER_TOKEN = 4.0
 """Characters per token of English text and JSON under a BPE vocabulary (a rule of thumb)."""
@@ -105,14 +106,16 @@ class _Judge:
     def __init__(self, tally: Tally):
         self.tally = tally
 
-    def score(self, row: dict) -> float:
+    role = "judge"
+
+    def check(self, row: dict) -> FilterVerdict:
         self.tally.add("judge", judge_messages(row), JUDGE_ANSWER)
-        return 10.0
+        return FilterVerdict(None, {"judge_score": 10.0})
 
 
 def stand_in_roles(cfg, tally: Tally) -> R.Roles:
     """The deterministic roles; those the config gives to an LLM (and the judge, when on) count into `tally`."""
-    llm = {r for r in ("tool_maker", "query_writer", "reasoner", "critic") if getattr(cfg, r) == "llm"}
+    llm = {r for r in role_names() if choice(cfg, r) == "llm"}
     return R.Roles(
         tool_maker=_ToolMaker(tally) if "tool_maker" in llm else R.DeterministicToolMaker(),
         query_writer=_QueryWriter(tally) if "query_writer" in llm else R.DeterministicQueryWriter(),
@@ -120,7 +123,7 @@ def stand_in_roles(cfg, tally: Tally) -> R.Roles:
             tally, cfg.naive_first_try
         ),
         critic=_Critic(tally) if "critic" in llm else R.DeterministicCritic(),
-        judge=_Judge(tally) if cfg.judge == "llm" else None,
+        filters=[_Judge(tally)] if "judge" in llm else [],
     )
 
 
@@ -176,8 +179,7 @@ def generate_plan(cfg):
     """`palaestra plan` for ``datagen.generate`` (`palaestra.shared.plan.JOB_PLANS`): the expected LLM load."""
     from palaestra.shared.plan import JobPlan
 
-    llm = [r for r in ("tool_maker", "query_writer", "reasoner", "critic") if getattr(cfg.roles, r) == "llm"]
-    llm += ["judge"] if cfg.roles.judge == "llm" else []
+    llm = [r for r in role_names() if choice(cfg.roles, r) == "llm"]
     head = f"datagen.generate: {cfg.num_samples:,} work items over {len(cfg.envs)} environment(s)"
     if not llm:
         return JobPlan(f"{head}\nLLM roles: none (every role deterministic): no LLM requests")

@@ -3,9 +3,11 @@
 Reads ``<output_dir>/datagen/<name>/samples.jsonl`` (or ``input``) and writes next to it, in ``export/``:
 
 - ``openai.jsonl``: ``{"id", "env", "messages", "tools"}`` per sample; ``tools`` a list of OpenAI tool
-  schemas, ``messages`` OpenAI chat messages whose tool calls carry ``arguments`` as an object (the form
-  Hugging Face chat templates and TRL's ``SFTTrainer`` take: ``datasets.load_dataset("json", ...)`` then
-  ``SFTTrainer(train_dataset=...)``); assistant text keeps its ``<think>...</think>``. The message that adds a
+  schemas, ``messages`` OpenAI chat messages whose tool calls carry ``arguments`` as a JSON string, as OpenAI's
+  API does. An object would not survive ``datasets``: arrow's JSON reader turns ``0.924602`` into
+  ``0.9246019999999999``, a call that was never executed. The string is the executed call's own JSON, so
+  ``json.loads`` gives back exactly what ran. Chat templates that take both forms (Qwen2.5/3's, the
+  project's) print it as is. Assistant text keeps its ``<think>...</think>``. The message that adds a
   withheld function (miss_func) has role ``added_function_role``: ``system`` (default; it carries the
   function's schema) or ``user``, for chat templates that refuse a system message after the first turn.
 - ``sharegpt.jsonl``: ``{"id", "conversations", "tools"}`` in LLaMA-Factory's function-calling form:
@@ -66,9 +68,14 @@ class ExportConfig(JobConfig):
         return Path(self.input) if self.input else Path(self.output_dir) / "datagen" / self.name / "samples.jsonl"
 
 
+def _arguments_json(arguments: str | dict) -> str:
+    """A call's arguments as the JSON string that was executed (a dict is dumped; a string is kept as is)."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
 def openai_record(row: dict, added_function_role: str = "system") -> dict:
     """One sample as ``{"id", "env", "messages", "tools"}`` (see the module docstring)."""
-    messages = []
+    messages: list[dict] = []
     for m in row["messages"]:
         out = {"role": m["role"], "content": m["content"] or ""}
         if m["role"] == "system" and messages:
@@ -78,7 +85,10 @@ def openai_record(row: dict, added_function_role: str = "system") -> dict:
                 {
                     "id": c["id"],
                     "type": "function",
-                    "function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])},
+                    "function": {
+                        "name": c["function"]["name"],
+                        "arguments": _arguments_json(c["function"]["arguments"]),
+                    },
                 }
                 for c in m["tool_calls"]
             ]
@@ -191,7 +201,8 @@ def dataset_card(rows: list[dict], stats: dict, source: Path, files: list[str]) 
         "",
         *[f"- `{f}`" for f in files],
         "",
-        "`openai.jsonl`: `id`, `env`, `messages` (OpenAI chat; tool calls with `arguments` as an object;"
+        "`openai.jsonl`: `id`, `env`, `messages` (OpenAI chat; tool calls with `arguments` a JSON string, as"
+        " OpenAI's API has them, so numbers load exactly as they were executed;"
         " assistant text starts with `<think>...</think>`), `tools` (list of OpenAI tool schemas). Load with"
         ' `datasets.load_dataset("json", data_files="openai.jsonl")` and pass it to TRL\'s `SFTTrainer`.'
         " `sharegpt.jsonl`: `id`, `conversations` (human / gpt / function_call / observation), `tools`"
@@ -224,7 +235,8 @@ def dataset_card(rows: list[dict], stats: dict, source: Path, files: list[str]) 
         *_teaches(stats.get("quality") or {}),
         "## Provenance",
         "",
-        f"- source: `{source}`; each row's `id` names the run, seed, round and item",
+        f"- source: the run `{source.parent.name}` (`{source.name}`); each row's `id` names the run, seed, round"
+        " and item",
         "- initial states: drawn per sample by `palaestra.datagen.initial_states` (never a BFCL test config)",
         "- roles (tool maker, query writer, reasoner, critic): "
         + "; ".join(f"{json.loads(k)} x{n}" for k, n in roles.items()),

@@ -149,6 +149,7 @@ def run_generation(cfg: DataGenerationConfig, graph: ApiGraph, tracker: Tracker,
         with tqdm(total=len(todo), desc=f"datagen {cfg.name} r{cfg.round}", disable=False) as bar:
             for b in range(0, len(payloads), batch):
                 group = payloads[b : b + batch]
+                results: list
                 if cfg.workers <= 0:
                     results = [run_chunk(p) for p in group]
                 else:
@@ -206,7 +207,8 @@ def generate(cfg: DataGenerationConfig, tracker: Tracker) -> dict:
     print(
         f"datagen: {report['kept']} samples -> {cfg.output_path}; {report['calls_per_trace']:.2f} calls per trace, "
         f"function coverage {report['function_coverage']:.3f}; contaminated {c.get('contaminated', 0)}, "
-        f"ungrounded kept {report.get('ungrounded_kept', 0)}, error-response steps "
+        f"ungrounded kept {report.get('ungrounded_kept', 0)}, incoherent kept "
+        f"{sum(report.get('incoherent_kept', {}).values())}, error-response steps "
         f"{report.get('error_response_steps', 0)}; drops {report['drops']}"
     )
     if report.get("llm_calls") and report["kept"]:

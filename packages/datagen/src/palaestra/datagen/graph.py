@@ -244,13 +244,15 @@ def probe_prerequisites(graph: ApiGraph, spec: ApiEnvSpec, seed: int = 0, max_de
         _, first = try_call(base, target, [], rng)
         if first.ok:
             continue
-        error, prefix_env, outputs, prefix = first.error, base, [], []
+        error, prefix_env = first.error, base
+        outputs: list = []
+        prefix: list[str] = []
         for _depth in range(max_depth):
             ordered = sorted(
                 (t for t in spec.tool_names if t != target and t not in prefix),
                 key=lambda t: (not graph.g.has_edge(node(spec.name, t), node(spec.name, target)), t),
             )
-            progress = None
+            progress: tuple | str | None = None
             for candidate in ordered:
                 env_c, ex = try_call(prefix_env, candidate, outputs, rng, attempts=3)
                 if not ex.ok:
@@ -266,7 +268,7 @@ def probe_prerequisites(graph: ApiGraph, spec: ApiEnvSpec, seed: int = 0, max_de
                     break
                 if after.error != error and progress is None:
                     progress = (candidate, env_c, outs, after.error)
-            if progress == "done" or progress is None:
+            if not isinstance(progress, tuple):
                 break
             candidate, prefix_env, outputs, error = progress
             prefix.append(candidate)

@@ -15,6 +15,7 @@ drawn fuel, doors, tyres and climate. `MathAPI` has no state (its config is
 from __future__ import annotations
 
 import random
+from typing import Any
 
 FIRST = ["Amara", "Bruno", "Chiara", "Dmitri", "Esme", "Farid", "Greta", "Hiro", "Ines", "Jonas", "Kalani", "Lior",
          "Maren", "Nikhil", "Odile", "Priya", "Quentin", "Rosa", "Soren", "Tamsin", "Umar", "Vera", "Wren",
@@ -125,7 +126,7 @@ def twitter_api(rng: random.Random) -> dict:
 def ticket_api(rng: random.Random) -> dict:
     start = rng.randint(100, 9000)
     user = rng.choice(FIRST)
-    queue = []
+    queue: list[dict[str, Any]] = []
     for k in range(rng.randint(1, 4)):
         queue.append(
             {

@@ -62,9 +62,23 @@ class LLMJudge:
         self.threshold = threshold
         self.last_drop: str | None = None
 
+    def check(self, row: dict):
+        """The filter's verdict (`role_registry.Filter`): dropped without a score or under the threshold."""
+        from palaestra.datagen.role_registry import FilterVerdict
+
+        score = self.score(row)
+        if score is None:
+            return FilterVerdict("judge:no_score", {"judge_score": None})
+        return FilterVerdict("judge:low_score" if score < self.threshold else None, {"judge_score": score})
+
     def score(self, row: dict) -> float | None:
         """The judge's score of `row`, or None (``last_drop`` says why)."""
         score = parse_score(self.llm.chat(judge_messages(row), role=self.role))
         if score is None:
             self.llm.drop(self, "no_score")
         return score
+
+
+def llm_judge(ctx) -> LLMJudge:
+    """The judge filter's factory (`role_registry`): one per worker, on the roles' shared LLM counter."""
+    return LLMJudge(ctx.counter, ctx.cfg.judge_threshold)

@@ -13,9 +13,10 @@ guided chain's (``unverified:<why>``). Checks per role:
 - query writer: 10-2000 characters, every value the user knows stated
   (`grounding.stated`: the same test the verifier applies), every criterion
   that singles out a record ("the highest priority"), no tool name. Its
-  prompt names the goal, the steps the user asks for (verification needs
-  each), what the assistant looks up itself, and only values a user can know
-  (the sampler never asks the user for a tool-made value);
+  prompt asks for the user's goal in the user's words (the trace's last
+  call), what the goal needs that the user asks for too (a login, a change
+  it depends on), what the assistant looks up itself, and only values a
+  user can know (the sampler never asks the user for a tool-made value);
 - critic: the text after ``</think>``, at most 600 characters (the chain
   redacts any call or value it leaks).
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from string import Template
 
@@ -32,6 +34,7 @@ from palaestra.datagen.grounding import stated
 from palaestra.datagen.phrasing import NOISE, imperative, param_phrase, value_text, words
 from palaestra.datagen.roles import AdvancedTool, DeterministicToolMaker, Query
 from palaestra.shared.llm.base import LLMClient, LLMError, SamplingParams
+from palaestra.shared.toolcall import parse_response
 
 PROMPTS = Path(__file__).parent / "prompts"
 PREAMBLE_RE = re.compile(r"^\s*(?:here(?:'s| is)[^:\n]*|sure[^:\n]*|request|user(?:'s)? request|query)\s*:\s*", re.I)
@@ -87,18 +90,22 @@ def selector_criteria(trace) -> list[str]:
     ]
 
 
-def query_writer_messages(tool: AdvancedTool, trace, spec, noise: str, omit: list[str] = ()) -> list[dict]:
-    """The query writer's request: the goal, the steps the user asks for, what the assistant looks up, the
-    criteria and the values the user knows (all but the omitted ones)."""
+def query_writer_messages(tool: AdvancedTool, trace, spec, noise: str, omit: Sequence[str] = ()) -> list[dict]:
+    """The query writer's request: the user's goal (the trace's last call), what it needs that the user asks for
+    too (the stated steps before it), what the assistant looks up, the criteria and the values the user knows
+    (all but the omitted ones)."""
     values = [v for k, v in tool.inputs.items() if k not in omit]
     hidden = set(trace.hidden)
-    steps = "\n".join(f"- {imperative(spec.doc(s.name))}" for i, s in enumerate(trace.steps) if i not in hidden)
+    last = len(trace.steps) - 1
+    goal = imperative(spec.doc(trace.steps[-1].name)) if trace.steps else tool.description
+    before = [f"- {imperative(spec.doc(s.name))}" for i, s in enumerate(trace.steps) if i not in hidden and i < last]
     looked_up = [words(s.feed_keys.get(p, p)) for s in trace.steps for p in s.feeds]
     looked_up += [f"{words(k)} (an earlier answer's)" for s in trace.steps for k in s.prior_feeds.values()]
     content = prompt(
         "query_writer",
+        goal=goal,
         description=tool.description,
-        steps=steps or "- (none)",
+        steps="\n" + "\n".join(before) if before else "none",
         hidden=", ".join(looked_up) or "none",
         criteria="; ".join(selector_criteria(trace)) or "none",
         noise=noise,
@@ -197,6 +204,25 @@ class CountingClient:
         """Per role: requests, prompt / completion characters, and tokens where the server returns token ids."""
         self.drops: dict[str, int] = {}
 
+    def answered_in_prose(self, role: str, prose: bool) -> None:
+        """Count a role's answer in prose where a tool call was due; `max_consecutive_errors` in a row stop the
+        run with one line naming the role and the likely cause (a model that does not call tools, or a server
+        that does not parse its calls)."""
+        key = f"prose:{role}"
+        if not prose:
+            self.consecutive[key] = 0
+            return
+        self.drops[f"{role}:prose"] = self.drops.get(f"{role}:prose", 0) + 1
+        self.consecutive[key] = self.consecutive.get(key, 0) + 1
+        student = self.context_failures  # a student being measured (`mine`): prose is its failure, not a setup's
+        if not student and self.max_consecutive_errors and self.consecutive[key] >= self.max_consecutive_errors:
+            raise LLMUnavailable(
+                f"datagen stopped: the {role} answered {self.consecutive[key]} requests in a row in prose where a "
+                "tool call was due; the model does not call tools, or the server does not parse its calls (vLLM: "
+                "--enable-auto-tool-choice --tool-call-parser matching the model, hermes for Qwen2.5/Qwen3; see "
+                "experiments/datagen/llm_served.yaml)"
+            )
+
     def fork(self) -> CountingClient:
         """A counter for one item: the same clients and the same failures-in-a-row (shared by the items a worker
         generates at once), its own counts."""
@@ -236,6 +262,7 @@ class CountingClient:
         return (out[0].text if out else "") or ""
 
     def drop(self, role, reason: str) -> None:
+        """Record why `role` dropped a sample (its ``last_drop``, counted per role); the role returns None."""
         role.last_drop = reason
         key = f"{role.role}:{reason}"
         self.drops[key] = self.drops.get(key, 0) + 1
@@ -255,12 +282,15 @@ class LLMToolMaker:
         text = self.llm.chat(tool_maker_messages(trace, base), role=self.role)
         obj = first_json_object(text)
         if obj is None:
-            return self.llm.drop(self, "no_json")
+            self.llm.drop(self, "no_json")
+            return None
         name, description = obj.get("name"), obj.get("description")
         if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_]\w{0,63}", name)):
-            return self.llm.drop(self, "bad_name")
+            self.llm.drop(self, "bad_name")
+            return None
         if not (isinstance(description, str) and 10 <= len(description.strip()) <= 600):
-            return self.llm.drop(self, "bad_description")
+            self.llm.drop(self, "bad_description")
+            return None
         return AdvancedTool(name, description.strip(), base.inputs, base.output)
 
 
@@ -272,20 +302,24 @@ class LLMQueryWriter:
         self.llm = llm
         self.last_drop: str | None = None
 
-    def write(self, tool: AdvancedTool, trace, spec, rng: random.Random, omit: list[str] = ()) -> Query | None:
+    def write(self, tool: AdvancedTool, trace, spec, rng: random.Random, omit: Sequence[str] = ()) -> Query | None:
         values = {k: v for k, v in tool.inputs.items() if k not in omit}
         criteria = selector_criteria(trace)
         text = self.llm.chat(query_writer_messages(tool, trace, spec, rng.choice(NOISE), omit), role=self.role)
         text = answer_text(text)
         if not (10 <= len(text) <= 2000):
-            return self.llm.drop(self, "length")
+            self.llm.drop(self, "length")
+            return None
         # the request must carry every value the user knows (the verifier's own test), or the task is unsolvable
         if not all(stated(v["value"], text, v["param"]) for v in values.values()):
-            return self.llm.drop(self, "missing_value")
+            self.llm.drop(self, "missing_value")
+            return None
         if not all(c.split(" of the one with the ")[1] in " ".join(text.lower().split()) for c in criteria):
-            return self.llm.drop(self, "missing_criterion")
+            self.llm.drop(self, "missing_criterion")
+            return None
         if any(re.search(rf"\b{re.escape(name)}\b", text) for name in spec.tool_names if "_" in name or len(name) > 6):
-            return self.llm.drop(self, "names_tool")
+            self.llm.drop(self, "names_tool")
+            return None
         return Query(text, list(omit))
 
 
@@ -297,7 +331,11 @@ class LLMReasoner:
         self.llm = llm
 
     def act(self, messages, tools, turn, try_index, rng) -> str:
-        return self.llm.chat(reasoner_messages(messages), tools=tools, role=self.role)
+        text = self.llm.chat(reasoner_messages(messages), tools=tools, role=self.role)
+        if text and turn.expects_calls and messages and messages[-1]["role"] in ("user", "system"):
+            # the first answer to a request that needs the tools: a call, or prose where a call was due
+            self.llm.answered_in_prose(self.role, not parse_response(text).calls)
+        return text
 
 
 class LLMCritic:
@@ -314,3 +352,20 @@ class LLMCritic:
         if not hint:
             self.llm.drop(self, "empty")
         return hint
+
+
+# factories named in `role_registry` (``factory(ctx: RoleContext)``)
+def tool_maker(ctx) -> LLMToolMaker:
+    return LLMToolMaker(ctx.counter)
+
+
+def query_writer(ctx) -> LLMQueryWriter:
+    return LLMQueryWriter(ctx.counter)
+
+
+def reasoner(ctx) -> LLMReasoner:
+    return LLMReasoner(ctx.counter)
+
+
+def critic(ctx) -> LLMCritic:
+    return LLMCritic(ctx.counter)

@@ -37,6 +37,7 @@ import random
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from palaestra.datagen.chain import TurnTask, run_try
 from palaestra.datagen.dataset import read_rows
@@ -167,6 +168,7 @@ def evaluate_student(rows: list[dict], student, graph) -> StudentScore:
             if turn["kind"] == "func_added":  # the withheld function joins the tools from this turn on
                 schema = spec.doc(turn["missing"])
                 tools = tools + spec.openai_tools(exclude={t["function"]["name"] for t in tools})
+            assert trace is not None, "a row's first turn has a trace"
             task = TurnTask(turn["query"], trace, tools, turn["kind"], turn.get("missing"), schema)
             guard.overflowed = False
             result = run_try(roles, env, history, task, None, 0, random.Random(0), 12)
@@ -185,7 +187,7 @@ def evaluate_student(rows: list[dict], student, graph) -> StudentScore:
                         break
                     prev = s.name
             history = history + result.messages
-            env = result.truth
+            env = result.truth if result.truth is not None else env
     return score
 
 
@@ -215,7 +217,8 @@ def check_fraction(value: float, owner: MineConfig) -> str | None:
 @job("datagen.mine", MineConfig)
 def mine(cfg: MineConfig, tracker: Tracker) -> dict:
     """Closed loop: mine the student's failures, reweight the graph, generate, train the student, evaluate."""
-    client = None
+    client: Any = None
+    student: Any
     if cfg.student == "scripted":
         student = ScriptedStudent(set(cfg.weak_tools))
     else:
@@ -238,7 +241,7 @@ def mine(cfg: MineConfig, tracker: Tracker) -> dict:
         weak_share = sum(1 for r in rows if f"{r['provenance']['env']}.{r['provenance']['target']}" in weak)
         score = evaluate_student(mining, student, graph)
         weights = graph.update_weights(cfg.boost)
-        metrics = {
+        metrics: dict[str, Any] = {
             "mine/student_failure_rate": score.rate,
             "mine/student_context_failures": score.context,
             "mine/kept": stats.kept,
@@ -263,7 +266,7 @@ def mine(cfg: MineConfig, tracker: Tracker) -> dict:
         tracker.log_artifact(out / "graph.json", f"round_{k}")
         if tracker.run_id is not None:
             tracker.log_figure(graph.figure(), "graph", step=k)
-        record = {"round": k, "heldout_samples": len(heldout), "mining_samples": len(mining)}
+        record: dict[str, Any] = {"round": k, "heldout_samples": len(heldout), "mining_samples": len(mining)}
         record |= {key.split("/", 1)[1]: v for key, v in metrics.items() if key.startswith("mine/")}
         record["drops"] = dict(sorted(stats.drops.items()))
         history.append(record)

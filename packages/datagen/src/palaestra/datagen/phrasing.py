@@ -144,26 +144,38 @@ REPORT_INTROS = [
 REPORT_FORMS = ["{k}: {v}", "the {k} is {v}", "{k} {v}"]
 
 
-def report(results: list[Any], rng: random.Random, limit: int = 4) -> str:
-    """A closing answer that states what the calls returned (the last results first), in words."""
+QUOTE = 80
+"""A text longer than this is quoted in part (its start, then an ellipsis and its length)."""
+
+
+def _fact_text(value: Any) -> str:
+    if isinstance(value, str) and len(value) > QUOTE:
+        head = " ".join(value[:QUOTE].split())
+        return f"'{head}...' ({len(value)} characters)"
+    if isinstance(value, list) and len(value) > 5:
+        return value_text(value[:5]) + f" and {len(value) - 5} more"
+    return value_text(value)
+
+
+def report(results: list[Any], rng: random.Random, per_output: int = 2) -> str:
+    """A closing answer that states what each requested call returned (the last first), in words.
+
+    Every result with content gives at least one fact; a long text is quoted in part (`QUOTE`), never
+    skipped, so a ``cat`` or a ``diff`` the user asked for is in the reply."""
     facts: list[str] = []
     for output in reversed(results):
+        taken = 0
         for key, value in leaves(output, "result"):
-            if len(facts) >= limit or isinstance(value, dict):
-                break
-            if isinstance(value, list):
-                value = value[:5]
-            text = value_text(value)
-            if len(text) > 120:
+            if taken >= per_output or isinstance(value, dict) or value in ("", [], None):
                 continue
             name = words(key)
+            text = _fact_text(value)
             fact = text if name in ("", "result") else rng.choice(REPORT_FORMS).format(k=name, v=text)
             if fact not in facts:
                 facts.append(fact)
-        if len(facts) >= 2:
-            break
+                taken += 1
     intro = rng.choice(REPORT_INTROS)
     if not facts:
-        return intro + " " + rng.choice(["Nothing more came back.", "There was nothing else to report."])
+        return intro + " " + rng.choice(["The calls returned no details.", "No details came back."])
     lead = rng.choice(["Here is what came back: ", "The result: ", "Results: ", "What I got: "])
     return f"{intro} {lead}{'; '.join(facts)}."

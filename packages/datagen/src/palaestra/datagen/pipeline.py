@@ -19,6 +19,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
+from typing import Any
 
 from palaestra.datagen import phrasing as P
 from palaestra.datagen import roles as R
@@ -26,6 +27,7 @@ from palaestra.datagen.argfill import leaves
 from palaestra.datagen.chain import TurnTask, guided_chain
 from palaestra.datagen.envs import ToolEnv, get_env
 from palaestra.datagen.graph import ApiGraph
+from palaestra.datagen.role_registry import STAGES, RoleContext, build, choice, role_names
 from palaestra.datagen.sampler import SamplerStats, draw_length, sample_trace
 from palaestra.datagen.schema import parameters
 from palaestra.shared.config import value_check
@@ -37,13 +39,10 @@ DEPENDENT_BONUS = 5.0
 """Later turns' targets: weight, on top, of a tool that a tool called in an earlier turn can feed."""
 ANSWERS = ["The {w} is {v}.", "It's {v}.", "Use {v}.", "Sorry, I forgot: the {w} is {v}.", "{v}, please."]
 """The user's answer when the assistant asked for a missing value (a miss_param turn)."""
-ROLE_NAMES = ("tool_maker", "query_writer", "reasoner", "critic")
-MODEL_ROLES = (*ROLE_NAMES, "judge")
-"""Roles that can have their own model (``roles.models``)."""
 
 
 class RoleImpl(StrEnum):
-    """Who plays a role: templates from schemas and the trace, or an LLM."""
+    """Who plays a built-in stage: templates from schemas and the trace, or an LLM."""
 
     deterministic = "deterministic"
     llm = "llm"
@@ -61,7 +60,7 @@ class RolesConfig:
     """Which implementation plays each role, and the LLM behind the LLM ones."""
 
     tool_maker: RoleImpl = RoleImpl.deterministic
-    """deterministic | llm."""
+    """deterministic | llm (another registered implementation: under ``others``)."""
     query_writer: RoleImpl = RoleImpl.deterministic
     """deterministic | llm."""
     reasoner: RoleImpl = RoleImpl.deterministic
@@ -72,6 +71,11 @@ class RolesConfig:
     """off | llm: an LLM scores every verified sample (does the request determine its calls?), `judge`."""
     judge_threshold: float = 7.0
     """Judge scores (1-10) under this drop the sample as ``judge:low_score``."""
+    others: dict[str, str] = field(
+        default_factory=dict, metadata=value_check("palaestra.datagen.role_registry:check_choices")
+    )
+    """Role -> implementation, over the fields above: roles registered beyond the built-in ones
+    (`role_registry.register_role`), or another implementation of a built-in one (`add_implementation`)."""
     naive_first_try: float = 0.3
     """Deterministic reasoner: chance to skip hidden steps on its first try (exercises the critic loop)."""
     llm: LLMConfig = field(default_factory=LLMConfig)
@@ -114,14 +118,14 @@ def _client(llm_json: str):
 
 
 def check_role_models(value: dict, owner) -> str | None:
-    unknown = [k for k in value if k not in MODEL_ROLES]
-    return f"unknown role(s) {unknown} (roles: {', '.join(MODEL_ROLES)})" if unknown else None
+    unknown = [k for k in value if k not in role_names()]
+    return f"unknown role(s) {unknown} (roles: {', '.join(role_names())})" if unknown else None
 
 
-def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, object | None]:
-    """Roles per config, and the `CountingClient` when any role is an LLM one (`counter`, if given: a fork of a
-    worker's, for one of the items it generates at once)."""
-    if counter is None and any(getattr(cfg, r) == "llm" for r in MODEL_ROLES):
+def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, Any]:
+    """Roles per config through `role_registry`, and the `CountingClient` when any role is an LLM one
+    (`counter`, if given: a fork of a worker's, for one of the items it generates at once)."""
+    if counter is None and any(choice(cfg, r) == "llm" for r in role_names()):
         from dataclasses import asdict
 
         from palaestra.datagen.llm_roles import CountingClient
@@ -130,20 +134,10 @@ def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, object | None]:
         counter = CountingClient(
             _client(json.dumps(asdict(cfg.llm), sort_keys=True)), cfg.sampling, cfg.max_consecutive_errors, per_role
         )
-    from palaestra.datagen import llm_roles as L
-
-    pick = {
-        "tool_maker": (R.DeterministicToolMaker, L.LLMToolMaker),
-        "query_writer": (R.DeterministicQueryWriter, L.LLMQueryWriter),
-        "reasoner": (lambda: R.DeterministicReasoner(cfg.naive_first_try), L.LLMReasoner),
-        "critic": (R.DeterministicCritic, L.LLMCritic),
-    }
-    chosen = {r: (pick[r][1](counter) if getattr(cfg, r) == "llm" else pick[r][0]()) for r in ROLE_NAMES}
-    if cfg.judge == "llm":
-        from palaestra.datagen.judge import LLMJudge
-
-        chosen["judge"] = LLMJudge(counter, cfg.judge_threshold)
-    return R.Roles(**chosen), counter
+    ctx = RoleContext(cfg, counter)
+    stages = {r: build(r, ctx) for r in STAGES}
+    filters = [f for f in (build(r, ctx) for r in role_names("filter")) if f is not None]
+    return R.Roles(**stages, filters=filters), counter
 
 
 def weighted_tool(
@@ -286,7 +280,8 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     Steps: plan the turns (`plan_turns`); per turn, a directed trace (`sample_trace`), the advanced tool (tool
     maker), the withheld input of a miss_param turn (`omitted_input`), the hard query (query writer), the chain's
     tasks (`turn_tasks`) each through the guided chain, their records (`turn_entry`, `trace_record`); then the row
-    (`dataset.make_row`), its grounding check and the judge filter (`judge`, when on)."""
+    (`dataset.make_row`), its grounding check, its goal coherence by replay (`coherence`) and the filters
+    (`role_registry`: the LLM judge, when on)."""
     rng = random.Random(item["seed"])
     spec = get_env(item["env"])
     env = ToolEnv(spec, spec.initial_state(item["scenario"]))
@@ -307,10 +302,12 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     def tools_now(hidden: set[str]) -> list[dict]:
         return [x for x in all_tools if x["function"]["name"] not in hidden]
 
-    def out(drop: str | None, sample=None, problems=(), judge_score=None):
+    coherence: dict = {}  # the coherence check's problems, once a sample reaches it
+
+    def out(drop: str | None, sample=None, problems=(), fields=None):
         stats = {"sampler": {"calls": sampler_stats.calls, "flows": sampler_stats.flows}, "chain": chain_stats}
-        judged = {"judge_score": judge_score} if judge_score is not None or drop == "judge:no_score" else {}
-        return {"sample": sample, "drop": drop, "problems": list(problems), **mark.since(), "stats": stats, **judged}
+        result = {"sample": sample, "drop": drop, "problems": list(problems), **mark.since(), "stats": stats}
+        return {**result, **(fields or {}), **coherence}
 
     called: set[str] = set()  # tools earlier turns called (a later turn preferably takes one's result)
     for t, target in enumerate(plan.targets):
@@ -342,14 +339,16 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         for task in tasks:
             result = guided_chain(roles, env, history, task, cfg.k_max, rng, cfg.max_steps, chain_stats)
             if result is None:
-                return out(f"unverified:{chain_stats.get('last_failure', 'unknown')}")
+                why = chain_stats.get("last_failure", "unknown")
+                return out("reasoner:prose" if why == "prose" else f"unverified:{why}")
             history += result.messages
-            env = result.truth
+            env = result.truth if result.truth is not None else env
             if task.kind == "func_added":
                 missed.append({"turn": len(turns), "functions": [withheld]})
             turns.append(turn_entry(task, trace, tool, omit, withheld))
         traces.append(trace_record(trace))
         advanced.append(tool.schema())
+    from palaestra.datagen.coherence import check_row
     from palaestra.datagen.dataset import make_row
     from palaestra.datagen.grounding import verify_row
 
@@ -360,12 +359,14 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     problems = verify_row(row, spec)
     if problems:
         return out(f"grounding_{problems[0]}", problems=problems)
-    if roles.judge is not None:  # the judge filter: only a verified sample is worth a judge's request
-        score = roles.judge.score(row)
-        if score is None:
-            return out("judge:no_score")
-        if score < roles.judge.threshold:
-            return out("judge:low_score", judge_score=score)
-        row["verdict"]["judge_score"] = score
-        return out(None, row, judge_score=score)
-    return out(None, row)
+    coherence["coherence"] = check_row(row, spec)  # every step follows from the goal, by replay
+    if coherence["coherence"]:
+        return out(f"coherence_{coherence['coherence'][0]}")
+    fields: dict = {}
+    for f in roles.filters:  # the filters (the LLM judge, ...): only a verified sample is worth their requests
+        verdict = f.check(row)
+        fields |= verdict.fields
+        if verdict.drop:
+            return out(verdict.drop, fields=fields)
+        row["verdict"].update(verdict.fields)
+    return out(None, row, fields=fields)

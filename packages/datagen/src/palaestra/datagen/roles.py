@@ -20,10 +20,13 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
 from palaestra.datagen import phrasing as P
+from palaestra.datagen.argfill import leaves
 from palaestra.datagen.phrasing import short_description
 from palaestra.datagen.sampler import Trace
 from palaestra.datagen.schema import parameters, to_openai_tool
@@ -84,7 +87,7 @@ def free_inputs(trace: Trace, spec) -> dict[str, dict]:
 class DeterministicToolMaker:
     name = "deterministic"
 
-    def make(self, trace: Trace, spec, rng: random.Random) -> AdvancedTool | None:
+    def make(self, trace: Trace, spec, rng: random.Random) -> AdvancedTool:
         steps = " then ".join(short_description(spec.doc(s.name)).lower() for s in trace.steps)
         last = trace.steps[-1]
         out = [k for k in (spec.doc(last.name).get("response") or {}).get("properties", {})]
@@ -104,7 +107,9 @@ class DeterministicQueryWriter:
 
     name = "deterministic"
 
-    def write(self, tool: AdvancedTool, trace: Trace, spec, rng: random.Random, omit: list[str] = ()) -> Query | None:
+    def write(
+        self, tool: AdvancedTool, trace: Trace, spec, rng: random.Random, omit: Sequence[str] = ()
+    ) -> Query | None:
         steps = trace.steps
         hidden = set(trace.hidden)
         visible = [i for i in range(len(steps)) if i not in hidden]
@@ -192,7 +197,7 @@ class DeterministicReasoner:
     def act(self, messages: list[dict], tools: list[dict], turn, try_index: int, rng: random.Random) -> str:
         spec_doc = {t["function"]["name"]: t["function"] for t in tools}
         if turn.kind == "miss_param":
-            pspec = next(
+            pspec: dict = next(
                 (
                     f["parameters"]["properties"][turn.missing]
                     for f in spec_doc.values()
@@ -227,7 +232,10 @@ class DeterministicReasoner:
         if try_index == 0 and turn.trace.hidden and rng.random() < self.naive_first_try:
             plan = [i for i in plan if i not in turn.trace.hidden]
         if done >= len(plan):
-            return format_calls([], thinking=rng.choice(FINISHED), content=P.report(_results_since_user(messages), rng))
+            # the results the user asked for: the stated steps' (a hidden step's is only a means)
+            stated = {s.name for j, s in enumerate(steps) if j not in turn.trace.hidden}
+            results = [r for name, r in _results_since_user(messages, named=True) if name in stated]
+            return format_calls([], thinking=_closing_thought(steps, results, rng), content=P.report(results, rng))
         i = plan[done]
         step = steps[i]
         why = []
@@ -239,12 +247,17 @@ class DeterministicReasoner:
             sel = step.selectors.get(param)
             which = f" of the record with the {sel[1]} {P.words(sel[0])}" if sel else ""
             key = P.words(step.feed_keys.get(param, param))
-            why.append(rng.choice(FEEDS).format(p=P.words(param), k=key, w=which, s=steps[src].name))
+            fed = rng.choice(FEEDS).format(p=P.words(param), k=key, w=which, s=steps[src].name)
+            why.append(fed + _value_note(step.arguments.get(param)))
         for param, key in step.prior_feeds.items():
-            why.append(f"the {P.words(param)} is the {P.words(key)} an earlier turn returned")
+            note = _value_note(step.arguments.get(param))
+            why.append(f"the {P.words(param)} is the {P.words(key)} an earlier turn returned{note}")
         given = [p for p in step.arguments if p not in step.feeds and p not in step.prior_feeds]
         if given and not consumers:
-            why.append(rng.choice(GIVEN).format(ps=", ".join(P.words(p) for p in given)))
+            said = ", ".join(P.words(p) + _value_note(step.arguments[p]) for p in given)
+            why.append(rng.choice(GIVEN).format(ps=said))
+        if not consumers and i < len(steps) - 1:  # a stated step before the goal: it enables the goal
+            why.append(f"{steps[-1].name} depends on it, so it comes first")
         doc = spec_doc.get(step.name)
         purpose = P.imperative(doc) if doc else "continue"
         lead = rng.choice(LEADS).format(n=step.name, p=purpose)
@@ -253,16 +266,35 @@ class DeterministicReasoner:
         )
 
 
-def _results_since_user(messages: list[dict]) -> list:
-    out = []
+def _value_note(value: Any) -> str:
+    """`` ('USR003')``: a short value in a reasoning sentence (nothing for a long one)."""
+    text = P.value_text(value)
+    return f" ({text})" if value is not None and len(text) <= 40 else ""
+
+
+def _closing_thought(steps: list, results: list, rng: random.Random) -> str:
+    """The reasoning before the closing answer, from this trace's facts: how many calls, which one the goal
+    was, what it returned first."""
+    goal = steps[-1].name if steps else "the last call"
+    facts = [(k, v) for k, v in leaves(results[-1], "result") if not isinstance(v, dict)] if results else []
+    first = f"; {goal} returned {P.words(facts[0][0]) or 'the result'}{_value_note(facts[0][1])}" if facts else ""
+    n = len(steps)
+    head = f"{n} call{'s' if n > 1 else ''} done" if n else "Done"
+    return f"{head}{first}. {rng.choice(FINISHED)}"
+
+
+def _results_since_user(messages: list[dict], named: bool = False) -> list:
+    """The tool results since the last user message (``(tool name, result)`` pairs when `named`)."""
+    out: list = []
     for m in messages:
         if m["role"] in ("user", "system"):
             out = []
         elif m["role"] == "tool":
             try:
-                out.append(json.loads(m["content"]))
+                result = json.loads(m["content"])
             except (json.JSONDecodeError, TypeError):
-                out.append(m["content"])
+                result = m["content"]
+            out.append((m.get("name"), result) if named else result)
     return out
 
 
@@ -295,22 +327,41 @@ class DeterministicCritic:
         return "Some results the request depends on were not produced; re-check each step's arguments."
 
 
-def openai_tools(spec, exclude: set[str] = frozenset()) -> list[dict]:
+def openai_tools(spec, exclude: AbstractSet[str] = frozenset()) -> list[dict]:
     return [to_openai_tool(d) for d in spec.docs if d["name"] not in exclude]
 
 
 @dataclass
 class Roles:
+    """The role objects one worker uses: the chain's four stages and the filters (`role_registry`)."""
+
     tool_maker: Any
     query_writer: Any
     reasoner: Any
     critic: Any
-    judge: Any = None
-    """The judge filter (`judge.LLMJudge`), or None when off."""
+    filters: list = field(default_factory=list)
+    """Filters run on every verified sample, in order (`role_registry.Filter`: the LLM judge, ...)."""
 
     def names(self) -> dict[str, str]:
         names = {k: getattr(self, k).name for k in ("tool_maker", "query_writer", "reasoner", "critic")}
-        return names | ({"judge": self.judge.name} if self.judge is not None else {})
+        return names | {f.role: f.name for f in self.filters}
+
+
+# factories named in `role_registry` (``factory(ctx: RoleContext)``)
+def tool_maker(ctx) -> DeterministicToolMaker:
+    return DeterministicToolMaker()
+
+
+def query_writer(ctx) -> DeterministicQueryWriter:
+    return DeterministicQueryWriter()
+
+
+def reasoner(ctx) -> DeterministicReasoner:
+    return DeterministicReasoner(ctx.cfg.naive_first_try)
+
+
+def critic(ctx) -> DeterministicCritic:
+    return DeterministicCritic()
 
 
 def redact(text: str, values: list[Any], calls: list[str]) -> str:

@@ -11,7 +11,9 @@ in ``llm_error_causes``), the judge filter's counts (``judge``: judged, passed,
 dropped under the threshold or without a score, samples per score), throughput.
 `audit_rows` re-checks a finished file: the contamination check against BFCL's test entries, the groundedness verifier
 on every kept row (``ungrounded_kept``), error responses among ground-truth
-steps (``error_response_steps``), and what the data teaches (``quality``: `quality.quality_figures`).
+steps (``error_response_steps``), the goal-coherence check on every kept row (``incoherent_kept``, by
+problem; ``coherence`` counts the samples checked and dropped at generation time), and what the data
+teaches (``quality``: `quality.quality_figures`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class RunStats:
     """Failed LLM requests by cause (`llm_roles.error_cause`)."""
     judge_scores: dict[str, int] = field(default_factory=dict)
     """Judge filter (`judge`): judged samples by score (``"none"``: no score in the answer)."""
+    coherence_checked: int = 0
+    """Samples that reached the goal-coherence check (`coherence.check_row`: grounded ones)."""
+    coherence_problems: dict[str, int] = field(default_factory=dict)
+    """Per coherence problem, the samples that had it (a sample can have several)."""
     calls: int = 0
     traces: int = 0
     hidden: int = 0
@@ -64,6 +70,10 @@ class RunStats:
         if "judge_score" in result:
             key = "none" if result["judge_score"] is None else f"{result['judge_score']:g}"
             self.judge_scores[key] = self.judge_scores.get(key, 0) + 1
+        if "coherence" in result:
+            self.coherence_checked += 1
+            for problem in result["coherence"]:
+                self.coherence_problems[problem] = self.coherence_problems.get(problem, 0) + 1
         for problem in result.get("problems", []):
             self.grounding_problems[problem] = self.grounding_problems.get(problem, 0) + 1
         if result["sample"] is None:
@@ -126,12 +136,21 @@ class RunStats:
                 "scores": dict(sorted(self.judge_scores.items(), key=lambda kv: float(kv[0].replace("none", "99")))),
             }
         out["grounding_problems"] = dict(sorted(self.grounding_problems.items()))
+        from palaestra.datagen.coherence import PROBLEMS
+
+        dropped = sum(n for r, n in self.drops.items() if r.startswith("coherence_"))
+        out["coherence"] = {
+            "checked": self.coherence_checked,
+            "dropped": dropped,
+            "problems": {p: self.coherence_problems.get(p, 0) for p in PROBLEMS},
+        }
         out["function_coverage_per_env"] = per_env
         return out
 
 
 def audit_rows(rows: list[dict]) -> dict:
     """Contamination, groundedness and error-response counts over finished rows (for ``stats.json``)."""
+    from palaestra.datagen.coherence import check_row
     from palaestra.datagen.contamination import ContaminationIndex
     from palaestra.datagen.envs import get_env, is_error_response
     from palaestra.datagen.grounding import verify_row
@@ -140,7 +159,10 @@ def audit_rows(rows: list[dict]) -> dict:
     ungrounded = 0
     problems: dict[str, int] = {}
     error_steps = 0
+    incoherent: dict[str, int] = {}
     for row in rows:
+        for p in check_row(row, get_env(row["provenance"]["env"])):
+            incoherent[p] = incoherent.get(p, 0) + 1
         found = verify_row(row, get_env(row["provenance"]["env"]))
         ungrounded += bool(found)
         for p in found:
@@ -152,5 +174,6 @@ def audit_rows(rows: list[dict]) -> dict:
         "ungrounded_kept": ungrounded,
         "ungrounded_kept_problems": problems,
         "error_response_steps": error_steps,
+        "incoherent_kept": incoherent,
         "quality": quality_figures(rows),
     }

@@ -14,7 +14,8 @@ the request determines every step (no call after it). A step whose argument
 the user would have to state although only an earlier output holds it (an id
 just created, a token, a computed figure; not in the initial state) is
 refused: the user could not know it. A finished trace keeps only the steps
-its goal needs (`prune`).
+its goal needs (`prune`, then by replay `coherence.needed_only`: a stated step that
+neither feeds nor enables the goal goes).
 
 Each step records where its argument values came from; a value equal to an
 earlier response value is an observed output-to-input flow, and the earlier
@@ -26,10 +27,13 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from palaestra.datagen.argfill import compatible_key, leaves, superlative, tokens, unique_candidates
+from palaestra.datagen.coherence import needed_only, step_breaks_coherence
 from palaestra.datagen.envs import ToolEnv
 from palaestra.datagen.graph import ApiGraph, node, try_call
 from palaestra.datagen.schema import parameters
@@ -134,9 +138,9 @@ def sample_trace(
     rng: random.Random,
     length: int,
     stats: SamplerStats | None = None,
-    exclude: set[str] = frozenset(),
-    prior_outputs: list[tuple[str, Any]] = (),
-    prior_arguments: list[dict] = (),
+    exclude: AbstractSet[str] = frozenset(),
+    prior_outputs: Sequence[tuple[str, Any]] = (),
+    prior_arguments: Sequence[dict] = (),
 ) -> tuple[Trace, ToolEnv]:
     """A trace of up to `length` executed calls toward `target`, and the environment after it.
 
@@ -207,7 +211,7 @@ def sample_trace(
         if not ex.ok:
             blocked.add(pick)
             if pick == target and not hit:
-                target = None  # the target cannot run here: fall back to random legal tools
+                target = None  # type: ignore[assignment]  # the target cannot run here: random legal tools
                 hit = True
             if consuming:
                 break
@@ -226,12 +230,18 @@ def sample_trace(
                 step.prior_feeds[param] = outputs[found][0]  # an earlier turn's result, carried over
             elif found is None and (_distinctive(value) or _small_id(value, param)):
                 for src in range(len(steps) - 1, -1, -1):  # one of several records, picked by a criterion
-                    best = superlative(value, steps[src].output, param, props.get(param, {}))
-                    if best is not None:
-                        step.feeds[param], step.feed_keys[param], step.selectors[param] = src, best[0], list(best[1:])
+                    pick_by = superlative(value, steps[src].output, param, props.get(param, {}))
+                    if pick_by is not None:
+                        step.feeds[param], step.feed_keys[param] = src, pick_by[0]
+                        step.selectors[param] = list(pick_by[1:])
                         break
         if consuming and steps[-1] is not None and len(steps) - 1 not in step.feeds.values():
             break  # it would not consume the last result: the goal ends where it is
+        if step_breaks_coherence(step, steps, env.spec.doc(pick)):
+            if consuming:
+                break
+            blocked.add(pick)  # a hidden state change, a value of another kind, an empty range: not this call
+            continue
         if _leaks(step, outputs, known + json.dumps([x.arguments for x in steps], default=str), props):
             if consuming:
                 break
@@ -280,6 +290,7 @@ def sample_trace(
                 [s.output for s in kept], sort_keys=True, default=str
             ) and replay.same_state(env):
                 steps, env = kept, replay
+        steps, env = needed_only(start, steps, env, lambda tool: graph.prerequisites(name, tool))
 
     # the goal is the last call: the target, or a tool that consumes its result
     return Trace(name, steps[-1].name if steps else "", steps, target_hit), env

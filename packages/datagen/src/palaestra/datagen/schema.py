@@ -96,7 +96,7 @@ def response_keys(doc: dict) -> list[str]:
 
 
 def _normalize_schema(spec: dict) -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in spec.items():
         if key == "type":
             out[key] = normalize_type(value)
