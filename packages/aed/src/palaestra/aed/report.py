@@ -6,7 +6,9 @@ and passive baselines, all evaluated on the same episode seeds) into metrics:
 - per type: the target-type success rate (accidents of the adversary's own
   type per episode, the headline metric) and the any-type attack success rate,
   each with its 95% Wilson interval (``_lo``, ``_hi``), beside the random and
-  passive adversaries' rates *of that same type*; ``beats_random`` compares
+  passive adversaries' rates *of that same type*; the target-type and
+  AV-responsible rates minus the passive ones, with Newcombe intervals
+  (`palaestra.aed.contrast`); ``beats_random`` compares
   target-type rates (point estimates), ``beats_random_ci`` asks the intervals
   not to overlap;
 - per scenario: diversity over what was found (distinct types, entropy over
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from palaestra.aed.contrast import passive_contrasts
 from palaestra.aed.evaluation import trajectory_diversity, type_entropy, type_rate
 
 
@@ -52,6 +55,8 @@ def aggregate(by_scenario: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
                 rate, (lo, hi) = type_rate(base, t)
                 metrics.update({f"{pre}/{kind}_target_rate": rate, f"{pre}/{kind}_target_rate_lo": lo})
                 metrics[f"{pre}/{kind}_target_rate_hi"] = hi
+            if "passive" in baselines:  # each rate minus the victim's own, with the counts behind it
+                metrics.update(passive_contrasts(pre, r, baselines["passive"]))
             if "random" in baselines:
                 rate, (_, hi) = type_rate(baselines["random"], t)
                 beats.append(r["target_rate"] > rate)
