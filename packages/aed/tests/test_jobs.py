@@ -325,3 +325,13 @@ def test_compare_cpu_trains_each_type_on_both_rewards():
     )
     assert arms == [("cut_in", "expert"), ("cut_in", "llm"), ("rear_end", "expert"), ("rear_end", "llm")]
     assert cfg.llm.backend == "aed_scripted"
+
+
+@pytest.mark.parametrize("job", ["aed.attack", "aed.victim", "aed.qualify"])
+def test_resolved_configs_hold_no_test_only_fields(job):
+    """Fault injection lives on the tasks the tests build (inject_faults), not in what a user's config resolves to."""
+    from palaestra.shared.config import to_yaml
+
+    text = to_yaml(load_config({"job": job}))
+    assert "fail_types" not in text and "crash_once_dir" not in text
+    assert "scenario" in text  # the control: the dump holds the config's real fields

@@ -204,6 +204,7 @@ def attack_tasks(
             raise ConfigError(f"victim=rl needs an existing 'victim_checkpoint' (got {path!r}); run aed.victim")
         taxonomy = (proposed or {}).get(scenario)
         arms: list[str | None] = ["expert", "llm"] if cfg.rewards == "both" else [None]
+        sets: list[tuple[list[dict] | None, list[str], list[str | None], str]]
         if cfg.taxonomy == "llm" and taxonomy:
             sets = [(taxonomy, [t["name"] for t in taxonomy], arms, "")]
         else:

@@ -127,6 +127,7 @@ def design_reward(
             counts = {f"eureka/{o}": sum(h["outcome"] == o for h in mine) for o in OUTCOMES}
             best_fitness = max((h["fitness"] for h in ok), default=-1.0)
             log({"eureka/valid_samples": len(ok), "eureka/best_fitness": best_fitness, **counts}, r)
+        assert round_best is not None  # at least one sample a round
         if round_best["status"] == "ok" and (best is None or round_best["fitness"] > best["fitness"]):
             best = round_best
         conversation = conversation[:2] + [

@@ -27,6 +27,7 @@ against the baselines, the learning curves, and the reward-design history.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from palaestra.aed.contrast import passive_contrasts
@@ -228,19 +229,20 @@ def rates_figure(scenario: str, items: list[dict[str, Any]]):
     attacks = [r for r in items if r["kind"] == "attack"]
     groups = {(r["kind"], _group(r)): r for r in items if r["kind"] in ("random", "passive")}
     fig, ax = new_figure(figsize=(1.8 + 1.6 * max(1, len(attacks)), 3.2))
-    bars = [("target type", lambda r: (r["target_rate"], r["target_rate_ci"]))]
+    bars: list[tuple[str, Callable[[dict], tuple[float, Any]]]] = [
+        ("target type", lambda r: (r["target_rate"], r["target_rate_ci"]))
+    ]
     bars.append(("any type", lambda r: (r["asr"], r["asr_ci"])))
+
+    def baseline_rate(kind: str) -> Callable[[dict], tuple[float, Any]]:
+        def get(r: dict) -> tuple[float, Any]:
+            base = groups.get((kind, _group(r)))
+            return type_rate(base, r["accident_type"]) if base is not None else (0.0, (0.0, 0.0))
+
+        return get
+
     for kind in sorted({k for k, _ in groups}):  # each type against the baseline classified by its own taxonomy
-        bars.append(
-            (
-                f"{kind} (target type)",
-                lambda r, k=kind: (
-                    type_rate(groups[(k, _group(r))], r["accident_type"])
-                    if (k, _group(r)) in groups
-                    else (0.0, (0.0, 0.0))
-                ),
-            )
-        )
+        bars.append((f"{kind} (target type)", baseline_rate(kind)))
     width = 0.8 / len(bars)
     x = np.arange(len(attacks))
     for i, (label, get) in enumerate(bars):

@@ -171,6 +171,7 @@ class SandboxedReward:
         return value if isinstance(value, bool) else float(value)
 
     def _send(self, obj: Any) -> None:
+        assert self.proc.stdin is not None  # opened with PIPE
         self.proc.stdin.write(json.dumps(obj) + "\n")
         self.proc.stdin.flush()
 
@@ -195,6 +196,7 @@ class SandboxedReward:
     def _read_line(self, timeout_s: float, what: str) -> bytes | None:
         """One reply line (None at end of stream); raw reads with our own buffer, at most `MAX_REPLY` bytes."""
         deadline = time.monotonic() + timeout_s
+        assert self.proc.stdout is not None  # opened with PIPE
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buffer:
             if len(self._buffer) > MAX_REPLY:
@@ -255,8 +257,8 @@ class SandboxedReward:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=5)
         for stream in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(OSError):
-                stream.close()
+            with contextlib.suppress(OSError, AttributeError):  # AttributeError: no stream
+                stream.close()  # type: ignore[union-attr]
         with contextlib.suppress(OSError):
             os.rmdir(self.tmp)
 
@@ -314,9 +316,10 @@ class LazySandboxedReward:
 
     def __init__(self, code: str, **kwargs):
         static_check(code)
-        self.code, self.kwargs, self._fn = code, kwargs, None
+        self.code, self.kwargs = code, kwargs
+        self._fn: SandboxedReward | None = None
 
-    def __call__(self, state: dict[str, Any]) -> float:
+    def __call__(self, state: dict[str, Any]) -> float | dict[str, float]:
         if self._fn is None:
             self._fn = SandboxedReward(self.code, **self.kwargs)
         return self._fn(state)

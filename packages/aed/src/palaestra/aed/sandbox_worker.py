@@ -63,7 +63,7 @@ def isolate(jail: str, uid_base: int) -> dict:
     libc = ctypes.CDLL(None, use_errno=True)
     root = os.getuid() == 0
     user = 0 if root else CLONE_NEWUSER
-    iso = dict.fromkeys(("netns", "pidns", "chroot", "jail", "no_caps", "own_uid", "audit"), False)
+    iso: dict = dict.fromkeys(("netns", "pidns", "chroot", "jail", "no_caps", "own_uid", "audit"), False)
     iso["uid"] = os.getuid()
     tries = ((CLONE_NEWNET | CLONE_NEWPID, ("netns", "pidns")), (CLONE_NEWNET, ("netns",)), (CLONE_NEWPID, ("pidns",)))
     for flags, keys in (*((f | CLONE_NEWNS, k) for f, k in tries), (CLONE_NEWNS, ())):
@@ -130,7 +130,17 @@ def wait_and_relay(child: int) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
-REFUSED_OS = ("setsid", "setpgid", "setpgrp", "write", "writev", "pwrite", "pwritev", "sendfile", "splice")
+REFUSED_OS: tuple[str, ...] = (
+    "setsid",
+    "setpgid",
+    "setpgrp",
+    "write",
+    "writev",
+    "pwrite",
+    "pwritev",
+    "sendfile",
+    "splice",
+)
 REFUSED_OS += ("copy_file_range", "pipe", "pipe2", "memfd_create", "eventfd", "dup", "dup2", "openpty", "login_tty")
 """Calls no audit event covers that reward code reaches through module globals (``math.__loader__.create_module
 .__globals__`` holds ``sys`` and ``posix``): new sessions, raw writes (forged replies), new descriptors."""
@@ -156,7 +166,7 @@ def drop_ctypes() -> None:
 
     for name in [n for n in sys.modules if n.split(".")[0] in ("ctypes", "_ctypes")]:
         del sys.modules[name]
-    sys.modules["ctypes"] = sys.modules["_ctypes"] = None
+    sys.modules["ctypes"] = sys.modules["_ctypes"] = None  # type: ignore[assignment]  # import: refused
     for name in REFUSED_IMP:
         if hasattr(_imp, name):
             setattr(_imp, name, refuser(f"_imp.{name}"))
@@ -298,4 +308,4 @@ if __name__ == "__main__":
     run = main()
     # the loop is looked up first, then its arguments; the last one empties the script's globals, so no frame
     # below the reward's holds os, sys or ctypes
-    run[0](*run[1], globals().clear())
+    run[0](*run[1], globals().clear())  # type: ignore[func-returns-value]

@@ -54,6 +54,7 @@ def victim(cfg: VictimConfig, tracker: Tracker) -> dict:
         print(f"[aed] victim checkpoint cached: {path}")
         return {"checkpoint": str(path), "cached": 1}
     env = Monitor(make_base_env(cfg.scenario, cfg.env_overrides))
+    model: DQN | PPO
     if cfg.algo == "dqn":
         model = DQN(
             "MlpPolicy",
