@@ -24,8 +24,9 @@ def test_experiment_configs_resolve(name):
 @pytest.mark.parametrize("name, scenarios", [("paper", ["highway", "merge", "roundabout", "intersection"]),
                                              ("compare_cpu", ["highway"])])  # fmt: skip
 def test_paper_protocol_configs(name, scenarios):
-    """paper.yaml (and compare_cpu.yaml at CPU size): an RL victim per scenario from its aed.victim stage, expert
-    and LLM arms on every fixed type, LLM-proposed types beside them, preference filtering, both baselines."""
+    """paper.yaml (and compare_cpu.yaml at CPU size): a qualified victim (paper: an RL victim per scenario from its
+    aed.victim stage; compare_cpu: IDM, with the recipe's DQN victim trained and qualified beside it), expert and
+    LLM arms on every fixed type, LLM-proposed types beside them, preference filtering, both baselines."""
     from palaestra.aed.attack import attack_tasks
     from palaestra.aed.attack_task import victim_checkpoint
     from palaestra.aed.qualification import traffic
@@ -37,7 +38,8 @@ def test_paper_protocol_configs(name, scenarios):
     combos = file_combinations(path) if name == "compare_cpu" else []  # compare_cpu: a matrix over seeds
     stages = stage_configs(combos[0].cfg if combos else load_config(path))
     attack = stages["attack"]
-    assert attack.scenarios == scenarios and attack.victim == "rl" and attack.preference.enabled
+    assert attack.scenarios == scenarios and attack.preference.enabled
+    assert attack.victim == ("idm" if name == "compare_cpu" else "rl")
     # the victim is qualified before the attack, in the attack's traffic, and the attack insists on it
     names = list(stages)
     assert names.index("qualify") < names.index("attack") and attack.require_qualified_victim
@@ -47,14 +49,16 @@ def test_paper_protocol_configs(name, scenarios):
     assert attack.rewards == "both" and attack.taxonomy == "both" and attack.adversary_placement == "scenario"
     victims = {s.scenario: s for s in stages.values() if s.job == "aed.victim"}
     assert sorted(victims) == sorted(scenarios)
+    rl_qualify = stages.get("qualify_rl", qualify)  # compare_cpu qualifies its RL victim in a stage of its own
+    assert rl_qualify.victim == "rl" and traffic(rl_qualify) == traffic(attack)
     for scenario, v in victims.items():  # the stage's checkpoint, or the aed.victim job's default path
         default = Path(v.output_dir) / "victims" / f"{scenario}_{v.algo}.zip"
-        assert Path(victim_checkpoint(attack, scenario)) == Path(v.checkpoint or default)
+        assert Path(victim_checkpoint(rl_qualify, scenario)) == Path(v.checkpoint or default)
         assert v.algo == "dqn" and v.timesteps >= 20_000 and v.exploration_fraction == 0.1  # highway-env's recipe
         assert v.seed == 0  # one victim for every seed
     if name == "compare_cpu":  # three seeds against that one victim
         assert [c.cfg.seed for c in combos] == [0, 1, 2]
-        assert {stage_configs(c.cfg)["attack"].victim_checkpoint for c in combos} == {attack.victim_checkpoint}
+        assert {stage_configs(c.cfg)["victim"].checkpoint for c in combos} == {victims["highway"].checkpoint}
     new = [{"name": f"new_{i}", "description": "d", "recognizer": "def recognize(record):\n    return False\n"}
            for i in range(attack.proposals.n_types)]  # fmt: skip
     tasks = attack_tasks(attack, {s: new for s in scenarios}, check_victim=False)
