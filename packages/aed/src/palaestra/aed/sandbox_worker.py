@@ -66,13 +66,13 @@ def isolate(jail: str, uid_base: int) -> dict:
     iso: dict = dict.fromkeys(("netns", "pidns", "chroot", "jail", "no_caps", "own_uid", "audit"), False)
     iso["uid"] = os.getuid()
     tries = ((CLONE_NEWNET | CLONE_NEWPID, ("netns", "pidns")), (CLONE_NEWNET, ("netns",)), (CLONE_NEWPID, ("pidns",)))
-    for flags, keys in (*((f | CLONE_NEWNS, k) for f, k in tries), (CLONE_NEWNS, ())):
+    mountns = False  # with a mount namespace first; where the kernel refuses one, the others alone
+    for flags, keys, ns in (*((f | CLONE_NEWNS, k, True) for f, k in tries), (CLONE_NEWNS, (), True),
+                            *((f, k, False) for f, k in tries)):  # fmt: skip
         if libc.unshare(flags | user) == 0:
             iso.update(dict.fromkeys(keys, True))
-            mountns = True
+            mountns = ns
             break
-    else:
-        mountns = False
     outer_pid = os.getpid()
     if iso["pidns"]:
         child = os.fork()
