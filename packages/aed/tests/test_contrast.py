@@ -83,3 +83,34 @@ def test_seeds_table_pools_counts_and_averages_differences():
     half = 4.302652729911275 * sd / math.sqrt(3)  # t_{0.975, 2}
     assert cells[3] == f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
     assert cells[5].startswith("+0.090") and "[" in cells[5]  # AV-responsible: 10 vs 1 per seed
+
+
+def test_the_parent_runs_metrics_carry_the_passive_contrasts():
+    """aggregate (the attack job's metrics) gives each arm's differences from the passive baseline of its group;
+    a one-seed table of them has the pooled cell equal to that seed's difference."""
+    from palaestra.aed.evaluation import summarize
+    from palaestra.aed.report import aggregate
+
+    def evaluated(kind, accident_type, responsible: int, **counts):
+        found = [{"accident_type": t, "victim_responsible": False, "features": [0.0]} for t, n in counts.items()
+                 for _ in range(n)]  # fmt: skip
+        for a in found[:responsible]:
+            a["victim_responsible"] = True
+        ev = {k: v for k, v in summarize(found, 100, target=accident_type).items() if k != "accidents"}
+        return {"kind": kind, "accident_type": accident_type, "steps_to_first_success": 1, "arm": "llm", **ev}
+
+    items = [
+        evaluated("attack", "rear_end", 12, rear_end=20, side_swipe=5),
+        {**evaluated("passive", None, 2, rear_end=3), "arm": None},
+    ]
+    m = aggregate({"highway": items})
+    pre = "aed/highway/rear_end/llm"
+    assert m[f"{pre}/target_rate_vs_passive"] == pytest.approx(0.17)
+    assert m[f"{pre}/responsible_rate_vs_passive"] == pytest.approx(0.10)
+    lo, hi = newcombe_by_hand(12, 100, 2, 100)
+    assert (m[f"{pre}/responsible_rate_vs_passive_lo"], m[f"{pre}/responsible_rate_vs_passive_hi"]) == (
+        pytest.approx(lo),
+        pytest.approx(hi),
+    )
+    row = next(line for line in seeds_table([m]).splitlines() if line.startswith("| highway/rear_end/llm"))
+    assert "+0.170 [" in row and "(one seed)" in row
