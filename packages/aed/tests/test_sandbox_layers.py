@@ -164,7 +164,11 @@ from palaestra.aed.allowlist import RewardCodeError
 from palaestra.aed.sandbox import SandboxedReward
 code, settings, mode = json.loads(sys.argv[1])
 settings["_unsafe_preimport"] = tuple(settings.get("_unsafe_preimport", ()))
-fn = SandboxedReward(code, **settings)
+try:
+    fn = SandboxedReward(code, **settings)
+except RewardCodeError as err:  # refused while loading
+    print(json.dumps({"value": err.reason, "isolation": None}))
+    sys.exit(0)
 out = {"isolation": fn.isolation}
 try:
     out["value"] = fn({"t": 0.0})
@@ -348,3 +352,11 @@ def test_a_call_at_a_raw_address_kills_only_the_sandbox():
     )
     assert "killed by SIGSEGV" in outcome(code, **RUNTIME)
     assert outcome("def reward(state):\n    return 2.0\n") == 2.0
+
+
+def test_no_ctypes_and_the_audit_layer_hold_for_an_unprivileged_caller():
+    got = run_as_nobody("import ctypes\ndef reward(state):\n    return 1.0\n", NO_AUDIT)
+    assert "ModuleNotFoundError: import of ctypes" in got["value"], got
+    code = f"def reward(state):\n    {WALK}['sys'].modules['posix'].setsid()\n    return 1.0\n"
+    got = run_as_nobody(code, RUNTIME)
+    assert "'os.setsid' is not allowed" in got["value"] and got["isolation"]["no_caps"], got
