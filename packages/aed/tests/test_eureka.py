@@ -47,6 +47,24 @@ def test_refusal_is_fed_back_and_the_valid_round_kept(tmp_path):
     assert 'state["rel"]' in llm.seen[0][1]["content"]  # the documented state API is in the task prompt
 
 
+def test_every_samples_outcome_is_logged_with_its_reason(capsys):
+    """One sample of each outcome before training, and one trained: the history, the printed lines and the
+    per-round counts say which it was and why (the static check's refusal in its own words)."""
+    crashing = "```python\ndef reward(state):\n    return state['no_such_key']\n```"
+    replies = ["no code at all", HOSTILE, crashing, VALID]
+    logged: list[dict] = []
+    out = design_reward(
+        ScriptedLLM(replies), SPEC, TINY, rounds=1, samples=4, eval_episodes=1, log=lambda m, step: logged.append(m)
+    )
+    outcomes = [h["outcome"] for h in out["history"]]
+    assert outcomes == ["unparsed", "refused", "sandbox_failed", "trained"]
+    assert "Import is not allowed" in out["history"][1]["reason"] and "KeyError" in out["history"][2]["reason"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[aed] eureka")]
+    assert len(lines) == 4 and "round 1 sample 2: refused (rejected: Import is not allowed" in lines[1]
+    assert "sample 4: trained, fitness" in lines[3]
+    assert logged[0]["eureka/refused"] == 1 and logged[0]["eureka/trained"] == 1 and logged[0]["eureka/unparsed"] == 1
+
+
 def test_every_round_failing_falls_back(tiny_llm):
     # the random-weight tiny model writes no valid reward: the loop must say so and never raise
     out = design_reward(tiny_llm, SPEC, TINY, rounds=2, samples=1, eval_episodes=1, seed=0, max_tokens=24)

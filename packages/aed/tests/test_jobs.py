@@ -11,33 +11,54 @@ from palaestra.shared.jobs import load_config, run_job
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("name", ["tiny_cpu", "llm_rewards", "victim_dqn", "scenarios_cpu"])
+@pytest.mark.parametrize("name", ["tiny_cpu", "llm_rewards", "victim_dqn", "scenarios_cpu", "paper_seeds"])
 def test_experiment_configs_resolve(name):
     from palaestra.shared.matrix import file_combinations
 
     path = ROOT / "experiments" / "aed" / f"{name}.yaml"
-    cfg = file_combinations(path)[0].cfg if name == "tiny_cpu" else load_config(path)  # tiny_cpu: seeds 0, 1
-    assert cfg.job == ("aed.victim" if name == "victim_dqn" else "aed.attack")
+    matrix = name in ("tiny_cpu", "paper_seeds")  # tiny_cpu: seeds 0, 1; paper_seeds: 0, 1, 2
+    cfg = file_combinations(path)[0].cfg if matrix else load_config(path)
+    assert cfg.job == {"victim_dqn": "aed.victim", "paper_seeds": "pipeline"}.get(name, "aed.attack")
 
 
 @pytest.mark.parametrize("name, scenarios", [("paper", ["highway", "merge", "roundabout", "intersection"]),
                                              ("compare_cpu", ["highway"])])  # fmt: skip
 def test_paper_protocol_configs(name, scenarios):
-    """paper.yaml (and compare_cpu.yaml at CPU size): an RL victim per scenario from its aed.victim stage, expert
-    and LLM arms on every fixed type, LLM-proposed types beside them, preference filtering, both baselines."""
+    """paper.yaml (and compare_cpu.yaml at CPU size): a qualified victim (paper: an RL victim per scenario from its
+    aed.victim stage; compare_cpu: IDM, with the recipe's DQN victim trained and qualified beside it), expert and
+    LLM arms on every fixed type, LLM-proposed types beside them, preference filtering, both baselines."""
     from palaestra.aed.attack import attack_tasks
     from palaestra.aed.attack_task import victim_checkpoint
+    from palaestra.aed.qualification import traffic
     from palaestra.aed.rewards import SCENARIO_TYPES
+    from palaestra.shared.matrix import file_combinations
     from palaestra.shared.pipeline import stage_configs
 
-    stages = stage_configs(load_config(ROOT / "experiments" / "aed" / f"{name}.yaml"))
+    path = ROOT / "experiments" / "aed" / f"{name}.yaml"
+    combos = file_combinations(path) if name == "compare_cpu" else []  # compare_cpu: a matrix over seeds
+    stages = stage_configs(combos[0].cfg if combos else load_config(path))
     attack = stages["attack"]
-    assert attack.scenarios == scenarios and attack.victim == "rl" and attack.preference.enabled
+    assert attack.scenarios == scenarios and attack.preference.enabled
+    assert attack.victim == ("idm" if name == "compare_cpu" else "rl")
+    # the victim is qualified before the attack, in the attack's traffic, and the attack insists on it
+    names = list(stages)
+    assert names.index("qualify") < names.index("attack") and attack.require_qualified_victim
+    qualify = stages["qualify"]
+    assert qualify.scenarios == scenarios and traffic(qualify) == traffic(attack)
+    assert qualify.victim_checkpoint == attack.victim_checkpoint and qualify.episodes >= 100
     assert attack.rewards == "both" and attack.taxonomy == "both" and attack.adversary_placement == "scenario"
     victims = {s.scenario: s for s in stages.values() if s.job == "aed.victim"}
     assert sorted(victims) == sorted(scenarios)
-    for scenario, v in victims.items():  # the aed.victim job's default checkpoint path (see jobs.victim)
-        assert Path(victim_checkpoint(attack, scenario)) == Path(v.output_dir) / "victims" / f"{scenario}_{v.algo}.zip"
+    rl_qualify = stages.get("qualify_rl", qualify)  # compare_cpu qualifies its RL victim in a stage of its own
+    assert rl_qualify.victim == "rl" and traffic(rl_qualify) == traffic(attack)
+    for scenario, v in victims.items():  # the stage's checkpoint, or the aed.victim job's default path
+        default = Path(v.output_dir) / "victims" / f"{scenario}_{v.algo}.zip"
+        assert Path(victim_checkpoint(rl_qualify, scenario)) == Path(v.checkpoint or default)
+        assert v.algo == "dqn" and v.timesteps >= 20_000 and v.exploration_fraction == 0.1  # highway-env's recipe
+        assert v.seed == 0  # one victim for every seed
+    if name == "compare_cpu":  # three seeds against that one victim
+        assert [c.cfg.seed for c in combos] == [0, 1, 2]
+        assert {stage_configs(c.cfg)["victim"].checkpoint for c in combos} == {victims["highway"].checkpoint}
     new = [{"name": f"new_{i}", "description": "d", "recognizer": "def recognize(record):\n    return False\n"}
            for i in range(attack.proposals.n_types)]  # fmt: skip
     tasks = attack_tasks(attack, {s: new for s in scenarios}, check_victim=False)
@@ -81,9 +102,18 @@ def test_palaestra_plan_prints_the_paper_protocols_counts(capsys):
     victims = [s for s in stages.values() if s.job == "aed.victim"]
     assert len(victims) == 4 and all(f"stage victim_{v.scenario} (aed.victim):" in text for v in victims)
     total = sum(v.timesteps for v in victims) * SECONDS_PER_STEP / 3600
+    qualify = stages["qualify"]
+    total += len(qualify.scenarios) * qualify.episodes * horizon * SECONDS_PER_STEP / 3600  # 30 steps everywhere
+    assert f"aed.qualify highway, merge, roundabout, intersection: {qualify.episodes} passive episodes" in text
+    # the LLM's requests: Eureka's per LLM-arm task (the fixed types' llm arm and the proposed types), proposals
+    llm_tasks = sum(len(SCENARIO_TYPES[s]) + attack.proposals.n_types for s in attack.scenarios)
+    eureka = llm_tasks * e.rounds * e.samples
+    assert eureka == 1040 and f"Eureka {eureka:,} ({llm_tasks} LLM-arm tasks x {e.rounds} rounds" in text
+    assert f"proposals {len(attack.scenarios) * (1 + attack.proposals.retries)}," in text
     assert f"aed.victim highway: {victims[0].timesteps:,} steps" in text
     attack_total = float(text.split("Total ")[1].split(" CPU-hours")[0])
-    assert f"all stages: {attack_total + total:.1f} CPU-hours" in text
+    all_stages = float(text.split("all stages: ")[1].split(" CPU-hours")[0])
+    assert all_stages == pytest.approx(attack_total + total, abs=0.1)  # "Total" is printed rounded
 
 
 def test_preference_demo_attacks_the_victim_its_first_stage_caches():
@@ -115,11 +145,20 @@ def test_bad_config_values_are_one_line_errors(tracking):
         run_job(load_config({**base, "victim": "rl"}))
 
 
+def inject_faults(monkeypatch, **faults) -> None:
+    """Fault injection through the tasks (``fail_types``, ``crash_once_dir``), not through the config."""
+    from palaestra.aed import attack
+
+    plain = attack.attack_tasks
+    monkeypatch.setattr(attack, "attack_tasks", lambda *a, **k: [{**t, "test_faults": faults} for t in plain(*a, **k)])
+
+
 @pytest.mark.slow
-def test_attack_job_end_to_end(ray_local, tracking, tmp_path):
+def test_attack_job_end_to_end(ray_local, tracking, tmp_path, monkeypatch):
     import imageio.v2 as imageio
     from mlflow.tracking import MlflowClient
 
+    inject_faults(monkeypatch, fail_types=["cut_in"], crash_once_dir=str(tmp_path / "markers"))
     cfg = load_config(
         {
             "job": "aed.attack",
@@ -132,8 +171,7 @@ def test_attack_job_end_to_end(ray_local, tracking, tmp_path):
             "video_episodes": 1,
             "preference": {"enabled": True, "finetune_timesteps": 20},
             "passive_baseline": True,
-            "fail_types": ["cut_in"],
-            "crash_once_dir": str(tmp_path / "markers"),
+            "require_qualified_victim": False,
             "tracking": vars(tracking),
             "output_dir": str(tmp_path / "out"),
         }
@@ -226,6 +264,7 @@ def test_llm_rewards_through_a_served_model_fall_back_and_go_on(ray_local, tiny_
             "eval_episodes": 1,
             "random_baseline": False,
             "video": False,
+            "require_qualified_victim": False,
             "tracking": vars(tracking),
             "output_dir": str(tmp_path),
         }
@@ -252,6 +291,7 @@ def test_llm_proposed_types_train_on_their_llm_rewards(ray_local, tracking, tmp_
             "train": {"timesteps": 20, "learning_starts": 8},
             "eval_episodes": 2,
             "video": False,
+            "require_qualified_victim": False,
             "tracking": vars(tracking),
             "output_dir": str(tmp_path),
         }
@@ -280,11 +320,22 @@ def test_scenarios_cpu_covers_every_scenario_with_its_default_types():
 
 def test_compare_cpu_trains_each_type_on_both_rewards():
     from palaestra.aed.attack import attack_tasks
+    from palaestra.shared.matrix import file_combinations
     from palaestra.shared.pipeline import stage_configs
 
-    cfg = stage_configs(load_config(ROOT / "experiments" / "aed" / "compare_cpu.yaml"))["attack"]
+    cfg = stage_configs(file_combinations(ROOT / "experiments" / "aed" / "compare_cpu.yaml")[0].cfg)["attack"]
     arms = sorted(
         (t["accident_type"], t["arm"]) for t in attack_tasks(cfg, check_victim=False) if t["kind"] == "attack"
     )
     assert arms == [("cut_in", "expert"), ("cut_in", "llm"), ("rear_end", "expert"), ("rear_end", "llm")]
     assert cfg.llm.backend == "aed_scripted"
+
+
+@pytest.mark.parametrize("job", ["aed.attack", "aed.victim", "aed.qualify"])
+def test_resolved_configs_hold_no_test_only_fields(job):
+    """Fault injection lives on the tasks the tests build (inject_faults), not in what a user's config resolves to."""
+    from palaestra.shared.config import to_yaml
+
+    text = to_yaml(load_config({"job": job}))
+    assert "fail_types" not in text and "crash_once_dir" not in text
+    assert "scenario" in text  # the control: the dump holds the config's real fields

@@ -162,13 +162,11 @@ def forger(payload: str, how: str) -> str:
         ("x" * 20_000, "reply longer than"),
     ],
 )
-@pytest.mark.parametrize("how", ["sys", "subclasses"])
-def test_forged_replies_are_refused_by_the_parent(payload, reason, how):
-    code = forger(payload, how)
+def test_forged_replies_are_refused_by_the_parent(payload, reason):
+    code = forger(payload, "sys")
     with pytest.raises(RewardCodeError):
         static_check(code)
-    settings = OS_ONLY if how == "sys" else RUNTIME
-    fn = SandboxedReward(code, **settings)
+    fn = SandboxedReward(code, **OS_ONLY)
     try:
         with pytest.raises(RewardCodeError) as err:
             fn(STATE)
@@ -177,6 +175,13 @@ def test_forged_replies_are_refused_by_the_parent(payload, reason, how):
             fn(STATE)
     finally:
         fn.close()
+
+
+def test_raw_writes_to_the_parent_are_refused_at_run_time():
+    """With the static check off, os.write reached through object's subclasses is refused (no audit event covers
+    it: the worker replaces it before the code runs), so no forged line reaches the parent."""
+    reason = outcome(forger('{"ok": 1e308}\n', "subclasses"), **RUNTIME)
+    assert "raised PermissionError: sandbox: 'os.write' is not allowed" in reason, reason
 
 
 def test_reply_check_is_the_parents_own():
@@ -268,7 +273,8 @@ def test_missing_isolation_layers_are_logged_and_warned(caplog):
     from palaestra.aed import sandbox
 
     caplog.set_level("INFO", logger="palaestra.aed.sandbox")
-    full = {"netns": True, "pidns": True, "chroot": True, "uid": 200_123, "own_uid": True, "audit": True}
+    full = {"netns": True, "pidns": True, "chroot": True, "jail": True, "no_caps": True, "audit": True}
+    full |= {"uid": 200_123, "own_uid": True}
     assert sandbox.report_isolation(full, "test") == []
     assert "test isolation: {'netns': True" in caplog.text
     gaps = {**full, "pidns": False, "netns": False}

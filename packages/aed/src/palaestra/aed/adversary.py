@@ -122,7 +122,9 @@ def build_model(spec: AdversarySpec, settings: TrainSettings, seed: int):
     if settings.algo == "dqn" and spec.num_adversaries > 1:
         raise ValueError("several adversaries act jointly (MultiDiscrete): use algo=ppo")
     env = adversary_vec_env(spec, settings.n_envs, seed)
-    kwargs = dict(learning_rate=settings.learning_rate, gamma=settings.gamma, seed=seed, device="cpu", verbose=0)
+    kwargs: dict[str, Any] = dict(
+        learning_rate=settings.learning_rate, gamma=settings.gamma, seed=seed, device="cpu", verbose=0
+    )
     if settings.algo == "dqn":
         return DQN(
             "MlpPolicy",
@@ -158,6 +160,7 @@ def restart_exploration(model, initial_eps: float, fraction: float = 0.4) -> Non
     from stable_baselines3.common.utils import LinearSchedule
 
     if isinstance(model, DQN):
+        assert model.replay_buffer is not None  # built with the model
         model.replay_buffer.reset()
         model.exploration_initial_eps = initial_eps
         model.exploration_schedule = LinearSchedule(initial_eps, model.exploration_final_eps, fraction)

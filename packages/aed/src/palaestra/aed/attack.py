@@ -182,10 +182,9 @@ class AttackConfig(JobConfig):
     cpus_per_task: float = 1.0
     max_retries: int = 2
     """Ray retries of a task whose worker died."""
-    fail_types: list[str] = field(default_factory=list)
-    """Testing: accident types whose task raises (the others must survive)."""
-    crash_once_dir: str | None = None
-    """Testing: each task kills its worker once, leaving a marker file here (Ray must retry it)."""
+    require_qualified_victim: bool = True
+    """Refuse a victim without a passing ``aed.qualify`` record for this traffic (its accident rate alone at most
+    0.05: otherwise every attack rate is the victim's own crashes); false: attack it anyway, said in the log."""
 
 
 def attack_tasks(
@@ -205,6 +204,7 @@ def attack_tasks(
             raise ConfigError(f"victim=rl needs an existing 'victim_checkpoint' (got {path!r}); run aed.victim")
         taxonomy = (proposed or {}).get(scenario)
         arms: list[str | None] = ["expert", "llm"] if cfg.rewards == "both" else [None]
+        sets: list[tuple[list[dict] | None, list[str], list[str | None], str]]
         if cfg.taxonomy == "llm" and taxonomy:
             sets = [(taxonomy, [t["name"] for t in taxonomy], arms, "")]
         else:
@@ -243,6 +243,12 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
     from palaestra.shared.cluster import TaskFailure, parallel_map
 
     attack_tasks(cfg)  # the config's errors before any LLM call
+    if cfg.require_qualified_victim:
+        from palaestra.aed.qualification import check_qualified
+
+        check_qualified(cfg)
+    else:
+        print(f"[aed] WARNING: victim {cfg.victim} attacked without qualification (require_qualified_victim=false)")
     proposed = _propose(cfg, tracker) if cfg.taxonomy in ("llm", "both") else None
     tasks = attack_tasks(cfg, proposed)
     for task in tasks:
@@ -289,6 +295,12 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
         table = comparison_table(by_scenario, cfg.llm.backend)
         tracker.log_text(table, "expert_vs_llm.md")
         print(table)
+    if cfg.passive_baseline and metrics:
+        from palaestra.aed.contrast import seeds_table
+
+        vs_passive = seeds_table([metrics])
+        tracker.log_text(vs_passive, "vs_passive.md")
+        print(vs_passive)
     tracker.log_metrics(metrics)
     tracker.log_dict({"summary": summary, "failures": failures}, "aed_summary.json")
     metrics["aed/failed_tasks"] = len(failures)

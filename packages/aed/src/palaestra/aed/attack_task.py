@@ -22,7 +22,7 @@ def attack_task(task: dict[str, Any]) -> dict[str, Any]:
     from palaestra.shared.jobs import seed_everything
 
     cfg, scenario, kind = task["cfg"], task["scenario"], task["kind"]
-    _test_faults(cfg, task)
+    _test_faults(task.get("test_faults") or {}, task)
     seed_everything(cfg.seed)
     import torch
 
@@ -284,12 +284,13 @@ def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[st
     return out
 
 
-def _test_faults(cfg, task: dict) -> None:
-    """Fault injection for the tests: a type that raises, a worker that dies once (Ray retries it)."""
-    if task.get("accident_type") in cfg.fail_types:
+def _test_faults(faults: dict, task: dict) -> None:
+    """Fault injection, set by the tests on the task (never in a config): ``fail_types`` (accident types whose task
+    raises) and ``crash_once_dir`` (each task kills its worker once, leaving a marker there: Ray retries it)."""
+    if task.get("accident_type") in faults.get("fail_types", ()):
         raise RuntimeError(f"injected failure for accident type {task['accident_type']}")
-    if cfg.crash_once_dir and task.get("accident_type"):
-        marker = Path(cfg.crash_once_dir) / f"{task['scenario']}_{task['accident_type']}.crashed"
+    if faults.get("crash_once_dir") and task.get("accident_type"):
+        marker = Path(faults["crash_once_dir"]) / f"{task['scenario']}_{task['accident_type']}.crashed"
         if not marker.exists():
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text("worker killed once")

@@ -240,7 +240,9 @@ class AdversaryEnv(gym.Env):
             if adv.crashed or near <= 0.0:
                 continue
             rec = make_record(self.victim, adv, "victim", f"adv{i}", self.t, self.steps, self.history)
-            total += near * math.tanh(self.responsibility_score(accident_features(rec, self.recent)))
+            score = self.responsibility_score
+            assert score is not None  # checked by the caller
+            total += near * math.tanh(score(accident_features(rec, self.recent)))
         return self.responsibility_shaping * total
 
     def _reward(self, state: dict) -> float:
@@ -331,10 +333,10 @@ class AdversaryEnv(gym.Env):
         rec = victim_recs[0] if victim_recs else None
         return {
             "victim_collision": float(rec is not None),
-            "with_adversary": float(bool(rec) and rec.b_role.startswith("adv")),
+            "with_adversary": float(rec is not None and rec.b_role.startswith("adv")),
             "accident_type": rec.accident_type if rec else "",
             "victim_responsible": float(bool(rec and rec.victim_responsible)),
-            "striker_is_victim": float(bool(rec) and rec.striker == "victim"),
+            "striker_is_victim": float(rec is not None and rec.striker == "victim"),
             "adv_roles_crashed_other": [r.a_role for r in new if r.a_role.startswith("adv") and r.b_role != "victim"],
         }
 
@@ -384,12 +386,12 @@ def _vehicle_state(v, road) -> dict:
     }
 
 
-def _load_policy(path: str):
+def _load_policy(path: str | None):
     from pathlib import Path
 
     from stable_baselines3 import DQN, PPO
 
-    if not Path(path).exists():
+    if path is None or not Path(path).exists():
         raise FileNotFoundError(f"victim checkpoint not found: {path} (train one with the aed.victim job)")
     algo = PPO if "ppo" in Path(path).name.lower() else DQN
     return algo.load(path, device="cpu")

@@ -6,7 +6,10 @@ round's reward with its training statistics (or why it was refused). It
 answers with a ``reward(state)`` function in a python code block (each of
 the round's samples drawn with its own seed, `draw_samples`). Each
 candidate is checked (`allowlist.static_check`), probed in the sandbox on real
-states, then used to train an adversary briefly; its fitness is the rate of
+states, then used to train an adversary briefly; every candidate's outcome
+(`OUTCOMES`: unparsed, refused by the static check, failed in the sandbox,
+failed during training, trained) is printed with its reason or score, kept
+in the history and counted per round; its fitness is the rate of
 victim accidents of the target type per evaluation episode (ties: any
 accident), reported with its 95% Wilson interval. The best candidate over all
 rounds is kept.
@@ -28,38 +31,10 @@ from dataclasses import replace
 from typing import Any
 
 from palaestra.aed.adversary import AdversarySpec, TrainSettings, build_model, make_env, train_adversary
-from palaestra.aed.allowlist import ALLOWED_TEXT
+from palaestra.aed.allowlist import ALLOWED_TEXT, RewardCodeError, static_check
 from palaestra.aed.evaluation import evaluate
-from palaestra.aed.rewards import STATE_API, TAXONOMY
+from palaestra.aed.prompts import FEEDBACK_FAIL, FEEDBACK_OK, SYSTEM, task_prompt
 from palaestra.aed.sandbox import check_reward
-
-SYSTEM = (
-    "You are a reward engineer for reinforcement learning. You write Python reward functions that train an "
-    "adversarial vehicle to provoke a specific kind of accident of an automated vehicle in a driving simulator."
-)
-
-TASK = """Accident type to provoke: {type} ({description}).
-Scenario: {scenario}. The adversary drives with discrete actions (lane left, idle, lane right, faster, slower).
-
-{api}{allowed}
-Good rewards give dense shaping toward the pre-crash geometry of this accident type and a large bonus when the \
-victim collides in this way; penalize the adversary crashing into others or leaving the road.
-
-Answer with one python code block that defines reward(state) and nothing else."""
-
-FEEDBACK_OK = """We trained an adversary with your reward function {round_label} and tracked the values of the \
-individual reward components and the success rates every {every} training steps, with the maximum, mean and \
-minimum values encountered:
-{series}
-Over {episodes} evaluation episodes: victim accidents per episode {asr:.2f} [95% CI {asr_lo:.2f}, {asr_hi:.2f}], \
-of the target type {target_rate:.2f} [95% CI {target_lo:.2f}, {target_hi:.2f}], accident types {types}, \
-mean episode return {mean_return:.2f}{errors}.
-Analyse which components help or hurt (e.g. one whose values barely change is not learned from; one that \
-dominates the others should be rescaled), then write an improved reward(state) in one python code block."""
-
-FEEDBACK_FAIL = """Your reward function could not be used: {reason}.
-Fix it and answer with one python code block defining reward(state) that returns a float (or a dict of named \
-floats). {allowed}"""
 
 
 def extract_code(text: str) -> str:
@@ -103,17 +78,7 @@ def design_reward(
     from palaestra.shared.llm import SamplingParams
 
     probes = probe_states(spec, seed=seed)
-    described = {t["name"]: t["description"] for t in spec.taxonomy or []}
-    api = STATE_API
-    if spec.taxonomy:  # LLM-proposed types: state["event"]["accident_type"] takes their names
-        api += f"In this run state['event']['accident_type'] is one of: {', '.join(described)}, other.\n"
-    task = TASK.format(
-        type=spec.accident_type,
-        description=described.get(spec.accident_type) or TAXONOMY.get(spec.accident_type, spec.accident_type),
-        scenario=spec.scenario,
-        api=api,
-        allowed=ALLOWED_TEXT,
-    )
+    task = task_prompt(spec.accident_type, spec.scenario, spec.taxonomy)
     conversation = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
     history: list[dict] = []
     best: dict | None = None
@@ -124,7 +89,7 @@ def design_reward(
         for k, out in enumerate(outs):
             code = extract_code(out.text)
             entry: dict[str, Any] = {"round": r, "sample": k, "code": code, "response": out.text}
-            reason = check_reward(code, probes)
+            outcome, reason = screen(code, probes)
             if reason is None:
                 cand = replace(spec, reward_code=code)
                 model = build_model(cand, settings, seed + r)
@@ -135,6 +100,7 @@ def design_reward(
                 target = ev["types"].get(spec.accident_type, 0) / max(1, eval_episodes)
                 entry.update(
                     status="ok",
+                    outcome="trained",
                     asr=ev["asr"],
                     target_rate=target,
                     asr_ci=ev["asr_ci"],
@@ -147,18 +113,21 @@ def design_reward(
                     fitness=target + 0.1 * ev["asr"],
                 )
                 if stats["reward_errors"]:  # the sandbox killed it mid-training: the env fell back to the expert's
-                    entry.update(status="failed", reason=stats["reward_errors"][0], fitness=-1.0)
+                    entry.update(status="failed", outcome="training_failed", reason=stats["reward_errors"][0])
+                    entry["fitness"] = -1.0
             else:
-                entry.update(status="failed", reason=reason, fitness=-1.0)
+                entry.update(status="failed", outcome=outcome, reason=reason, fitness=-1.0)
+            print(f"[aed] eureka {spec.scenario}/{spec.accident_type} {describe_outcome(entry)}", flush=True)
             history.append(entry)
             if round_best is None or entry["fitness"] > round_best["fitness"]:
                 round_best = entry
         if log is not None:
-            ok = [h for h in history if h["round"] == r and h["status"] == "ok"]
-            log(
-                {"eureka/valid_samples": len(ok), "eureka/best_fitness": max((h["fitness"] for h in ok), default=-1.0)},
-                r,
-            )
+            mine = [h for h in history if h["round"] == r]
+            ok = [h for h in mine if h["status"] == "ok"]
+            counts = {f"eureka/{o}": sum(h["outcome"] == o for h in mine) for o in OUTCOMES}
+            best_fitness = max((h["fitness"] for h in ok), default=-1.0)
+            log({"eureka/valid_samples": len(ok), "eureka/best_fitness": best_fitness, **counts}, r)
+        assert round_best is not None  # at least one sample a round
         if round_best["status"] == "ok" and (best is None or round_best["fitness"] > best["fitness"]):
             best = round_best
         conversation = conversation[:2] + [
@@ -181,6 +150,31 @@ def design_reward(
         "fallback": False,
         "reason": "",
     }
+
+
+OUTCOMES = ("unparsed", "refused", "sandbox_failed", "training_failed", "trained")
+"""What became of a candidate: no reward function in the answer; refused by the static check; failed to load or
+on the probe states in the sandbox; killed by the sandbox during training; trained and scored."""
+
+
+def screen(code: str, probes: list[dict]) -> tuple[str, str | None]:
+    """A candidate's outcome before training (`OUTCOMES`) and its reason; ``("ok", None)`` if it may train."""
+    if "def reward" not in code:
+        return "unparsed", "no reward(state) function in the answer"
+    try:
+        static_check(code)
+    except RewardCodeError as err:
+        return "refused", err.reason
+    reason = check_reward(code, probes, check=False)  # checked just above
+    return ("ok", None) if reason is None else ("sandbox_failed", reason)
+
+
+def describe_outcome(entry: dict[str, Any]) -> str:
+    """One log line of a candidate: its round, sample, outcome and reason or score."""
+    where = f"round {entry['round'] + 1} sample {entry['sample'] + 1}: {entry['outcome']}"
+    if entry["outcome"] == "trained":
+        return f"{where}, fitness {entry['fitness']:.3f} (target-type rate {entry['target_rate']:.2f})"
+    return f"{where} ({entry['reason']})"
 
 
 def sample_seed(seed: int, round_index: int, sample: int) -> int:

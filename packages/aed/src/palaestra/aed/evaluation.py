@@ -127,7 +127,8 @@ def record_gif(
     import imageio.v2 as imageio
 
     env = make_env(spec, render=True)
-    chosen = summary = None
+    chosen: list = []
+    summary: dict[str, Any] = {}
     for ep in range(max_episodes):
         obs, _ = env.reset(seed=seed + ep)
         frames, done = [env.render()], False
@@ -137,14 +138,13 @@ def record_gif(
             obs, _, terminated, truncated, info = env.step(action)
             done = terminated or truncated
         attack = info["attack"]
-        if chosen is None or attack["victim_collision"] or not summary["victim_collision"]:
+        if not chosen or attack["victim_collision"] or not summary["victim_collision"]:
             chosen, summary = frames, attack
         if attack["victim_collision"] and attack["accident_type"] == spec.accident_type:
             break
     env.close()
-    imageio.mimsave(
-        str(path), [np.asarray(f) for f in chosen] + [np.asarray(chosen[-1])] * fps, duration=1.0 / fps, loop=0
-    )
+    gif: list[Any] = [np.asarray(f) for f in chosen] + [np.asarray(chosen[-1])] * fps
+    imageio.mimsave(str(path), gif, duration=1.0 / fps, loop=0)
     if not summary["victim_collision"]:
         shows = "no_accident"
     else:

@@ -13,8 +13,15 @@ Steps of one attack task (upper bounds: episodes may end before ``max_steps``):
 - preference learning: ``preference.finetune_timesteps`` plus a second evaluation;
 - evaluation ``eval_episodes x max_steps`` and video ``video_episodes x max_steps``.
 
-A baseline task evaluates only; an ``aed.victim`` stage trains ``timesteps``. The number of LLM-proposed types
-is known only once the LLM has answered: the plan counts ``proposals.n_types`` per scenario (the most kept).
+A baseline task evaluates only; an ``aed.victim`` stage trains ``timesteps``; an ``aed.qualify`` stage runs
+``episodes x max_steps`` per scenario. The number of LLM-proposed types is known only once the LLM has answered:
+the plan counts ``proposals.n_types`` per scenario (the most kept).
+
+LLM requests (`llm_plan`): per LLM arm, Eureka's ``rounds x samples`` generations (one request each); per
+scenario ``1 + proposals.retries`` proposal requests; with ``preference.judge: llm`` up to ``max_pairs``
+comparisons per attack task (its labels, one per accident, are not known before the run). Generated tokens are
+bounded by each request's ``max_tokens``; prompt tokens are estimated from the prompts' own text at
+`CHARS_PER_TOKEN` (from round 2 on a Eureka prompt also holds the last answer and its feedback).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from typing import Any
 
 from palaestra.shared.plan import JobPlan
 
+CHARS_PER_TOKEN = 4
+"""A rough size of a token of English and code, for prompt estimates (no tokenizer at plan time)."""
 SECONDS_PER_STEP = 0.05
 """CPU-seconds per environment step, simulation and SB3 learner together (highway-env runs about 50 steps/s in
 one process here, before any learner update: DESIGN.md section 3)."""
@@ -38,8 +47,7 @@ def task_steps(cfg, task: dict[str, Any]) -> int:
     if task["kind"] != "attack":
         return evaluation
     steps = cfg.train.timesteps + evaluation
-    llm = task.get("arm") in ("llm", "proposed") or (task.get("arm") is None and cfg.rewards == "llm")
-    if llm:
+    if _is_llm(cfg, task):
         e = cfg.eureka
         steps += e.rounds * e.samples * (e.timesteps + e.eval_episodes * horizon)
     if cfg.preference.enabled:
@@ -87,7 +95,37 @@ def attack_plan(cfg) -> tuple[list[str], float]:
         f"Longest task {longest:.1f} CPU-hours; about {wall:.1f} hours of wall time in {waves} wave(s) if its "
         f"envs use its {cpus:g} CPUs. Total {total:.1f} CPU-hours at {SECONDS_PER_STEP * 1000:.0f} ms per step."
     )
-    return lines, total
+    return lines + llm_plan(cfg, tasks), total
+
+
+def llm_plan(cfg, tasks: list[dict[str, Any]]) -> list[str]:
+    """Lines counting the run's LLM requests and tokens (module docstring); none without an LLM arm."""
+    from palaestra.aed.prompts import FEEDBACK_OK, SYSTEM, task_prompt
+
+    designs = [t for t in tasks if t["kind"] == "attack" and _is_llm(cfg, t)]
+    e, p = cfg.eureka, cfg.proposals
+    eureka = len(designs) * e.rounds * e.samples
+    proposals = len(cfg.scenarios) * (1 + p.retries) if cfg.taxonomy in ("llm", "both") else 0
+    judged = sum(t["kind"] == "attack" for t in tasks) if cfg.preference.enabled else 0
+    judge = judged * cfg.preference.max_pairs if cfg.preference.judge == "llm" else 0
+    if not eureka + proposals + judge:
+        return []
+    prompt = 0
+    for t in designs:
+        first = (len(SYSTEM) + len(task_prompt(t["accident_type"], t["scenario"]))) // CHARS_PER_TOKEN
+        later = first + e.max_tokens + len(FEEDBACK_OK) // CHARS_PER_TOKEN
+        prompt += e.samples * (first + (e.rounds - 1) * later)
+    generated = eureka * e.max_tokens + proposals * p.max_tokens + judge * cfg.preference.judge_max_tokens
+    return [
+        f"LLM ({cfg.llm.backend} {cfg.llm.model}): {eureka + proposals + judge:,} requests: Eureka {eureka:,} "
+        f"({len(designs)} LLM-arm tasks x {e.rounds} rounds x {e.samples} samples), proposals {proposals}, "
+        f"judge comparisons {judge:,} (labels not counted); at most {generated:,} generated tokens; Eureka "
+        f"prompts about {prompt:,} tokens ({CHARS_PER_TOKEN} characters per token)."
+    ]
+
+
+def _is_llm(cfg, task: dict[str, Any]) -> bool:
+    return task.get("arm") in ("llm", "proposed") or (task.get("arm") is None and cfg.rewards == "llm")
 
 
 def attack_job_plan(cfg) -> JobPlan:
@@ -100,3 +138,14 @@ def victim_job_plan(cfg) -> JobPlan:
     """`JOB_PLANS` entry of ``aed.victim``: its training steps and CPU-hours."""
     hours = cfg.timesteps * SECONDS_PER_STEP / 3600
     return JobPlan(f"aed.victim {cfg.scenario}: {cfg.timesteps:,} steps, {hours:.2f} CPU-hours", cpu_hours=hours)
+
+
+def qualify_job_plan(cfg) -> JobPlan:
+    """`JOB_PLANS` entry of ``aed.qualify``: its passive episodes per scenario and CPU-hours."""
+    from palaestra.aed.scenarios import get_scenario
+
+    steps = sum(cfg.episodes * (cfg.max_steps or get_scenario(s).max_steps) for s in cfg.scenarios)
+    hours = steps * SECONDS_PER_STEP / 3600
+    names = ", ".join(cfg.scenarios)
+    text = f"aed.qualify {names}: {cfg.episodes} passive episodes each, {steps:,} steps, {hours:.2f} CPU-hours"
+    return JobPlan(text, cpu_hours=hours)

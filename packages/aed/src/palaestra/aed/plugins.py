@@ -9,8 +9,11 @@ from palaestra.shared.rehearse import REHEARSALS
 
 JOBS.register("aed.attack", "palaestra.aed.attack:attack")  # lazily: each job in the module named after it
 JOBS.register("aed.victim", "palaestra.aed.victim:victim")
+JOBS.register("aed.qualify", "palaestra.aed.qualification:qualify_job")
 LLM_BACKENDS.register("aed_scripted", "palaestra.aed.scripted:ScriptedDesigner")
 REHEARSALS.register("aed.victim", "palaestra.aed.rehearsal:VICTIM")  # `palaestra rehearse`
 REHEARSALS.register("aed.attack", "palaestra.aed.rehearsal:ATTACK")
 JOB_PLANS.register("aed.attack", "palaestra.aed.plan:attack_job_plan")  # `palaestra plan`
 JOB_PLANS.register("aed.victim", "palaestra.aed.plan:victim_job_plan")
+JOB_PLANS.register("aed.qualify", "palaestra.aed.plan:qualify_job_plan")
+REHEARSALS.register("aed.qualify", "palaestra.aed.rehearsal:QUALIFY")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -138,7 +139,7 @@ def probe_records(scenario: str = "highway") -> list[dict[str, Any]]:
     )  # fmt: skip
     probes = [{**probe, "b_lane": own if same else other} for probe, same in PROBES]
     probes += [{"b_in_a_lane_s": 0.0, "a_in_b_lane_s": 0.0, **p} for p in SCENARIO_PROBES[scenario]]
-    return [record_view(CollisionRecord(**{**base, **probe})) for probe in probes]
+    return [record_view(CollisionRecord(**{**base, **probe})) for probe in probes]  # type: ignore[arg-type]
 
 
 def parse_types(text: str) -> list[dict[str, Any]]:
@@ -260,7 +261,7 @@ def propose_types(
 class Taxonomy:
     """Classifies a victim's collision into the first matching type (proposal order), else ``other``."""
 
-    def __init__(self, scenario: str, types: list[AccidentType | dict[str, Any]]):
+    def __init__(self, scenario: str, types: Sequence[AccidentType | dict[str, Any]]):
         self.scenario = scenario
         self.types = [t if isinstance(t, AccidentType) else AccidentType(**t) for t in types]
         self._recognizers: dict[str, SandboxedRecognizer] = {}

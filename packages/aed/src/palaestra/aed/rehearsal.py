@@ -53,10 +53,17 @@ def scale_attack(data: dict[str, Any], ctx: RehearsalContext) -> dict[str, Any]:
         "video_episodes": 1,
         "cpus_per_task": 1,
         "max_retries": 0,
+        "require_qualified_victim": False,  # a 256-step victim does not drive safely: the plumbing is rehearsed
     }
     if data.get("llm", {}).get("backend") == "openai":
         out.update({"llm.base_url": ctx.base_url, "llm.model": ctx.model})
     return out
+
+
+def scale_qualify(data: dict[str, Any], ctx: RehearsalContext) -> dict[str, Any]:
+    """One scenario (the attack's), its 100 episodes cut to 2 policy steps each."""
+    scenarios = data.get("scenarios") or ["highway"]
+    return {"scenarios": ["merge" if "merge" in scenarios else scenarios[0]], "max_steps": 2}
 
 
 def served_llm(data: dict[str, Any]) -> bool:
@@ -89,4 +96,5 @@ def check_attack(cfg: Any, summary: dict[str, Any]) -> str:
 
 
 VICTIM = Rehearsal(scale=scale_victim, check=check_victim)
+QUALIFY = Rehearsal(scale=scale_qualify)
 ATTACK = Rehearsal(scale=scale_attack, check=check_attack, served_llm=served_llm)

@@ -6,7 +6,9 @@ and passive baselines, all evaluated on the same episode seeds) into metrics:
 - per type: the target-type success rate (accidents of the adversary's own
   type per episode, the headline metric) and the any-type attack success rate,
   each with its 95% Wilson interval (``_lo``, ``_hi``), beside the random and
-  passive adversaries' rates *of that same type*; ``beats_random`` compares
+  passive adversaries' rates *of that same type*; the target-type and
+  AV-responsible rates minus the passive ones, with Newcombe intervals
+  (`palaestra.aed.contrast`); ``beats_random`` compares
   target-type rates (point estimates), ``beats_random_ci`` asks the intervals
   not to overlap;
 - per scenario: diversity over what was found (distinct types, entropy over
@@ -25,8 +27,10 @@ against the baselines, the learning curves, and the reward-design history.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from palaestra.aed.contrast import passive_contrasts
 from palaestra.aed.evaluation import trajectory_diversity, type_entropy, type_rate
 
 
@@ -52,6 +56,8 @@ def aggregate(by_scenario: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
                 rate, (lo, hi) = type_rate(base, t)
                 metrics.update({f"{pre}/{kind}_target_rate": rate, f"{pre}/{kind}_target_rate_lo": lo})
                 metrics[f"{pre}/{kind}_target_rate_hi"] = hi
+            if "passive" in baselines:  # each rate minus the victim's own, with the counts behind it
+                metrics.update(passive_contrasts(pre, r, baselines["passive"]))
             if "random" in baselines:
                 rate, (_, hi) = type_rate(baselines["random"], t)
                 beats.append(r["target_rate"] > rate)
@@ -223,19 +229,20 @@ def rates_figure(scenario: str, items: list[dict[str, Any]]):
     attacks = [r for r in items if r["kind"] == "attack"]
     groups = {(r["kind"], _group(r)): r for r in items if r["kind"] in ("random", "passive")}
     fig, ax = new_figure(figsize=(1.8 + 1.6 * max(1, len(attacks)), 3.2))
-    bars = [("target type", lambda r: (r["target_rate"], r["target_rate_ci"]))]
+    bars: list[tuple[str, Callable[[dict], tuple[float, Any]]]] = [
+        ("target type", lambda r: (r["target_rate"], r["target_rate_ci"]))
+    ]
     bars.append(("any type", lambda r: (r["asr"], r["asr_ci"])))
+
+    def baseline_rate(kind: str) -> Callable[[dict], tuple[float, Any]]:
+        def get(r: dict) -> tuple[float, Any]:
+            base = groups.get((kind, _group(r)))
+            return type_rate(base, r["accident_type"]) if base is not None else (0.0, (0.0, 0.0))
+
+        return get
+
     for kind in sorted({k for k, _ in groups}):  # each type against the baseline classified by its own taxonomy
-        bars.append(
-            (
-                f"{kind} (target type)",
-                lambda r, k=kind: (
-                    type_rate(groups[(k, _group(r))], r["accident_type"])
-                    if (k, _group(r)) in groups
-                    else (0.0, (0.0, 0.0))
-                ),
-            )
-        )
+        bars.append((f"{kind} (target type)", baseline_rate(kind)))
     width = 0.8 / len(bars)
     x = np.arange(len(attacks))
     for i, (label, get) in enumerate(bars):

@@ -28,6 +28,9 @@ from typing import Any
 from palaestra.aed.attribution import CUT_IN_WINDOW_S
 from palaestra.shared.rewards import REWARDS
 
+RewardFn = Callable[[dict], float | dict[str, float]]
+"""A reward over the state API: a float, or a dict of named components (summed)."""
+
 TAXONOMY: dict[str, str] = {
     "rear_end": "a longitudinal collision within one lane: one vehicle drives into the back of the other",
     "side_swipe": "side contact while a vehicle changes lanes next to the victim",
@@ -147,7 +150,7 @@ def _conflict(target: str) -> Callable[[dict], float]:
     return reward
 
 
-EXPERT_REWARDS: dict[str, Callable[[dict], float]] = {
+EXPERT_REWARDS: dict[str, RewardFn] = {
     "rear_end": rear_end,
     "cut_in": cut_in,
     "side_swipe": side_swipe,
@@ -190,13 +193,13 @@ def reward_value(value: Any) -> tuple[float, dict[str, float]]:
     return total, floats if isinstance(value, dict) else {}
 
 
-def expert_reward(accident_type: str) -> Callable[[dict], float]:
+def expert_reward(accident_type: str) -> RewardFn:
     if accident_type not in EXPERT_REWARDS:
         raise ValueError(f"unknown accident type '{accident_type}' (known: {', '.join(EXPERT_REWARDS)})")
     return EXPERT_REWARDS[accident_type]
 
 
-def as_registry_reward(fn: Callable[[dict], float]) -> Callable:
+def as_registry_reward(fn: RewardFn) -> Callable:
     """Adapt ``reward(state)`` to the registry's ``(sample, completion, **info)`` signature."""
 
     def registered(sample, completion: str = "", **info) -> float:
@@ -208,7 +211,7 @@ def as_registry_reward(fn: Callable[[dict], float]) -> Callable:
     return registered
 
 
-def register_reward(name: str, fn: Callable[[dict], float]) -> str:
+def register_reward(name: str, fn: RewardFn) -> str:
     """(Re)register `fn` under `name` in the shared reward registry; return the name."""
     if name in REWARDS:
         REWARDS.unregister(name)

@@ -6,15 +6,20 @@
 2. `SandboxedReward` runs the code in a child process
    (`palaestra.aed.sandbox_worker`, ``python -I -S``, empty environment)
    whose layers hold without the allow-list (the tests switch it off and
-   try): its own network and PID namespaces, chroot into an empty read-only
-   root, a uid of its own when started as root, rlimits (memory, CPU, no
-   files, no fork), an audit hook refusing every audited event once the code
-   runs (imports, files, sockets, signals, frames, ``ctypes``), and a caller
-   whose globals hold nothing. What the kernel granted is
+   try): its own network, PID and mount namespaces, chroot into an empty
+   read-only tmpfs of its own (no file of the caller's), a uid of its own
+   when started as root, no capabilities left (also in the user namespace
+   of the non-root path), rlimits (memory, CPU, no files, no fork), no
+   ``ctypes`` once isolated, an audit hook refusing every audited event once
+   the code runs (imports, files, sockets, signals, frames) plus the calls
+   no event covers (``setsid``, raw writes, ``pipe``, ``memfd_create``), and
+   a caller whose globals hold nothing. `close` kills the PID namespace's
+   init, and with it every process the code started. What the kernel granted is
    `SandboxedReward.isolation`; a missing layer is logged and warned about
    (`missing_layers`), and jobs log it on every run (`probe_isolation`).
 3. The parent trusts no reply: each is parsed with a length limit and checked
-   again (type; finite; within +-`REWARD_LIMIT`, since 1e300 becomes inf in
+   again, raising nothing but `RewardCodeError` whatever the line holds
+   (type; finite; within +-`REWARD_LIMIT`, since 1e300 becomes inf in
    SB3's float32 buffers; at most `MAX_COMPONENTS` component names of at most
    `MAX_NAME` characters). A malformed reply kills the process.
 
@@ -53,7 +58,7 @@ MAX_REPLY = 8192
 """Longest reply line (bytes) the parent reads from a sandbox."""
 UID_BASE = 200_000
 """Started as root, a sandbox runs as uid ``UID_BASE + its pid``: no two share a uid, none is the caller's."""
-LAYERS = ("netns", "pidns", "chroot", "audit")
+LAYERS = ("netns", "pidns", "chroot", "jail", "no_caps", "audit")
 """Isolation layers every sandbox should get (plus ``own_uid`` when started as root)."""
 WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
 log = logging.getLogger(__name__)
@@ -127,13 +132,14 @@ class SandboxedReward:
             self.close()
             raise RewardCodeError(first["error"])
         iso = first.get("isolation")
-        if not isinstance(iso, dict) or set(iso) != {*LAYERS, "uid", "own_uid"}:
+        if not isinstance(iso, dict) or set(iso) != {*LAYERS, "uid", "own_uid"} or not well_typed(iso):
             self.close()
             raise RewardCodeError("malformed isolation report from the sandbox (process killed)")
         self.isolation: dict[str, Any] = iso
         """What the sandbox got: ``netns``, ``pidns`` (own network and PID namespaces), ``chroot`` (empty root),
         ``uid`` and ``own_uid`` (a uid of its own), ``audit`` (the audit hook); sent before the code ran."""
         report_isolation(iso)
+        self._init = namespace_init(self.proc.pid) if iso["pidns"] else None
         ready = self._receive(max(timeout_s, 5.0), "loading")
         if ready != {"ready": True}:
             self.close()
@@ -159,9 +165,13 @@ class SandboxedReward:
         if reason is not None:
             self.close()
             raise RewardCodeError(f"{reason} (process killed)")
-        return reply["ok"]
+        value = reply["ok"]
+        if isinstance(value, dict):
+            return {k: float(v) for k, v in value.items()}
+        return value if isinstance(value, bool) else float(value)
 
     def _send(self, obj: Any) -> None:
+        assert self.proc.stdin is not None  # opened with PIPE
         self.proc.stdin.write(json.dumps(obj) + "\n")
         self.proc.stdin.flush()
 
@@ -171,7 +181,7 @@ class SandboxedReward:
             raise RewardCodeError(self._death(what))
         try:
             reply = json.loads(line)
-        except ValueError:
+        except Exception:  # not JSON, nested too deeply (RecursionError), an integer of 5000 digits, ...
             reply = None
         if not isinstance(reply, dict) or len(reply) != 1:
             self.close()
@@ -186,6 +196,7 @@ class SandboxedReward:
     def _read_line(self, timeout_s: float, what: str) -> bytes | None:
         """One reply line (None at end of stream); raw reads with our own buffer, at most `MAX_REPLY` bytes."""
         deadline = time.monotonic() + timeout_s
+        assert self.proc.stdout is not None  # opened with PIPE
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buffer:
             if len(self._buffer) > MAX_REPLY:
@@ -233,14 +244,21 @@ class SandboxedReward:
             time.sleep(0.01)
 
     def close(self) -> None:
+        """Kill the sandbox: its PID namespace's init first (the kernel then kills every process in it, even one
+        that left the process group with ``setsid()``), then the process group of the relaying caller."""
         self.closed = True
+        init, self._init = getattr(self, "_init", None), None
+        if init is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(init, signal.SIGKILL)
+            os.close(init)
         if self.proc.poll() is None:
             with contextlib.suppress(OSError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=5)
         for stream in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(OSError):
-                stream.close()
+            with contextlib.suppress(OSError, AttributeError):  # AttributeError: no stream
+                stream.close()  # type: ignore[union-attr]
         with contextlib.suppress(OSError):
             os.rmdir(self.tmp)
 
@@ -253,8 +271,17 @@ class SandboxedReward:
 
 
 def reply_problem(reply: dict, entry: str) -> str | None:
-    """Why a sandbox's ``ok`` reply is unacceptable (None if it is fine): the parent's own check of every value."""
-    if set(reply) != {"ok"}:
+    """Why a sandbox's ``ok`` reply is unacceptable (None if it is fine): the parent's own check of every value.
+
+    It raises nothing, whatever the reply holds (a 400-digit integer, nested objects, NaN)."""
+    try:
+        return _value_problem(reply, entry)
+    except Exception as err:  # a check of our own that failed on odd input: still the sandbox's own error
+        return f"malformed reply from the sandbox ({type(err).__name__})"
+
+
+def _value_problem(reply: dict, entry: str) -> str | None:
+    if not isinstance(reply, dict) or set(reply) != {"ok"}:
         return "malformed reply from the sandbox"
     value = reply["ok"]
     if entry == "recognize":
@@ -262,15 +289,18 @@ def reply_problem(reply: dict, entry: str) -> str | None:
     parts = value if isinstance(value, dict) else {"": value}
     if len(parts) > MAX_COMPONENTS:
         return f"{len(parts)} reward components (at most {MAX_COMPONENTS})"
+    values = []
     for key, v in parts.items():
         if not isinstance(key, str) or len(key) > MAX_NAME:
             return f"component names must be strings of at most {MAX_NAME} characters"
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if type(v) not in (int, float):  # not bool, nor a subclass with methods of its own
             return f"wrong return type: {type(v).__name__} (expected float, or a dict of named floats)"
-        if not math.isfinite(v):
-            return f"non-finite reward {v!r}"
-    total = sum(parts.values())
-    if any(abs(v) > REWARD_LIMIT for v in [*parts.values(), total]):
+        if isinstance(v, int) and abs(v) > REWARD_LIMIT:  # before float(), which overflows past 1e308
+            return f"reward outside [-{REWARD_LIMIT:g}, {REWARD_LIMIT:g}] (an integer of {len(str(abs(v)))} digits)"
+        values.append(float(v))
+    if not all(math.isfinite(v) for v in values):
+        return f"non-finite reward {next(v for v in values if not math.isfinite(v))!r}"
+    if any(abs(v) > REWARD_LIMIT for v in [*values, sum(values)]):
         return f"reward outside [-{REWARD_LIMIT:g}, {REWARD_LIMIT:g}]"
     return None
 
@@ -286,12 +316,27 @@ class LazySandboxedReward:
 
     def __init__(self, code: str, **kwargs):
         static_check(code)
-        self.code, self.kwargs, self._fn = code, kwargs, None
+        self.code, self.kwargs = code, kwargs
+        self._fn: SandboxedReward | None = None
 
-    def __call__(self, state: dict[str, Any]) -> float:
+    def __call__(self, state: dict[str, Any]) -> float | dict[str, float]:
         if self._fn is None:
             self._fn = SandboxedReward(self.code, **self.kwargs)
         return self._fn(state)
+
+
+def well_typed(iso: dict[str, Any]) -> bool:
+    """An isolation report of booleans and an integer uid (so that logging and checking it cannot fail)."""
+    return all(type(v) is bool for k, v in iso.items() if k != "uid") and type(iso["uid"]) is int
+
+
+def namespace_init(pid: int) -> int | None:
+    """A pidfd of the only child of `pid` (the PID namespace's init), taken before the reward code has run."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return os.pidfd_open(int(children[0])) if len(children) == 1 else None
+    except (OSError, ValueError):
+        return None
 
 
 def check_reward(code: str, probe_states: list[dict], **kwargs) -> str | None:
@@ -317,7 +362,3 @@ def probe_isolation() -> dict[str, Any]:
         return dict(fn.isolation)
     finally:
         fn.close()
-
-
-def is_finite(x: float) -> bool:
-    return math.isfinite(x)

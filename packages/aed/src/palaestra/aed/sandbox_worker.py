@@ -8,9 +8,15 @@
    caller, so the worker forks: the child is PID 1 of a namespace where no
    other process exists (it can signal nothing outside), the parent waits and
    leaves with the child's exit status or signal.
-2. ``chroot`` into an empty, read-only directory; started as root, all groups
-   dropped and a uid of its own (``UID_BASE + pid``: no two sandboxes share
-   one, so without a PID namespace they still cannot signal each other).
+2. A mount namespace too: an empty read-only tmpfs over the jail folder, so
+   no file in the jail is the caller's (the non-root path runs as the
+   caller's uid and could chmod the caller's folder). ``chroot`` into it;
+   started as root, all groups dropped and a uid of its own (``UID_BASE +
+   pid``: no two sandboxes share one). Then every capability goes (bounding,
+   ambient, effective, permitted; no new privileges): the user namespace of
+   the non-root path kept them all, enough to chroot out of the jail.
+   ``ctypes`` leaves ``sys.modules`` and the import machinery's doors that
+   copy a loaded C module are closed (`drop_ctypes`).
 3. ``setrlimit``: address space, CPU seconds, file size 0, 3 open files, no
    new processes. Then the report of what was granted (``isolation``) goes out
    before any reward code has run, so the code cannot forge it.
@@ -18,7 +24,8 @@
    refuses every audited event from then on: imports, ``open``, ``os.*``,
    sockets, ``ctypes`` calls, ``sys._getframe`` and the frame and code
    attributes (``gi_frame``, ``tb_frame``, ``cr_frame``, ``__code__``, ...),
-   ``compile``/``exec``, new audit hooks. The code's module body runs as a
+   ``compile``/``exec``, new audit hooks; the calls no event covers
+   (`REFUSED_OS`) are replaced and ``sys`` loses its streams. The code's module body runs as a
    function (no ``exec`` event) with globals holding only ``math`` and the
    allowed builtins.
 5. Calls: one JSON line in, one JSON line out. The reward is called from
@@ -31,6 +38,7 @@ Every layer holds alone: the tests switch off the static check, the builtins
 restriction and the audit hook (``AUDIT=0``) and try.
 """
 
+import errno
 import json
 import math
 import os
@@ -39,42 +47,64 @@ import signal
 import sys
 import types
 
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-PR_SET_PDEATHSIG = 1
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 0x4000, 0x40000
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 1, 24, 38, 47, 4
+CAPABILITY_VERSION_3 = 0x20080522
 MAX_COMPONENTS, MAX_NAME = 32, 64
 
 
 def isolate(jail: str, uid_base: int) -> dict:
-    """Namespaces, chroot, uid (steps 1-2); returns what was granted. The caller of a PID namespace forks here."""
+    """Namespaces, a jail of its own, chroot, uid, no capabilities (steps 1-2); returns what was granted.
+
+    The caller of a PID namespace forks here and never returns (`wait_and_relay`)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     root = os.getuid() == 0
     user = 0 if root else CLONE_NEWUSER
-    iso = {"netns": False, "pidns": False, "chroot": False, "uid": os.getuid(), "own_uid": False, "audit": False}
-    for flags, keys in ((CLONE_NEWNET | CLONE_NEWPID, ("netns", "pidns")), (CLONE_NEWNET, ("netns",))):
+    iso: dict = dict.fromkeys(("netns", "pidns", "chroot", "jail", "no_caps", "own_uid", "audit"), False)
+    iso["uid"] = os.getuid()
+    tries = ((CLONE_NEWNET | CLONE_NEWPID, ("netns", "pidns")), (CLONE_NEWNET, ("netns",)), (CLONE_NEWPID, ("pidns",)))
+    mountns = False  # with a mount namespace first; where the kernel refuses one, the others alone
+    for flags, keys, ns in (*((f | CLONE_NEWNS, k, True) for f, k in tries), (CLONE_NEWNS, (), True),
+                            *((f, k, False) for f, k in tries)):  # fmt: skip
         if libc.unshare(flags | user) == 0:
             iso.update(dict.fromkeys(keys, True))
+            mountns = ns
             break
-    else:
-        iso["pidns"] = libc.unshare(CLONE_NEWPID | user) == 0
     outer_pid = os.getpid()
     if iso["pidns"]:
         child = os.fork()
         if child:
             wait_and_relay(child)
+    if mountns:  # an empty read-only tmpfs over the jail folder: no file in the jail is the caller's
+        libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)  # nothing mounted here reaches the caller
+        hidden = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        if libc.mount(b"tmpfs", jail.encode(), b"tmpfs", hidden, b"size=4k,nr_inodes=2,mode=0555") == 0:
+            iso["jail"] = libc.mount(None, jail.encode(), None, MS_REMOUNT | MS_RDONLY | hidden, None) == 0
     try:
         os.chroot(jail)
         os.chdir("/")
         iso["chroot"] = True
     except OSError:
         os.chdir(jail)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    for cap in range(64):  # the bounding set: no capability can come back (stops at the kernel's last one)
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == errno.EINVAL:
+            break
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     if root:
         uid = uid_base + outer_pid
         os.setgroups([])
         os.setgid(uid)
-        os.setuid(uid)
+        os.setuid(uid)  # clears the permitted and effective sets
         iso["own_uid"] = True
+    header = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)
+    caps = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable (two 32-bit words each): all empty
+    libc.capset(header, caps)
+    got = (ctypes.c_uint32 * 6)(*([0xFFFFFFFF] * 6))
+    iso["no_caps"] = libc.capget(header, got) == 0 and not any(got)
     iso["uid"] = os.getuid()
     if iso["pidns"]:  # dies with the process that relays its status (set after setuid, which clears it)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -98,6 +128,58 @@ def wait_and_relay(child: int) -> None:
             signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+REFUSED_OS: tuple[str, ...] = (
+    "setsid",
+    "setpgid",
+    "setpgrp",
+    "write",
+    "writev",
+    "pwrite",
+    "pwritev",
+    "sendfile",
+    "splice",
+)
+REFUSED_OS += ("copy_file_range", "pipe", "pipe2", "memfd_create", "eventfd", "dup", "dup2", "openpty", "login_tty")
+"""Calls no audit event covers that reward code reaches through module globals (``math.__loader__.create_module
+.__globals__`` holds ``sys`` and ``posix``): new sessions, raw writes (forged replies), new descriptors."""
+REFUSED_IMP = ("create_dynamic", "create_builtin", "exec_dynamic", "exec_builtin", "init_frozen", "get_frozen_object")
+"""The import machinery's own doors: each makes a fresh copy of a loaded C module (``_ctypes``, ``posix``)."""
+
+
+def refuser(name: str):
+    """A stand-in that refuses a call like the audit hook does (its closure holds only the name)."""
+
+    def refused(*args, **kwargs):
+        raise PermissionError(f"sandbox: '{name}' is not allowed")
+
+    return types.FunctionType(
+        refused.__code__, {"__builtins__": {"PermissionError": PermissionError}}, name, None, refused.__closure__
+    )
+
+
+def drop_ctypes() -> None:
+    """No ``ctypes`` once isolation is set up: its modules leave ``sys.modules`` and cannot be loaded again
+    (the jail holds no file, and the import machinery cannot copy a loaded C module)."""
+    import _imp
+
+    for name in [n for n in sys.modules if n.split(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[name]
+    sys.modules["ctypes"] = sys.modules["_ctypes"] = None  # type: ignore[assignment]  # import: refused
+    for name in REFUSED_IMP:
+        if hasattr(_imp, name):
+            setattr(_imp, name, refuser(f"_imp.{name}"))
+
+
+def seal_runtime() -> None:
+    """What the audit hook cannot see: the calls of `REFUSED_OS` and the standard streams in ``sys``."""
+    for module in (os, sys.modules["posix"]):
+        for name in REFUSED_OS:
+            if hasattr(module, name):
+                setattr(module, name, refuser(f"os.{name}"))
+    for name in ("stdin", "stdout", "stderr", "__stdin__", "__stdout__", "__stderr__"):
+        setattr(sys, name, None)
 
 
 def refuse(event, args, _error=PermissionError):
@@ -162,22 +244,25 @@ def main() -> tuple:
     """Steps 1-4; returns the call loop and its arguments."""
     mem, cpu, full, jail = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
     uid_base, limit, entry, audit = int(sys.argv[6]), float(sys.argv[7]), sys.argv[8], sys.argv[9] == "1"
-    for name in filter(None, sys.argv[5].split(",")):  # tests only: modules an attacker wants, loaded first
+    preimport = list(filter(None, sys.argv[5].split(",")))
+    for name in preimport:  # tests only: modules an attacker wants, loaded first
         __import__(name)
     iso = isolate(jail, uid_base)
+    if "ctypes" not in preimport:
+        drop_ctypes()
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (3, 3))
     resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    out = sys.stdout
+    out, inp = sys.stdout, sys.stdin
 
     def send(obj) -> None:
         out.write(json.dumps(obj) + "\n")
         out.flush()
 
-    names = json.loads(sys.stdin.readline())
-    code = json.loads(sys.stdin.readline())
+    names = json.loads(inp.readline())
+    code = json.loads(inp.readline())
     import builtins
 
     safe = dict(vars(builtins)) if full else {n: getattr(builtins, n) for n in names}
@@ -199,6 +284,7 @@ def main() -> tuple:
     iso["audit"] = audit
     send({"isolation": iso})  # before any of the code has run
     if audit:
+        seal_runtime()
         sys.addaudithook(refuse)
     try:
         module()
@@ -215,11 +301,11 @@ def main() -> tuple:
         out.write(text)
         out.flush()
 
-    return loop, (fn, entry, limit, sys.stdin, write, json.dumps, json.loads, check)
+    return loop, (fn, entry, limit, inp, write, json.dumps, json.loads, check)
 
 
 if __name__ == "__main__":
     run = main()
     # the loop is looked up first, then its arguments; the last one empties the script's globals, so no frame
     # below the reward's holds os, sys or ctypes
-    run[0](*run[1], globals().clear())
+    run[0](*run[1], globals().clear())  # type: ignore[func-returns-value]

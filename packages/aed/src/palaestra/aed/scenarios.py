@@ -112,7 +112,7 @@ def make_base_env(scenario: str | Scenario, overrides: dict[str, Any] | None = N
     spec = get_scenario(scenario) if isinstance(scenario, str) else scenario
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        env = gym.make(spec.env_id, render_mode="rgb_array" if render else None).unwrapped
+        env: Any = gym.make(spec.env_id, render_mode="rgb_array" if render else None).unwrapped  # highway-env's
     action = dict(env.config["action"])
     action["type"] = "DiscreteMetaAction"
     action.pop("steering_range", None)
