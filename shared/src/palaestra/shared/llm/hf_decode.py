@@ -16,7 +16,8 @@ stopping-criteria machinery around it:
   the same distribution as ``torch.multinomial``, at a fraction of its CPU cost, but not its random stream;
   greedy is the argmax of the raw logits, exactly ``generate``'s tokens;
 - the log-probability of each chosen token is taken from the raw logits (before temperature and filtering),
-  with the k most likely tokens when asked.
+  with the k most likely tokens when asked; with ``processed_logprobs`` from the distribution it was drawn from
+  (the tempered, filtered logits' log-softmax: removed tokens get -inf), as vLLM's ``processed_logprobs``.
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ class Decoded:
     tokens: torch.Tensor
     """[batch, steps] generated ids; ``pad_id`` after a row's end."""
     logprobs: torch.Tensor
-    """[batch, steps] log p(token) under the raw logits (0 after a row's end)."""
+    """[batch, steps] log p(token) under the raw logits, or the processed ones (0 after a row's end)."""
     top_ids: torch.Tensor | None
     """[batch, steps, k] the k most likely ids at each step (when asked)."""
     top_logprobs: torch.Tensor | None
-    """[batch, steps, k] their raw log-probabilities."""
+    """[batch, steps, k] their log-probabilities (raw or processed, as ``logprobs``)."""
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -85,8 +86,10 @@ def decode(
     top_k: int = 0,
     top_logprobs: int = 0,
     stop_rows: StopRows | None = None,
+    processed_logprobs: bool = False,
 ) -> Decoded:
-    """Generate up to `max_new_tokens` for each left-padded row of `input_ids` (temperature 0: greedy)."""
+    """Generate up to `max_new_tokens` for each left-padded row of `input_ids` (temperature 0: greedy).
+    `processed_logprobs`: log-probs of the distribution sampled from, not of the raw logits (greedy: raw)."""
     device = input_ids.device
     batch, width = input_ids.shape
     # identical rows share one prefill: row r copies the cache of prefilled row `source[r]`
@@ -129,7 +132,10 @@ def decode(
     steps = 0
     for step in range(max_new_tokens):
         if temperature > 0:
-            chosen = sample(filter_logits(logits, temperature, top_k, top_p))
+            processed = filter_logits(logits, temperature, top_k, top_p)
+            chosen = sample(processed)
+            if processed_logprobs:
+                logits = processed  # what is scored below: the distribution drawn from
         else:
             chosen = logits.argmax(dim=-1)
         lse = torch.logsumexp(logits, dim=-1)
