@@ -1,20 +1,33 @@
-"""Benchmark of bounded-staleness rollouts: the synchronous loop vs ``rollout.max_staleness`` 1 and 2.
+"""Benchmark of bounded-staleness rollouts that can fail: the asynchronous step against the synchronous step's
+rollout and update, each timed alone, in the same run.
 
-The same task (experiments/shared/toy_rl.yaml: `tiny`, 2 Ray rollout workers and the learner in this
-process; no SFT warm-up and no evaluation, which do not change a step's cost) is trained for
-``--warmup`` + ``--steps`` steps at each staleness. Per measured step, in the same run:
+The task is experiments/shared/toy_rl.yaml (`tiny`; no SFT warm-up and no evaluation, which do not change a
+step's cost), trained for ``--warmup`` + ``--steps`` steps in each setting, one setting after another:
 
-- ``step``: the trainer step's wall time (``perf/step_s``);
-- ``rollout``: the wall time of that step's rollout on the workers (its slowest shard, ``rollout_s``);
-- ``learner``: the learner's share of the step (the step less its wait for the rollout: scoring,
-  advantages, the PPO update, the weight sync);
-- ``ratio``: step / max(rollout, learner): 1 is a perfect overlap, rollout + learner over their maximum
-  is no overlap (the synchronous loop).
+- ``sync`` (max_staleness 0): the trainer's rollout (`RolloutStream.take`) and its update (every policy's
+  `Trainer.update_policy` and the weight sync) are each timed around their own call. Nothing else runs
+  meanwhile, so these are the rollout alone and the update alone.
+- ``k=1``, ``k=2``: the asynchronous step (the wall time of `Trainer.train_step`).
+- ``serial`` (the negative control): k = 1, but the step waits for the rollouts in flight
+  (`RolloutStream.drain`) before its update, so the next rollout and the update run one after the other. Its
+  ratio must come out near (rollout + update) / max(rollout, update); a measurement that reported overlap
+  here would be broken.
 
-Each figure is the median [min-max] over the measured steps (at least 5); ``speedup`` is the synchronous
-run's median step over this run's.
+Each setting's ``ratio`` is its step over max(rollout alone, update alone) (the sync medians): 1 is a perfect
+overlap. ``speedup`` is the sync step over this step. Figures are median [min-max] over the measured steps
+(``--rounds`` x ``--steps``, at least 5, tools/benchstats.py), the runs in ABBA order.
+The default step (`BALANCED`) has 2 tasks of 8 and answers of up to 32 tokens, so rollout and update are of
+similar size; later ``key=value`` overrides win (``rollout.max_tokens_per_turn=128``: a rollout-bound step).
 
-    .venv/bin/python tools/bench_async.py [--steps 5] [--warmup 2] [--staleness 0 1 2] [key=value ...]
+Placement is set here, not left to Ray: torch uses one thread; with ``--cores L R`` every thread of the
+learner's process is pinned to core L and every thread of each rollout worker (a Ray actor's process, or the
+in-process background thread with ``--layout local``) to core R (``os.sched_setaffinity`` per thread), and
+all of them get the same nice value: the learner's (Ray starts its workers at 19), or without the privilege to
+lower a nice value the workers' (raising one needs none).
+``--cores none`` leaves placement to the OS. The load average is printed before and after.
+
+    .venv/bin/python tools/bench_async.py [--steps 3] [--rounds 2] [--warmup 2] [--layout ray|local]
+        [--cores 0 1 | none] [--settings sync k=1 k=2 serial] [key=value ...]
 """
 
 from __future__ import annotations
@@ -23,21 +36,135 @@ import argparse
 import os
 import statistics
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchstats import REPEATS, spread
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "shared" / "toy_rl.yaml"
+BALANCED = ["tasks_per_step=2", "rollout.max_tokens_per_turn=32"]
+"""The default step: rollout and update of similar size (toy_rl's own is update-bound: 0.05 s vs 0.45 s)."""
+SETTINGS = {"sync": 0, "k=1": 1, "k=2": 2, "serial": 1}
+"""Each setting's max_staleness; ``serial`` is the no-overlap control."""
 
 
-def run(k: int, args) -> dict[str, list[float]]:
-    """The measured steps' figures at staleness `k`."""
+# -- the arithmetic (tests/test_bench_async.py) -------------------------------------------------------------------
+def ratios(steps: Sequence[float], rollout_alone: float, update_alone: float) -> list[float]:
+    """Each step over max(rollout alone, update alone): 1 is a perfect overlap."""
+    bound = max(rollout_alone, update_alone)
+    if bound <= 0:
+        raise ValueError(f"rollout and update times must be positive (got {rollout_alone}, {update_alone})")
+    return [s / bound for s in steps]
+
+
+def no_overlap(rollout_alone: float, update_alone: float) -> float:
+    """The ratio a step gets when rollout and update run one after the other: (rollout + update) / max."""
+    return (rollout_alone + update_alone) / max(rollout_alone, update_alone)
+
+
+def speedup(sync_steps: Sequence[float], steps: Sequence[float]) -> float:
+    """The synchronous median step over this setting's median step."""
+    return statistics.median(sync_steps) / statistics.median(steps)
+
+
+def order(settings: Sequence[str], rounds: int) -> list[str]:
+    """The settings' runs: `rounds` rounds, every other one reversed (ABBA), so a drift of the machine's load
+    over the run falls on every setting alike."""
+    return [name for r in range(rounds) for name in (settings if r % 2 == 0 else list(reversed(settings)))]
+
+
+def table(rows: dict[str, dict[str, list[float]]]) -> list[str]:
+    """The markdown table: the sync row's rollout and update alone, each setting's step, ratio and speedup."""
+    sync = rows["sync"]
+    r, u = statistics.median(sync["rollout"]), statistics.median(sync["update"])
+    lines = [
+        f"rollout alone {spread(sync['rollout'], '.3f')} s, update alone {spread(sync['update'], '.3f')} s: "
+        f"no overlap would give {no_overlap(r, u):.2f}, a perfect one 1.00",
+        "| setting | step s | rollout s (its own, overlapped) | step / max(rollout alone, update alone) | speedup |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, f in rows.items():
+        cells = [spread(f["step"], ".3f"), spread(f["rollout"], ".3f"), spread(ratios(f["step"], r, u), ".2f")]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {speedup(sync['step'], f['step']):.2f}x |")
+    return lines
+
+
+# -- placement -----------------------------------------------------------------------------------------------------
+def threads_of(pid: int) -> list[int]:
+    """Every thread id of process `pid` (Linux: /proc/<pid>/task)."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:
+        return [pid]
+
+
+def place(tids: Sequence[int], core: int | None, nice: int) -> bool:
+    """Pin threads `tids` to `core` (None: leave them) and give each the nice value `nice`; False where a nice
+    value could not be lowered to `nice` (no privilege)."""
+    done = True
+    for tid in tids:
+        try:
+            if core is not None:
+                os.sched_setaffinity(tid, {core})
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+        except PermissionError:
+            done = False
+    return done
+
+
+def placement(trainer, cores: tuple[int, int] | None) -> str:
+    """Pin the learner's process and the rollouts (module docstring); returns what was done, for the record."""
+    stream = trainer.stream
+    workers, pids = getattr(trainer.rollouts, "workers", None), []
+    if workers is not None:  # Ray actors: their processes
+        import ray
+
+        pids = ray.get([w.pid.remote() for w in workers])
+        rollout_tids = [t for pid in pids for t in threads_of(pid)]
+    elif stream.pool is not None:  # the background thread (one thread: the same one runs every rollout)
+        rollout_tids = [stream.pool.submit(threading.get_native_id).result()]
+    else:  # synchronous in-process rollouts run on the learner's thread
+        rollout_tids = []
+    learner_tids = [t for t in threads_of(os.getpid()) if t not in rollout_tids]
+    # Ray starts its workers at nice 19: every thread at the learner's nice, or where that cannot be had (no
+    # privilege to lower a nice value), at the highest of the processes' (raising one needs none)
+    nice = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    if not place(rollout_tids, cores[1] if cores else None, nice):
+        nice = max(os.getpriority(os.PRIO_PROCESS, p) for p in pids)
+        place(rollout_tids, None, nice)
+    place(learner_tids, cores[0] if cores else None, nice)
+    where = f"learner on core {cores[0]}, rollouts on core {cores[1]}" if cores else "cores left to the OS"
+    return f"{where}, {len(learner_tids)} + {len(rollout_tids)} threads at nice {nice}"
+
+
+# -- one setting ---------------------------------------------------------------------------------------------------
+def timed(fn: Callable, into: list[float]) -> Callable:
+    """`fn`, adding each call's wall time to the last entry of `into`."""
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            into[-1] += time.perf_counter() - t0
+
+    return wrapper
+
+
+def run(name: str, args) -> tuple[dict[str, list[float]], str]:
+    """The measured steps' figures of setting `name`: step, rollout (sync: alone; else the rollout's own
+    ``rollout_s``), update (sync only)."""
     import palaestra.shared.rl.train  # noqa: F401  (registers rl.train)
     from palaestra.shared.jobs import load_config
+    from palaestra.shared.rl.config import TrainConfig
     from palaestra.shared.rl.trainer import Trainer
 
+    workers = ["workers.num_workers=1", "workers.num_cpus=1"] if args.layout == "ray" else ["workers.num_workers=0"]
     overrides = [
         f"output_dir={tempfile.mkdtemp()}",
         "tracking.enabled=false",
@@ -45,54 +172,85 @@ def run(k: int, args) -> dict[str, list[float]]:
         "eval_tasks=0",
         "log_samples=0",
         f"steps={args.warmup + args.steps}",
-        f"rollout.max_staleness={k}",
+        f"rollout.max_staleness={SETTINGS[name]}",
+        *workers,
+        *BALANCED,
         *args.overrides,
     ]
     cfg = load_config(CONFIG, overrides)
-    figures: dict[str, list[float]] = {"step": [], "rollout": [], "learner": []}
+    assert isinstance(cfg, TrainConfig)
+    f: dict[str, list[float]] = {"step": [], "rollout": [], "update": []}
     with Trainer(cfg) as trainer:
         trainer.prepare()
-        assert trainer.stream is not None
-        take, last = trainer.stream.take, {}
+        stream = trainer.stream
+        assert stream is not None
+        where = placement(trainer, args.cores)
+        rollout, update, own = [0.0], [0.0], [0.0]
+        plain = stream.take
 
-        def timed_take(step: int):
-            t0 = time.perf_counter()
-            result = take(step)
-            last["wait"], last["rollout"] = time.perf_counter() - t0, result.stats["rollout_s"]
+        def take(step: int):  # the rollout's own time as its engine measured it (overlapped: with the update)
+            result = plain(step)
+            own[-1] = result.stats["rollout_s"]
             return result
 
-        trainer.stream.take = timed_take  # type: ignore[method-assign]
+        stream.take = take  # type: ignore[method-assign]
+        if name == "sync":
+            stream.take = timed(take, rollout)  # type: ignore[method-assign]
+            trainer.update_policy = timed(trainer.update_policy, update)  # type: ignore[method-assign]
+            stream.sync = timed(stream.sync, update)  # type: ignore[method-assign]
+        elif name == "serial":  # the control: the rollouts in flight end before the update starts
+
+            def take_then_drain(step: int):
+                result = take(step)
+                stream.drain()
+                return result
+
+            stream.take = take_then_drain  # type: ignore[method-assign]
         for step in range(args.warmup + args.steps):
-            metrics = trainer.train_step()
+            rollout[-1] = update[-1] = 0.0
+            t0 = time.perf_counter()
+            trainer.train_step()
             if step >= args.warmup:
-                figures["step"].append(metrics["perf/step_s"])
-                figures["rollout"].append(last["rollout"])
-                figures["learner"].append(metrics["perf/step_s"] - last["wait"])
-    figures["ratio"] = [s / max(r, u) for s, r, u in zip(figures["step"], figures["rollout"], figures["learner"])]
-    return figures
+                f["step"].append(time.perf_counter() - t0)
+                f["rollout"].append(rollout[-1] if name == "sync" else own[-1])
+                f["update"].append(update[-1])
+    return f, where
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=REPEATS, help="measured steps per setting (>= 5)")
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per run (rounds x steps >= 5)")
     parser.add_argument("--warmup", type=int, default=2, help="steps before measuring (the pipeline fills)")
-    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--layout", choices=["ray", "local"], default="ray", help="1 Ray worker, or in-process")
+    parser.add_argument("--cores", nargs="+", default=["0", "1"], help="learner's and rollouts' core, or none")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over the settings, every other one reversed")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of toy_rl.yaml")
     args = parser.parse_args()
-    if args.steps < REPEATS:
-        parser.error(f"--steps must be >= {REPEATS}")
+    if args.steps * args.rounds < REPEATS:
+        parser.error(f"--rounds x --steps must be >= {REPEATS} (the measured steps per setting)")
+    if "sync" not in args.settings:
+        parser.error("--settings needs sync (the rollout and update alone)")
+    if args.cores == ["none"]:
+        args.cores = None
+    elif len(args.cores) != 2 or not all(c.isdigit() for c in args.cores):
+        parser.error(f"--cores takes two core numbers or none (got {args.cores})")
+    else:
+        args.cores = (int(args.cores[0]), int(args.cores[1]))
     import torch
 
     torch.set_num_threads(1)
-    rows = {k: run(k, args) for k in args.staleness}
-    base = statistics.median(rows[args.staleness[0]]["step"])
-    print(f"\nmedian [min-max] of {args.steps} steps after {args.warmup} warm-up steps")
-    print("| max_staleness | step s | rollout s | learner s | step / max(rollout, learner) | speedup |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for k, f in rows.items():
-        speedup = base / statistics.median(f["step"])
-        cells = [spread(f[n], ".2f") for n in ("step", "rollout", "learner", "ratio")]
-        print(f"| {k} | " + " | ".join(cells) + f" | {speedup:.2f}x |")
+    torch.set_num_interop_threads(1)
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    rows: dict[str, dict[str, list[float]]] = {name: {} for name in args.settings}
+    where = ""
+    for name in order(args.settings, args.rounds):
+        figures, where = run(name, args)
+        for key, values in figures.items():
+            rows[name].setdefault(key, []).extend(values)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.layout}: {where}")
+    print(f"median [min-max] of {args.rounds} x {args.steps} steps, each run after {args.warmup} warm-up steps")
+    print("\n".join(table(rows)))
 
 
 if __name__ == "__main__":
