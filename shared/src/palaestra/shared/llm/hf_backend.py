@@ -28,6 +28,9 @@ from the same raw logits. ``generate(..., on_step=fn)`` calls ``fn(positions,
 tokens)`` after every decode step (the output positions of the batch's rows and
 the token each row just got) and ends the rows it flags: ``palaestra serve``
 streams tokens and cancels a disconnected client's rows through it.
+``generate(..., at_boundary=fn)`` is interruptible generation (the decode loop only): weights loaded at a token
+boundary take over the rows in flight, which keep their tokens; ``extra["token_versions"]`` tags each token
+with the version ``fn`` named when it was sampled (hf_decode).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, LogprobsMode, SamplingParams
-from palaestra.shared.llm.hf_decode import StopRows, decode
+from palaestra.shared.llm.hf_decode import AtBoundary, StopRows, decode
 from palaestra.shared.llm.hf_logprobs import LogprobRecorder, Warp
 from palaestra.shared.llm.models import load_tokenizer, resolve_model_path
 
@@ -143,9 +146,15 @@ class TransformersClient(LLMClient):
         prompts: list[list[int]] | list[str],
         params: SamplingParams | None = None,
         on_step: StepHook | None = None,
+        at_boundary: AtBoundary | None = None,
     ) -> list[Completion]:
+        """`at_boundary`: interruptible generation (hf_decode's loop): asked at every token boundary for the
+        version of the weights the model holds (loading newer ones first); each completion's
+        ``extra["token_versions"]`` says which version sampled each token."""
         params = params or SamplingParams()
         _check_params(params)
+        if at_boundary is not None and self.config.hf_generate:
+            raise LLMError("interruptible generation (at_boundary) needs the decode loop: set llm.hf_generate=false")
         prompt_ids = [self._prompt_ids(p) for p in prompts]
         for i, ids in enumerate(prompt_ids):
             if not ids:
@@ -167,7 +176,7 @@ class TransformersClient(LLMClient):
             for start in range(0, len(order), size):
                 chunk = order[start : start + size]
                 batch = [prompt_ids[work[j]] for j in chunk]
-                for j, completion in zip(chunk, self._generate_batch(batch, params, on_step, chunk)):
+                for j, completion in zip(chunk, self._generate_batch(batch, params, on_step, chunk, at_boundary)):
                     out[j] = completion
         return out  # type: ignore[return-value]
 
@@ -207,6 +216,7 @@ class TransformersClient(LLMClient):
         params: SamplingParams,
         on_step: StepHook | None = None,
         positions: list[int] | None = None,
+        at_boundary: AtBoundary | None = None,
     ) -> list[Completion]:
         input_ids, attention_mask = self.batch_inputs(batch)
         width = input_ids.shape[1]
@@ -215,7 +225,7 @@ class TransformersClient(LLMClient):
         strings = _StopOnStrings(self.tokenizer, params.stop, width) if params.stop else None
         top_k = params.top_logprobs if params.logprobs else 0
         processed = self.config.logprobs_mode == LogprobsMode.processed and params.temperature > 0
-        t0 = time.perf_counter()
+        t0, versions = time.perf_counter(), None
         if self.config.hf_generate:
             recorder = LogprobRecorder(top_k=top_k)
             criteria = StoppingCriteriaList([strings] if strings else [])
@@ -244,8 +254,9 @@ class TransformersClient(LLMClient):
                 top_logprobs=top_k,
                 stop_rows=_loop_stops(strings, on_step, positions),
                 processed_logprobs=processed,
+                at_boundary=at_boundary,
             )
-            generated, scores = out.tokens, out.logprobs
+            generated, scores, versions = out.tokens, out.logprobs, out.versions
             top = (out.top_ids, out.top_logprobs) if out.top_ids is not None and out.top_logprobs is not None else None
         elapsed = time.perf_counter() - t0
         logprobs = scores.cpu().tolist() if params.logprobs else None
@@ -257,6 +268,8 @@ class TransformersClient(LLMClient):
             completion.extra["batch_seconds"] = elapsed
             if pairs:
                 completion.extra["top_logprobs"] = pairs[row][: len(completion.token_ids)]
+            if versions is not None:
+                completion.extra["token_versions"] = versions[row].tolist()[: len(completion.token_ids)]
             completions.append(completion)
         return completions
 
