@@ -41,14 +41,15 @@ def test_runs_alternate_order_each_round():
 def test_table_rows_use_the_sync_medians():
     rows = {
         "sync": {"step": [3.0] * 5, "rollout": [1.0] * 5, "update": [2.0] * 5},
-        "k=1": {"step": [2.0] * 5, "rollout": [1.5] * 5, "update": [0.0] * 5},
-        "serial": {"step": [3.0] * 5, "rollout": [1.0] * 5, "update": [0.0] * 5},
+        "k=1": {"step": [2.0] * 5, "rollout": [1.5] * 5, "update": [2.0] * 5},  # overlapped: 2 of 3.5
+        "serial": {"step": [3.0] * 5, "rollout": [1.0] * 5, "update": [2.0] * 5},  # one after the other
     }
     lines = bench.table(rows)
     assert "no overlap would give 1.50" in lines[0]
-    assert lines[3].startswith("| sync | 3.000 [3.000-3.000] | 1.000 [1.000-1.000] | 1.50 [1.50-1.50] | 1.00x |")
-    assert lines[4].endswith("| 1.00 [1.00-1.00] | 1.50x |")
-    assert lines[5].endswith("| 1.50 [1.50-1.50] | 1.00x |")
+    sync = "| sync | 3.000 [3.000-3.000] | 1.000 [1.000-1.000] | 2.000 [2.000-2.000] | 1.00 [1.00-1.00] "
+    assert lines[3] == sync + "| 1.50 [1.50-1.50] | 1.00x |"
+    assert lines[4].endswith("| 0.57 [0.57-0.57] | 1.00 [1.00-1.00] | 1.50x |")
+    assert lines[5].endswith("| 1.00 [1.00-1.00] | 1.50 [1.50-1.50] | 1.00x |")
 
 
 def test_timed_adds_each_calls_wall_time():

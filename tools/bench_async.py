@@ -2,7 +2,10 @@
 rollout and update, each timed alone, in the same run.
 
 The task is experiments/shared/toy_rl.yaml (`tiny`; no SFT warm-up and no evaluation, which do not change a
-step's cost), trained for ``--warmup`` + ``--steps`` steps in each setting, one setting after another:
+step's cost). Every setting's trainer is built first and kept; the run then visits them in turn (``--rounds``
+rounds, every other one in reverse order: ABBA), each visit ``--warmup`` steps that fill its pipeline again and
+``--steps`` measured ones, and it ends by waiting for its rollouts in flight, so no setting's rollouts run while
+another is measured. A drift of the machine's load over the run thus falls on every setting alike. Settings:
 
 - ``sync`` (max_staleness 0): the trainer's rollout (`RolloutStream.take`) and its update (every policy's
   `Trainer.update_policy` and the weight sync) are each timed around their own call. Nothing else runs
@@ -14,8 +17,10 @@ step's cost), trained for ``--warmup`` + ``--steps`` steps in each setting, one 
   here would be broken.
 
 Each setting's ``ratio`` is its step over max(rollout alone, update alone) (the sync medians): 1 is a perfect
-overlap. ``speedup`` is the sync step over this step. Figures are median [min-max] over the measured steps
-(``--rounds`` x ``--steps``, at least 5, tools/benchstats.py), the runs in ABBA order.
+overlap. Each step's own rollout (its engine's ``rollout_s``) and own update are also reported, and the step
+over their sum: about 1 for the control whatever the load, below 1 where they overlapped. ``speedup`` is the
+sync step over this step. Figures are median [min-max] over the measured steps (``--rounds`` x ``--steps``, at
+least 5, tools/benchstats.py).
 The default step (`BALANCED`) has 2 tasks of 8 and answers of up to 32 tokens, so rollout and update are of
 similar size; later ``key=value`` overrides win (``rollout.max_tokens_per_turn=128``: a rollout-bound step).
 
@@ -26,13 +31,14 @@ all of them get the same nice value: the learner's (Ray starts its workers at 19
 lower a nice value the workers' (raising one needs none).
 ``--cores none`` leaves placement to the OS. The load average is printed before and after.
 
-    .venv/bin/python tools/bench_async.py [--steps 3] [--rounds 2] [--warmup 2] [--layout ray|local]
+    .venv/bin/python tools/bench_async.py [--steps 2] [--rounds 3] [--warmup 2] [--layout ray|local]
         [--cores 0 1 | none] [--settings sync k=1 k=2 serial] [key=value ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -77,17 +83,22 @@ def order(settings: Sequence[str], rounds: int) -> list[str]:
 
 
 def table(rows: dict[str, dict[str, list[float]]]) -> list[str]:
-    """The markdown table: the sync row's rollout and update alone, each setting's step, ratio and speedup."""
+    """The markdown table: the sync row's rollout and update alone; each setting's step, its rollout's and its
+    update's own times (asynchronous: overlapped, so contended), the step over their sum (about 1 without
+    overlap: the control's check on its own times; max / sum at a perfect one), the ratio and the speedup."""
     sync = rows["sync"]
     r, u = statistics.median(sync["rollout"]), statistics.median(sync["update"])
     lines = [
         f"rollout alone {spread(sync['rollout'], '.3f')} s, update alone {spread(sync['update'], '.3f')} s: "
         f"no overlap would give {no_overlap(r, u):.2f}, a perfect one 1.00",
-        "| setting | step s | rollout s (its own, overlapped) | step / max(rollout alone, update alone) | speedup |",
-        "| --- | --- | --- | --- | --- |",
+        "| setting | step s | rollout s (its own) | update s (its own) | step / (its rollout + its update) "
+        "| step / max(rollout alone, update alone) | speedup |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, f in rows.items():
-        cells = [spread(f["step"], ".3f"), spread(f["rollout"], ".3f"), spread(ratios(f["step"], r, u), ".2f")]
+        cells = [spread(f[key], ".3f") for key in ("step", "rollout", "update")]
+        own = [step / (ro + up) for step, ro, up in zip(f["step"], f["rollout"], f["update"])]
+        cells += [spread(own, ".2f"), spread(ratios(f["step"], r, u), ".2f")]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {speedup(sync['step'], f['step']):.2f}x |")
     return lines
 
@@ -117,19 +128,24 @@ def place(tids: Sequence[int], core: int | None, nice: int) -> bool:
     return done
 
 
-def placement(trainer, cores: tuple[int, int] | None) -> str:
-    """Pin the learner's process and the rollouts (module docstring); returns what was done, for the record."""
-    stream = trainer.stream
-    workers, pids = getattr(trainer.rollouts, "workers", None), []
+def rollout_threads(trainer) -> tuple[list[int], list[int]]:
+    """The thread ids that run `trainer`'s rollouts, and the processes they are in (none: this one's)."""
+    workers, stream = getattr(trainer.rollouts, "workers", None), trainer.stream
     if workers is not None:  # Ray actors: their processes
         import ray
 
         pids = ray.get([w.pid.remote() for w in workers])
-        rollout_tids = [t for pid in pids for t in threads_of(pid)]
-    elif stream.pool is not None:  # the background thread (one thread: the same one runs every rollout)
-        rollout_tids = [stream.pool.submit(threading.get_native_id).result()]
-    else:  # synchronous in-process rollouts run on the learner's thread
-        rollout_tids = []
+        return [t for pid in pids for t in threads_of(pid)], pids
+    if stream.pool is not None:  # the background thread (one thread: the same one runs every rollout)
+        return [stream.pool.submit(threading.get_native_id).result()], []
+    return [], []  # synchronous in-process rollouts run on the learner's thread
+
+
+def placement(trainers: Sequence, cores: tuple[int, int] | None) -> str:
+    """Pin the learner's process and every trainer's rollouts (module docstring); returns what was done."""
+    found = [rollout_threads(t) for t in trainers]
+    rollout_tids = [tid for tids, _ in found for tid in tids]
+    pids = [pid for _, ps in found for pid in ps]
     learner_tids = [t for t in threads_of(os.getpid()) if t not in rollout_tids]
     # Ray starts its workers at nice 19: every thread at the learner's nice, or where that cannot be had (no
     # privilege to lower a nice value), at the highest of the processes' (raising one needs none)
@@ -138,7 +154,7 @@ def placement(trainer, cores: tuple[int, int] | None) -> str:
         nice = max(os.getpriority(os.PRIO_PROCESS, p) for p in pids)
         place(rollout_tids, None, nice)
     place(learner_tids, cores[0] if cores else None, nice)
-    where = f"learner on core {cores[0]}, rollouts on core {cores[1]}" if cores else "cores left to the OS"
+    where = f"learners on core {cores[0]}, rollouts on core {cores[1]}" if cores else "cores left to the OS"
     return f"{where}, {len(learner_tids)} + {len(rollout_tids)} threads at nice {nice}"
 
 
@@ -156,48 +172,49 @@ def timed(fn: Callable, into: list[float]) -> Callable:
     return wrapper
 
 
-def run(name: str, args) -> tuple[dict[str, list[float]], str]:
-    """The measured steps' figures of setting `name`: step, rollout (sync: alone; else the rollout's own
-    ``rollout_s``), update (sync only)."""
-    import palaestra.shared.rl.train  # noqa: F401  (registers rl.train)
-    from palaestra.shared.jobs import load_config
-    from palaestra.shared.rl.config import TrainConfig
-    from palaestra.shared.rl.trainer import Trainer
+class Setting:
+    """One setting's trainer, kept for the whole run, with its measuring hooks; `visit` runs some steps of it."""
 
-    workers = ["workers.num_workers=1", "workers.num_cpus=1"] if args.layout == "ray" else ["workers.num_workers=0"]
-    overrides = [
-        f"output_dir={tempfile.mkdtemp()}",
-        "tracking.enabled=false",
-        "sft_warmup.steps=0",
-        "eval_tasks=0",
-        "log_samples=0",
-        f"steps={args.warmup + args.steps}",
-        f"rollout.max_staleness={SETTINGS[name]}",
-        *workers,
-        *BALANCED,
-        *args.overrides,
-    ]
-    cfg = load_config(CONFIG, overrides)
-    assert isinstance(cfg, TrainConfig)
-    f: dict[str, list[float]] = {"step": [], "rollout": [], "update": []}
-    with Trainer(cfg) as trainer:
-        trainer.prepare()
-        stream = trainer.stream
+    def __init__(self, name: str, args, stack: contextlib.ExitStack):
+        import palaestra.shared.rl.train  # noqa: F401  (registers rl.train)
+        from palaestra.shared.jobs import load_config
+        from palaestra.shared.rl.config import TrainConfig
+        from palaestra.shared.rl.trainer import Trainer
+
+        ray = ["workers.num_workers=1", "workers.num_cpus=1", f"cluster.num_cpus={2 * len(args.settings)}"]
+        overrides = [
+            f"output_dir={tempfile.mkdtemp()}",
+            "tracking.enabled=false",
+            "sft_warmup.steps=0",
+            "eval_tasks=0",
+            "log_samples=0",
+            f"steps={args.rounds * (args.warmup + args.steps)}",
+            f"rollout.max_staleness={SETTINGS[name]}",
+            *(ray if args.layout == "ray" else ["workers.num_workers=0"]),
+            *BALANCED,
+            *args.overrides,
+        ]
+        cfg = load_config(CONFIG, overrides)
+        assert isinstance(cfg, TrainConfig)
+        self.name, self.trainer = name, stack.enter_context(Trainer(cfg))
+        self.trainer.prepare()
+        self.stream = stream = self.trainer.stream
         assert stream is not None
-        where = placement(trainer, args.cores)
-        rollout, update, own = [0.0], [0.0], [0.0]
+        self.figures: dict[str, list[float]] = {"step": [], "rollout": [], "update": []}
+        self.rollout, self.update, self.own = [0.0], [0.0], [0.0]
         plain = stream.take
 
         def take(step: int):  # the rollout's own time as its engine measured it (overlapped: with the update)
             result = plain(step)
-            own[-1] = result.stats["rollout_s"]
+            self.own[-1] = result.stats["rollout_s"]
             return result
 
         stream.take = take  # type: ignore[method-assign]
+        # every setting's update timed around its own calls (asynchronous: while rollouts run beside it)
+        self.trainer.update_policy = timed(self.trainer.update_policy, self.update)  # type: ignore[method-assign]
+        stream.sync = timed(stream.sync, self.update)  # type: ignore[method-assign]
         if name == "sync":
-            stream.take = timed(take, rollout)  # type: ignore[method-assign]
-            trainer.update_policy = timed(trainer.update_policy, update)  # type: ignore[method-assign]
-            stream.sync = timed(stream.sync, update)  # type: ignore[method-assign]
+            stream.take = timed(take, self.rollout)  # type: ignore[method-assign]
         elif name == "serial":  # the control: the rollouts in flight end before the update starts
 
             def take_then_drain(step: int):
@@ -206,25 +223,29 @@ def run(name: str, args) -> tuple[dict[str, list[float]], str]:
                 return result
 
             stream.take = take_then_drain  # type: ignore[method-assign]
-        for step in range(args.warmup + args.steps):
-            rollout[-1] = update[-1] = 0.0
+
+    def visit(self, warmup: int, steps: int) -> None:
+        """`warmup` steps (the pipeline fills again), `steps` measured ones, then wait for the rollouts in
+        flight, so that none runs while another setting is measured."""
+        for step in range(warmup + steps):
+            self.rollout[-1] = self.update[-1] = 0.0
             t0 = time.perf_counter()
-            trainer.train_step()
-            if step >= args.warmup:
-                f["step"].append(time.perf_counter() - t0)
-                f["rollout"].append(rollout[-1] if name == "sync" else own[-1])
-                f["update"].append(update[-1])
-    return f, where
+            self.trainer.train_step()
+            if step >= warmup:
+                self.figures["step"].append(time.perf_counter() - t0)
+                self.figures["rollout"].append(self.rollout[-1] if self.name == "sync" else self.own[-1])
+                self.figures["update"].append(self.update[-1])
+        self.stream.drain()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=3, help="measured steps per run (rounds x steps >= 5)")
+    parser.add_argument("--steps", type=int, default=2, help="measured steps per visit (rounds x steps >= 5)")
     parser.add_argument("--warmup", type=int, default=2, help="steps before measuring (the pipeline fills)")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--layout", choices=["ray", "local"], default="ray", help="1 Ray worker, or in-process")
     parser.add_argument("--cores", nargs="+", default=["0", "1"], help="learner's and rollouts' core, or none")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds over the settings, every other one reversed")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the settings, every other one reversed")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of toy_rl.yaml")
     args = parser.parse_args()
     if args.steps * args.rounds < REPEATS:
@@ -242,14 +263,14 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    rows: dict[str, dict[str, list[float]]] = {name: {} for name in args.settings}
-    where = ""
-    for name in order(args.settings, args.rounds):
-        figures, where = run(name, args)
-        for key, values in figures.items():
-            rows[name].setdefault(key, []).extend(values)
+    with contextlib.ExitStack() as stack:
+        settings = {name: Setting(name, args, stack) for name in args.settings}
+        where = placement([s.trainer for s in settings.values()], args.cores)
+        for name in order(args.settings, args.rounds):
+            settings[name].visit(args.warmup, args.steps)
+    rows = {name: s.figures for name, s in settings.items()}
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.layout}: {where}")
-    print(f"median [min-max] of {args.rounds} x {args.steps} steps, each run after {args.warmup} warm-up steps")
+    print(f"median [min-max] of {args.rounds} x {args.steps} steps, each visit after {args.warmup} warm-up steps")
     print("\n".join(table(rows)))
 
 
