@@ -198,8 +198,9 @@ class Setting:
         assert isinstance(cfg, TrainConfig)
         self.name, self.trainer = name, stack.enter_context(Trainer(cfg))
         self.trainer.prepare()
-        self.stream = stream = self.trainer.stream
+        stream = self.trainer.stream
         assert stream is not None
+        self.stream = stream
         self.figures: dict[str, list[float]] = {"step": [], "rollout": [], "update": []}
         self.rollout, self.update, self.own = [0.0], [0.0], [0.0]
         plain = stream.take
