@@ -167,7 +167,7 @@ def test_smollm2_answers_paris():
 
 @pytest.mark.parametrize("budget_bytes", [1 << 30, 3 * 50 * 4 * 2, 1])
 def test_logprob_recorder_flushes_under_a_memory_budget(budget_bytes):
-    from palaestra.shared.llm.hf_backend import _LogprobRecorder
+    from palaestra.shared.llm.hf_logprobs import LogprobRecorder as _LogprobRecorder
 
     gen = torch.Generator().manual_seed(0)
     batch, vocab, steps = 3, 50, 9

@@ -34,6 +34,19 @@ class DType(StrEnum):
     float16 = "float16"
 
 
+class LogprobsMode(StrEnum):
+    """Which distribution a sampled token's log-prob is taken from (``llm.logprobs_mode``; vLLM's names).
+
+    ``raw``: log-softmax of the model's raw logits, before temperature, top-k and top-p: the model itself (what
+    the learner's untempered scoring reproduces). ``processed``: the distribution the token was actually drawn
+    from: the logits tempered, truncated by top-k and top-p, renormalized. The decoupled-PPO behaviour
+    correction needs ``processed`` (the behaviour policy is what sampled); the two agree at temperature 1
+    without top-k / top-p. Greedy decoding (temperature 0) logs the raw log-prob in both modes."""
+
+    raw = "raw"
+    processed = "processed"
+
+
 @dataclass
 class LLMConfig:
     """Which model, through which backend."""
@@ -65,6 +78,9 @@ class LLMConfig:
     """vLLM tensor parallelism (vllm backend)."""
     seed: int = 0
     """Seed for building the `tiny` model's random weights."""
+    logprobs_mode: LogprobsMode = LogprobsMode.raw
+    """raw | processed: each sampled token's log-prob under the raw logits, or under the tempered, truncated
+    distribution it was drawn from (`LogprobsMode`; transformers and vllm backends)."""
 
 
 @dataclass
@@ -95,7 +111,8 @@ class Completion:
     text: str
     token_ids: list[int]
     logprobs: list[float] | None
-    """Log-probability of each generated token under the sampling distribution's model (before temperature)."""
+    """Log-probability of each generated token: under the model's raw logits (before temperature and top-k /
+    top-p), or with ``llm.logprobs_mode: processed`` under the distribution it was drawn from."""
     prompt_token_ids: list[int]
     finish_reason: str
     """stop | length."""

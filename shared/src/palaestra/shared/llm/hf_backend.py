@@ -12,7 +12,9 @@ the stop string: the tokens after it are dropped and the text is cut just after
 the stop string (which it includes).
 
 Logprobs are of the sampled tokens under the model itself: log-softmax of the
-raw logits, before temperature and top-p (what PPO's ratio needs). Both paths
+raw logits, before temperature and top-p; with ``llm.logprobs_mode: processed``
+under the tempered, filtered distribution each was drawn from (base.py
+`LogprobsMode`: what the behaviour correction needs). Both paths
 score each step as it comes (``generate``'s through a logits processor), so
 memory stays O(batch x vocab) instead of HF's ``output_logits`` O(batch x steps
 x vocab). The two paths give the same greedy tokens and sample by the same rule
@@ -26,6 +28,9 @@ from the same raw logits. ``generate(..., on_step=fn)`` calls ``fn(positions,
 tokens)`` after every decode step (the output positions of the batch's rows and
 the token each row just got) and ends the rows it flags: ``palaestra serve``
 streams tokens and cancels a disconnected client's rows through it.
+``generate(..., at_boundary=fn)`` is interruptible generation (the decode loop only): weights loaded at a token
+boundary take over the rows in flight, which keep their tokens; ``extra["token_versions"]`` tags each token
+with the version ``fn`` named when it was sampled (hf_decode).
 """
 
 from __future__ import annotations
@@ -40,15 +45,15 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     GenerationConfig,
-    LogitsProcessor,
     LogitsProcessorList,
     StoppingCriteria,
     StoppingCriteriaList,
 )
 from transformers.utils import logging as hf_logging
 
-from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams
-from palaestra.shared.llm.hf_decode import StopRows, decode
+from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, LogprobsMode, SamplingParams
+from palaestra.shared.llm.hf_decode import AtBoundary, StopRows, decode
+from palaestra.shared.llm.hf_logprobs import LogprobRecorder, Warp
 from palaestra.shared.llm.models import load_tokenizer, resolve_model_path
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -71,54 +76,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype not in _DTYPES:
         raise LLMError(f"unknown dtype '{dtype}' (auto, {', '.join(_DTYPES)})")
     return _DTYPES[dtype]
-
-
-class _LogprobRecorder(LogitsProcessor):
-    """Records log p(token) of each sampled token from the raw logits (placed first in the processor list).
-
-    Each step's logits are only kept (generate hands every step a fresh float32 copy, and the warpers after us
-    return new tensors); they are scored in one vectorized pass (gather - logsumexp) once the chosen tokens are
-    known: at the end, or earlier when the kept logits exceed `budget_bytes`. Per step this costs a list append,
-    and memory stays bounded, unlike HF's ``output_logits`` (batch x steps x vocab).
-    """
-
-    def __init__(self, budget_bytes: int = 256 << 20, top_k: int = 0) -> None:
-        self.budget_elements = budget_bytes // 4
-        self.top_k = top_k
-        self.pending: list[torch.Tensor] = []
-        self.scored: list[torch.Tensor] = []
-        self.top: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, logprobs), each [batch, count, k]
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        self.pending.append(scores)
-        if len(self.pending) > 1 and len(self.pending) * scores.numel() > self.budget_elements:
-            done = len(self.pending) - 1  # the tokens chosen from these are the last `done` inputs
-            self._score(input_ids[:, -done:], done)
-        return scores
-
-    def _score(self, chosen: torch.Tensor, count: int) -> None:
-        logits = torch.stack(self.pending[:count], dim=1).float()  # [batch, count, vocab]
-        picked = logits.gather(2, chosen[:, :, None]).squeeze(2)
-        lse = torch.logsumexp(logits, dim=-1)
-        self.scored.append(picked - lse)
-        if self.top_k:
-            values, ids = torch.topk(logits, min(self.top_k, logits.shape[-1]), dim=-1)
-            self.top.append((ids, values - lse[:, :, None]))
-        del self.pending[:count]
-
-    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
-        """[batch, generated] logprobs, given the final sequences."""
-        if self.pending:
-            self._score(sequences[:, -len(self.pending) :], len(self.pending))
-        if not self.scored:
-            return sequences.new_zeros((sequences.shape[0], 0)).float()
-        return torch.cat(self.scored, dim=1)
-
-    def top_logprobs(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """[batch, generated, k] ids and logprobs of the k most likely tokens (after `finish`)."""
-        if not self.top:
-            return None
-        return torch.cat([i for i, _ in self.top], dim=1), torch.cat([v for _, v in self.top], dim=1)
 
 
 def _top_pairs(ids: torch.Tensor, values: torch.Tensor) -> list[list[list[list[float | int]]]]:
@@ -189,9 +146,15 @@ class TransformersClient(LLMClient):
         prompts: list[list[int]] | list[str],
         params: SamplingParams | None = None,
         on_step: StepHook | None = None,
+        at_boundary: AtBoundary | None = None,
     ) -> list[Completion]:
+        """`at_boundary`: interruptible generation (hf_decode's loop): asked at every token boundary for the
+        version of the weights the model holds (loading newer ones first); each completion's
+        ``extra["token_versions"]`` says which version sampled each token."""
         params = params or SamplingParams()
         _check_params(params)
+        if at_boundary is not None and self.config.hf_generate:
+            raise LLMError("interruptible generation (at_boundary) needs the decode loop: set llm.hf_generate=false")
         prompt_ids = [self._prompt_ids(p) for p in prompts]
         for i, ids in enumerate(prompt_ids):
             if not ids:
@@ -213,7 +176,7 @@ class TransformersClient(LLMClient):
             for start in range(0, len(order), size):
                 chunk = order[start : start + size]
                 batch = [prompt_ids[work[j]] for j in chunk]
-                for j, completion in zip(chunk, self._generate_batch(batch, params, on_step, chunk)):
+                for j, completion in zip(chunk, self._generate_batch(batch, params, on_step, chunk, at_boundary)):
                     out[j] = completion
         return out  # type: ignore[return-value]
 
@@ -222,15 +185,16 @@ class TransformersClient(LLMClient):
             return self.tokenizer.encode(prompt, add_special_tokens=False)
         return [int(t) for t in prompt]
 
-    def generation_config(self, params: SamplingParams, max_new_tokens: int) -> GenerationConfig:
-        """The `GenerationConfig` for `params` (built from scratch: no model defaults such as top_k=50 sneak in)."""
+    def generation_config(self, params: SamplingParams, max_new_tokens: int, warped: bool = False) -> GenerationConfig:
+        """The `GenerationConfig` for `params` (built from scratch: no model defaults such as top_k=50 sneak in);
+        `warped`: the sampling warpers run as a processor of ours (`Warp`), not generate's."""
         sample = params.temperature > 0
         return GenerationConfig(
             max_new_tokens=max_new_tokens,
             do_sample=sample,
-            temperature=params.temperature if sample else None,
-            top_p=params.top_p if sample else None,
-            top_k=params.top_k if sample else None,
+            temperature=(1.0 if warped else params.temperature) if sample else None,
+            top_p=(1.0 if warped else params.top_p) if sample else None,
+            top_k=(0 if warped else params.top_k) if sample else None,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.tokenizer.pad_token_id,
         )
@@ -252,6 +216,7 @@ class TransformersClient(LLMClient):
         params: SamplingParams,
         on_step: StepHook | None = None,
         positions: list[int] | None = None,
+        at_boundary: AtBoundary | None = None,
     ) -> list[Completion]:
         input_ids, attention_mask = self.batch_inputs(batch)
         width = input_ids.shape[1]
@@ -259,17 +224,18 @@ class TransformersClient(LLMClient):
         positions = positions if positions is not None else list(range(len(batch)))
         strings = _StopOnStrings(self.tokenizer, params.stop, width) if params.stop else None
         top_k = params.top_logprobs if params.logprobs else 0
-        t0 = time.perf_counter()
+        processed = self.config.logprobs_mode == LogprobsMode.processed and params.temperature > 0
+        t0, versions = time.perf_counter(), None
         if self.config.hf_generate:
-            recorder = _LogprobRecorder(top_k=top_k)
+            recorder = LogprobRecorder(top_k=top_k)
             criteria = StoppingCriteriaList([strings] if strings else [])
             if on_step is not None:
                 criteria.append(_StepHookCriteria(on_step, positions))
             sequences = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
-                generation_config=self.generation_config(params, max_new),
-                logits_processor=LogitsProcessorList([recorder]),
+                generation_config=self.generation_config(params, max_new, warped=processed),
+                logits_processor=LogitsProcessorList([Warp(params), recorder] if processed else [recorder]),
                 stopping_criteria=criteria,
             )
             generated, scores, top = sequences[:, width:], recorder.finish(sequences), recorder.top_logprobs()
@@ -287,8 +253,10 @@ class TransformersClient(LLMClient):
                 top_k=params.top_k if sample else 0,
                 top_logprobs=top_k,
                 stop_rows=_loop_stops(strings, on_step, positions),
+                processed_logprobs=processed,
+                at_boundary=at_boundary,
             )
-            generated, scores = out.tokens, out.logprobs
+            generated, scores, versions = out.tokens, out.logprobs, out.versions
             top = (out.top_ids, out.top_logprobs) if out.top_ids is not None and out.top_logprobs is not None else None
         elapsed = time.perf_counter() - t0
         logprobs = scores.cpu().tolist() if params.logprobs else None
@@ -300,6 +268,8 @@ class TransformersClient(LLMClient):
             completion.extra["batch_seconds"] = elapsed
             if pairs:
                 completion.extra["top_logprobs"] = pairs[row][: len(completion.token_ids)]
+            if versions is not None:
+                completion.extra["token_versions"] = versions[row].tolist()[: len(completion.token_ids)]
             completions.append(completion)
         return completions
 

@@ -16,7 +16,14 @@ stopping-criteria machinery around it:
   the same distribution as ``torch.multinomial``, at a fraction of its CPU cost, but not its random stream;
   greedy is the argmax of the raw logits, exactly ``generate``'s tokens;
 - the log-probability of each chosen token is taken from the raw logits (before temperature and filtering),
-  with the k most likely tokens when asked.
+  with the k most likely tokens when asked; with ``processed_logprobs`` from the distribution it was drawn from
+  (the tempered, filtered logits' log-softmax: removed tokens get -inf), as vLLM's ``processed_logprobs``;
+- interruptible: with ``at_boundary`` (``fn() -> version``: the version of the weights the model holds, after
+  loading any newer ones offered) the loop asks at every token boundary; when the version moved, the in-flight
+  rows continue from the tokens they have, their ids as they are (no re-tokenization): one prefill over each
+  live row's prompt and generated tokens with the new weights rebuilds the cache (keys and values of the old
+  weights would mix two policies in one token's context), and every token is tagged with the version that
+  sampled it (``Decoded.versions``).
 """
 
 from __future__ import annotations
@@ -24,9 +31,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+AtBoundary = Callable[[], int]
+"""``fn() -> version``: called before the prefill and at every token boundary; the version of the weights the
+model holds then (it may load newer ones first: the loop rebuilds its cache when the version moves)."""
 StopRows = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
 """``fn(rows, tokens) -> flags``: after each step, the live rows' batch indices and their generated tokens so far
 ``[live, steps]``; returns a bool tensor over the live rows that ends the flagged ones (or None)."""
@@ -37,11 +48,14 @@ class Decoded:
     tokens: torch.Tensor
     """[batch, steps] generated ids; ``pad_id`` after a row's end."""
     logprobs: torch.Tensor
-    """[batch, steps] log p(token) under the raw logits (0 after a row's end)."""
+    """[batch, steps] log p(token) under the raw logits, or the processed ones (0 after a row's end)."""
     top_ids: torch.Tensor | None
     """[batch, steps, k] the k most likely ids at each step (when asked)."""
     top_logprobs: torch.Tensor | None
-    """[batch, steps, k] their raw log-probabilities."""
+    """[batch, steps, k] their log-probabilities (raw or processed, as ``logprobs``)."""
+    versions: torch.Tensor | None = None
+    """[batch, steps] the version of the weights that sampled each token (with ``at_boundary``; -1 after a
+    row's end)."""
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -85,8 +99,13 @@ def decode(
     top_k: int = 0,
     top_logprobs: int = 0,
     stop_rows: StopRows | None = None,
+    processed_logprobs: bool = False,
+    at_boundary: AtBoundary | None = None,
 ) -> Decoded:
-    """Generate up to `max_new_tokens` for each left-padded row of `input_ids` (temperature 0: greedy)."""
+    """Generate up to `max_new_tokens` for each left-padded row of `input_ids` (temperature 0: greedy).
+    `processed_logprobs`: log-probs of the distribution sampled from, not of the raw logits (greedy: raw);
+    `at_boundary`: weights that may change between tokens (module docstring)."""
+    current = at_boundary() if at_boundary is not None else 0
     device = input_ids.device
     batch, width = input_ids.shape
     # identical rows share one prefill: row r copies the cache of prefilled row `source[r]`
@@ -123,17 +142,23 @@ def decode(
     k = min(top_logprobs, logits.shape[-1])
     top_ids = torch.zeros((batch, max_new_tokens, k), dtype=torch.long, device=device) if k else None
     top_lp = torch.zeros((batch, max_new_tokens, k), dtype=torch.float32, device=device) if k else None
+    versions = torch.full((batch, max_new_tokens), -1, dtype=torch.long, device=device) if at_boundary else None
     eos = torch.tensor(eos_ids, device=device)
     live = torch.arange(batch, device=device)  # batch indices of the rows still generating
     position = positions[:, -1:]
     steps = 0
     for step in range(max_new_tokens):
         if temperature > 0:
-            chosen = sample(filter_logits(logits, temperature, top_k, top_p))
+            processed = filter_logits(logits, temperature, top_k, top_p)
+            chosen = sample(processed)
+            if processed_logprobs:
+                logits = processed  # what is scored below: the distribution drawn from
         else:
             chosen = logits.argmax(dim=-1)
         lse = torch.logsumexp(logits, dim=-1)
         tokens[live, step] = chosen
+        if versions is not None:
+            versions[live, step] = current
         logprobs[live, step] = logits.gather(1, chosen[:, None]).squeeze(1) - lse
         if top_ids is not None and top_lp is not None:
             values, ids = torch.topk(logits, k, dim=-1)
@@ -151,6 +176,12 @@ def decode(
             cache.reorder_cache(keep)
             live, chosen, position = live[keep], chosen[keep], position[keep]
         position = position + 1
+        if at_boundary is not None and (version := at_boundary()) != current:
+            current = version  # new weights: the live rows' cache again, from their prompts and tokens so far
+            cache, logits = _prefill(
+                model, torch.cat([input_ids[live], tokens[live, :steps]], 1), mask[live, : width + steps], extra
+            )
+            continue
         out = model(
             input_ids=chosen[:, None],
             attention_mask=mask[live, : width + steps],
@@ -164,4 +195,12 @@ def decode(
         logprobs[:, :steps],
         top_ids[:, :steps] if top_ids is not None else None,
         top_lp[:, :steps] if top_lp is not None else None,
+        versions[:, :steps] if versions is not None else None,
     )
+
+
+def _prefill(model, ids: torch.Tensor, mask: torch.Tensor, extra: dict) -> tuple[Any, torch.Tensor]:
+    """One forward over left-padded `ids`: the model's cache of them and the logits after each row's last token."""
+    positions = (mask.long().cumsum(-1) - 1).masked_fill_(mask == 0, 0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+    return out.past_key_values, out.logits[:, -1, :].float()

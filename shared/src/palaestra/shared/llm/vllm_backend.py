@@ -9,7 +9,9 @@ worker's ``reload_weights``. vLLM starts its workers by spawn: a script that bui
 
 - prompts go in as token ids (``TokensPrompt``): token-in, token-out;
 - logprobs are vLLM's ``raw_logprobs`` (the engine's ``logprobs_mode``): log-softmax of
-  the raw logits before temperature / top-p, the same quantity as the transformers backend;
+  the raw logits before temperature / top-p, the same quantity as the transformers backend; with
+  ``llm.logprobs_mode: processed`` vLLM's ``processed_logprobs``: of the tempered, top-k / top-p
+  filtered distribution the token was drawn from (base.py `LogprobsMode`; `vllm_logprobs_mode`);
 - ``include_stop_str_in_output`` keeps the stop string in the text, as our other backends do;
 - weight updates (`load_weights`, ``workers.weight_sync: object_store``): the state dict travels as
   ``torch.save`` bytes (tensors themselves do not survive the pickling of ``collective_rpc`` arguments
@@ -42,7 +44,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, SamplingParams
+from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, LogprobsMode, SamplingParams
 
 
 def engine_dtype(config: LLMConfig) -> str:
@@ -69,6 +71,12 @@ class WeightLoaderExtension:
 
         install()
         return True
+
+
+def vllm_logprobs_mode(config: LLMConfig) -> str:
+    """vLLM's ``logprobs_mode`` for ``llm.logprobs_mode``: the raw logits' log-softmax, or the processed one
+    (after temperature, top-k and top-p, as the token was drawn)."""
+    return {LogprobsMode.raw: "raw_logprobs", LogprobsMode.processed: "processed_logprobs"}[config.logprobs_mode]
 
 
 def state_dict_bytes(state_dict: dict) -> bytes:
@@ -146,7 +154,7 @@ class VLLMClient(LLMClient):
             gpu_memory_utilization=config.gpu_memory_utilization,
             tensor_parallel_size=config.tensor_parallel_size,
             seed=config.seed,
-            logprobs_mode="raw_logprobs",
+            logprobs_mode=vllm_logprobs_mode(config),
             worker_extension_cls=f"{__name__}.WeightLoaderExtension",
             # vLLM's NCCL weight-transfer engine, idle until a trainer connects (workers.weight_sync: nccl); vLLM
             # 0.33 then turns off flashinfer's MoE expert-parallel kernels and two AMD decode runtimes, no dense model's
