@@ -66,7 +66,7 @@ class WeightLoaderExtension:
         return len(state)
 
     def palaestra_cpu_transport(self) -> bool:
-        """Swap NCCL for gloo in this worker (CPU rehearsals and tests: rollout/vllm_cpu_transport.py)."""
+        """Swap NCCL for gloo in this worker (CPU rehearsals and tests: llm/vllm_cpu_transport.py)."""
         from palaestra.shared.llm.vllm_cpu_transport import install
 
         install()
@@ -260,7 +260,7 @@ class VLLMClient(LLMClient):
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def use_cpu_transport(self) -> None:
-        """Gloo instead of NCCL in this engine's workers (CPU; rollout/vllm_cpu_transport.py)."""
+        """Gloo instead of NCCL in this engine's workers (CPU; llm/vllm_cpu_transport.py)."""
         self.llm.collective_rpc("palaestra_cpu_transport")
 
     def shutdown_weight_transfer(self) -> None:
