@@ -10,7 +10,7 @@ import pytest
 
 from palaestra.shared.llm import LLMConfig, LLMError, SamplingParams, make_client
 from palaestra.shared.llm.base import Completion
-from palaestra.shared.llm.serve.batcher import Job, MicroBatcher
+from palaestra.shared.llm.serve.batcher import MicroBatcher, ServeRequest
 from palaestra.shared.llm.serve.launch import serve_in_thread
 from palaestra.shared.llm.serve.model import ServeLimits
 
@@ -169,8 +169,10 @@ class PoisonClient:
 def test_batcher_isolates_a_failing_job_from_its_batch():
     client = PoisonClient()
     batcher = MicroBatcher(client)
-    blocker = batcher.submit(Job(["first"], SamplingParams()))  # holds the worker so the rest queue up together
-    futures = {p: batcher.submit(Job([p], SamplingParams())) for p in ["a", "poison", "b", "c"]}
+    blocker = batcher.submit(
+        ServeRequest(["first"], SamplingParams())
+    )  # holds the worker so the rest queue up together
+    futures = {p: batcher.submit(ServeRequest([p], SamplingParams())) for p in ["a", "poison", "b", "c"]}
     assert [c.text for c in blocker.result(timeout=10)] == ["FIRST"]
     for prompt, future in futures.items():
         if prompt == "poison":

@@ -201,12 +201,12 @@ def test_an_unreported_result_is_flagged(garage):
 def test_a_bad_trace_in_the_pipeline_is_dropped_and_counted(garage, monkeypatch):
     from palaestra.datagen import pipeline
     from palaestra.datagen.run_stats import RunStats
-    from palaestra.datagen.sampler import Step, Trace
+    from palaestra.datagen.sampler import Trace, TraceStep
 
     env = ToolEnv(garage, copy.deepcopy(STATE))
     steps = []
     for name, args, feeds in BAD["unrequested_state_change"]:
-        steps.append(Step(name, args, env.execute(name, args).output, {p: s for p, (s, _) in feeds.items()}))
+        steps.append(TraceStep(name, args, env.execute(name, args).output, {p: s for p, (s, _) in feeds.items()}))
         steps[-1].feed_keys = {p: k for p, (_, k) in feeds.items()}
 
     def bad_trace(env, *args, **kwargs):

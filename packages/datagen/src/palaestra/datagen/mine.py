@@ -43,7 +43,7 @@ from palaestra.datagen.chain import TurnTask, run_try
 from palaestra.datagen.dataset import read_rows
 from palaestra.datagen.envs import ToolEnv, get_env
 from palaestra.datagen.generate import DataGenerationConfig, build_graph, run_generation
-from palaestra.datagen.sampler import Step, Trace
+from palaestra.datagen.sampler import Trace, TraceStep
 from palaestra.shared.config import value_check
 from palaestra.shared.jobs import job
 from palaestra.shared.llm.base import LLMConfig, SamplingParams
@@ -161,7 +161,7 @@ def evaluate_student(rows: list[dict], student, graph) -> StudentScore:
                 trace = Trace(
                     spec.name,
                     t["target"],
-                    [Step(s["name"], s["arguments"], s["output"]) for s in t["steps"]],
+                    [TraceStep(s["name"], s["arguments"], s["output"]) for s in t["steps"]],
                     t["target_hit"],
                 )
             schema = None

@@ -54,7 +54,7 @@ LENGTH_WEIGHTS = {1: 0.04, 2: 0.12, 3: 0.24, 4: 0.26, 5: 0.16, 6: 0.1, 7: 0.05, 
 
 
 @dataclass
-class Step:
+class TraceStep:
     name: str
     arguments: dict
     output: Any
@@ -80,7 +80,7 @@ class Step:
 class Trace:
     env: str
     target: str
-    steps: list[Step]
+    steps: list[TraceStep]
     target_hit: bool
 
     @property
@@ -146,20 +146,20 @@ def sample_trace(
 
     `prior_outputs`: response entries of earlier turns of the same sample. They count as candidates
     (a value there is not unique if an earlier turn returned another one); a value that is the only
-    candidate there is carried over from that turn (`Step.prior_feeds`), not stated, unless the user
+    candidate there is carried over from that turn (`TraceStep.prior_feeds`), not stated, unless the user
     stated it in an earlier turn (`prior_arguments`: the arguments of earlier turns' calls).
     """
     name = env.spec.name
     start = env
     tools = [t for t in env.spec.tool_names if t not in exclude]
-    steps: list[Step] = []
+    steps: list[TraceStep] = []
     outputs: list[tuple[str, Any]] = list(prior_outputs)
     origin: list[int] = [-1] * len(outputs)  # step index of each entry in `outputs` (-1: an earlier turn)
     called: set[str] = set()
     hit = False
     # the initial state (the user's own data) and what earlier turns' calls were given
     known = json.dumps(env.scenario, default=str) + json.dumps(list(prior_arguments), default=str)
-    said_before = Step("", {f"{i}.{k}": v for i, a in enumerate(prior_arguments) for k, v in a.items()}, None)
+    said_before = TraceStep("", {f"{i}.{k}": v for i, a in enumerate(prior_arguments) for k, v in a.items()}, None)
     blocked: set[str] = set()
     budget = length + 6
     consuming = 0  # steps added after the target, each consuming an earlier result
@@ -216,7 +216,7 @@ def sample_trace(
             if consuming:
                 break
             continue
-        step = Step(pick, ex.arguments, ex.output)
+        step = TraceStep(pick, ex.arguments, ex.output)
         props = parameters(env.spec.doc(pick))
         for param, value in ex.arguments.items():
             found = _producer(value, outputs, param, props.get(param, {}))
@@ -296,13 +296,13 @@ def sample_trace(
     return Trace(name, steps[-1].name if steps else "", steps, target_hit), env
 
 
-def _echo(value: Any, producer: Step) -> bool:
+def _echo(value: Any, producer: TraceStep) -> bool:
     """A value an earlier step was given (``get_ticket(ticket_id=7)`` returns id 7): no hidden value, the user
     said it."""
     return any(value == v or (isinstance(v, list) and value in v) for v in producer.arguments.values())
 
 
-def prune(steps: list[Step], prerequisites=lambda tool: ()) -> list[Step]:
+def prune(steps: list[TraceStep], prerequisites=lambda tool: ()) -> list[TraceStep]:
     """The steps the goal needs: the target (last), every step whose result feeds a kept step, every step that
     changes the state, and every call of a kept step's prerequisite tool (`prerequisites(tool)`). A read-only call
     that feeds nothing is dropped; dropping it changes no later result, so the trace still replays."""
@@ -317,7 +317,7 @@ def prune(steps: list[Step], prerequisites=lambda tool: ()) -> list[Step]:
     return [replace(steps[i], feeds={p: index[src] for p, src in steps[i].feeds.items()}) for i in sorted(keep)]
 
 
-def _leaks(step: Step, outputs: list, known: str, props: dict) -> bool:
+def _leaks(step: TraceStep, outputs: list, known: str, props: dict) -> bool:
     """Whether an argument the user would have to state (not fed, not a default) is an id, a token or a
     computed figure that an earlier output returned and `known` (the initial state, the values stated for
     earlier steps) does not hold: only a tool could produce it."""

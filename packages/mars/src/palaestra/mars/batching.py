@@ -40,7 +40,7 @@ from palaestra.shared.rollout.engine import EpisodeSpec, RolloutResult
 from palaestra.shared.rollout.trajectory import Trajectory
 
 
-class BatchRule(StrEnum):
+class MarsBatchRule(StrEnum):
     mixture = "mixture"
     first_finished = "first_finished"
 
@@ -64,7 +64,7 @@ class PreTurnRewards(StrEnum):
 class MarsBatch:
     """How a step's batch is formed."""
 
-    rule: BatchRule = BatchRule.mixture
+    rule: MarsBatchRule = MarsBatchRule.mixture
     """mixture: ``tasks_per_step`` episodes, games by weight | first_finished: MARS's rule, the first
     2 x ``tasks_per_step`` rows (one per seat) to finish in ``env_slots`` environments playing back to back."""
     env_slots: list[int] = field(default_factory=list)
@@ -115,7 +115,7 @@ def slot_envs(games: Sequence[EnvSpec], env_slots: Sequence[int]) -> list[EnvSpe
 
 def check_batch(batch: MarsBatch, games: Sequence[EnvSpec], group_size: int) -> None:
     """MARS's rule needs one slot count per game and one play per task (ROLL's group_size 1)."""
-    if batch.rule != BatchRule.first_finished:
+    if batch.rule != MarsBatchRule.first_finished:
         return
     slot_envs(games, batch.env_slots)
     if group_size != 1:
@@ -170,7 +170,7 @@ class MarsRows:
     `FirstFinished`), each credited by ``batch.pre_turn_rewards``."""
 
     def __init__(self, cfg, tasks=None):
-        first = cfg.batch.rule == BatchRule.first_finished
+        first = cfg.batch.rule == MarsBatchRule.first_finished
         self.rows = FirstFinished(cfg, tasks) if first else AllRows(cfg, tasks)
         self.pre_turn = cfg.batch.pre_turn_rewards
 

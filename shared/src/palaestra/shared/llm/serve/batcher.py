@@ -1,6 +1,6 @@
 """The micro-batcher of ``palaestra serve``: one worker thread runs every generation, merging concurrent requests.
 
-A `Job` is one validated request: its prompts as token ids, its sampling
+A `ServeRequest` is one validated request: its prompts as token ids, its sampling
 parameters, an optional per-token callback (streaming) and a cancel flag. The
 worker takes the waiting jobs with equal sampling parameters (and no seed: a
 seeded job runs alone, so its samples do not depend on its neighbours) into one
@@ -41,7 +41,7 @@ class Cancelled(RuntimeError):
 
 
 @dataclass(eq=False)
-class Job:
+class ServeRequest:
     prompts: list
     """Token-id lists (or text, for a backend without a local tokenizer)."""
     params: SamplingParams
@@ -60,13 +60,13 @@ class MicroBatcher:
     def __init__(self, client: LLMClient, max_prompts: int = 256, max_queue: int = 64) -> None:
         self.client, self.max_prompts, self.max_queue = client, max_prompts, max_queue
         self.steps = "on_step" in inspect.signature(client.generate).parameters
-        self.jobs: queue.Queue[Job] = queue.Queue()
+        self.jobs: queue.Queue[ServeRequest] = queue.Queue()
         self.lock = threading.Lock()
         self.active = 0
         self.closed = threading.Event()
         threading.Thread(target=self._loop, daemon=True, name="palaestra-batcher").start()
 
-    def submit(self, job: Job) -> Future:
+    def submit(self, job: ServeRequest) -> Future:
         """Queue `job`; its future gets the completions. Raises `Overloaded` or `Cancelled` (shut down) at once."""
         with self.lock:
             if self.closed.is_set():
@@ -80,7 +80,7 @@ class MicroBatcher:
 
     def generate(self, prompts: list, params: SamplingParams) -> list[Completion]:
         """Submit one job and wait for it."""
-        return self.submit(Job(list(prompts), params)).result()
+        return self.submit(ServeRequest(list(prompts), params)).result()
 
     def close(self) -> None:
         """Cancel every job, running or queued; refuse new ones."""
@@ -97,7 +97,7 @@ class MicroBatcher:
             self.active -= 1
 
     def _loop(self) -> None:
-        held: Job | None = None
+        held: ServeRequest | None = None
         while True:
             first = held or self.jobs.get()
             held = None
@@ -120,13 +120,13 @@ class MicroBatcher:
                         break
             self._run(group)
 
-    def _skip(self, job: Job) -> bool:
+    def _skip(self, job: ServeRequest) -> bool:
         if job.cancelled.is_set() or self.closed.is_set():
             _fail(job, Cancelled("cancelled before it ran"))
             return True
         return False
 
-    def _run(self, group: list[Job]) -> None:
+    def _run(self, group: list[ServeRequest]) -> None:
         try:
             outs = self._generate(group)
         except Exception as err:  # noqa: BLE001  (handed to the job at fault)
@@ -146,7 +146,7 @@ class MicroBatcher:
                 _resolve(job, outs[start : start + size])
             start += size
 
-    def _generate(self, group: list[Job]) -> list[Completion]:
+    def _generate(self, group: list[ServeRequest]) -> list[Completion]:
         prompts = [p for job in group for p in job.prompts]
         if not self.steps:
             return self.client.generate(prompts, group[0].params)
@@ -176,12 +176,12 @@ class MicroBatcher:
         return self.client.generate(prompts, group[0].params, on_step=on_step)  # type: ignore[call-arg]
 
 
-def _fail(job: Job, err: BaseException) -> None:
+def _fail(job: ServeRequest, err: BaseException) -> None:
     with suppress(InvalidStateError):  # already settled (shutdown raced the worker)
         job.future.set_exception(err)
 
 
-def _resolve(job: Job, outs: list[Completion]) -> None:
+def _resolve(job: ServeRequest, outs: list[Completion]) -> None:
     with suppress(InvalidStateError):
         job.future.set_result(outs)
 

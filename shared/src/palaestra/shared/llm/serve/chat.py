@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from palaestra.shared.llm.serve import protocol as wire
-from palaestra.shared.llm.serve.batcher import Job
+from palaestra.shared.llm.serve.batcher import ServeRequest
 from palaestra.shared.llm.serve.model import RequestError
 from palaestra.shared.llm.serve.server import Server
 
@@ -25,7 +25,7 @@ def add_routes(app, server: Server) -> None:
             raise RequestError(400, message, param="messages") from None
         top = (body.top_logprobs or 0) if body.logprobs else 0
         params = body.sampling(top)
-        job = Job(server.model.prompt_ids([prompt], params, server.limits, "messages"), params)
+        job = ServeRequest(server.model.prompt_ids([prompt], params, server.limits, "messages"), params)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
             header = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": server.model_name}

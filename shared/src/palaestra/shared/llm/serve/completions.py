@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from palaestra.shared.llm.serve import protocol as wire
-from palaestra.shared.llm.serve.batcher import Job
+from palaestra.shared.llm.serve.batcher import ServeRequest
 from palaestra.shared.llm.serve.server import Server
 
 
@@ -19,7 +19,7 @@ def add_routes(app, server: Server) -> None:
         want = body.wants_logprobs()
         top = body.logprobs if isinstance(body.logprobs, int) and not isinstance(body.logprobs, bool) else 0
         params = body.sampling(top)
-        job = Job(server.model.prompt_ids(body.prompt_list(), params, server.limits), params)
+        job = ServeRequest(server.model.prompt_ids(body.prompt_list(), params, server.limits), params)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
             header: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created}

@@ -12,7 +12,7 @@ import time
 from fastapi import Request
 
 from palaestra.shared.llm.base import LLMClient, LLMError
-from palaestra.shared.llm.serve.batcher import Cancelled, Job, MicroBatcher
+from palaestra.shared.llm.serve.batcher import Cancelled, MicroBatcher, ServeRequest
 from palaestra.shared.llm.serve.model import RequestError, ServedModel, ServeLimits
 from palaestra.shared.llm.serve.stream import TextStream
 
@@ -38,7 +38,7 @@ class Server:
             message = f"model '{body.model}' is not served here; this server serves '{self.model_name}'"
             raise RequestError(404, message, "model_not_found", "model")
 
-    async def outcome(self, request: Request, job: Job) -> list:
+    async def outcome(self, request: Request, job: ServeRequest) -> list:
         """The job's completions; cancels the job if the client disconnects first."""
         future = asyncio.wrap_future(self.batcher.submit(job))
         gone = asyncio.ensure_future(_disconnected(request))
@@ -56,7 +56,7 @@ class Server:
         except LLMError as err:
             raise RequestError(400, str(err)) from None
 
-    def stream(self, job: Job, header: dict, first: list[dict], piece, last, usage: bool, pieces: bool = True):
+    def stream(self, job: ServeRequest, header: dict, first: list[dict], piece, last, usage: bool, pieces: bool = True):
         """Server-sent events: the `first` choices, `piece(index, text)` as text is generated, `last(index, out,
         rest)` per choice, the usage if asked, ``[DONE]``. Without `pieces` the whole text comes with `last`."""
         from fastapi.responses import StreamingResponse
@@ -104,7 +104,7 @@ class Server:
         return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def _choices(job: Job) -> int:
+def _choices(job: ServeRequest) -> int:
     return len(job.prompts) * job.params.n
 
 
