@@ -303,3 +303,17 @@ def test_a_pipeline_is_planned_stage_by_stage_through_job_plans(tmp_path, capsys
     path.write_text(yaml.safe_dump({"job": "pipeline", "stages": {"gen": stages["gen"]}}))
     assert main(["plan", str(path)]) == 2
     assert "no stage of this pipeline" in capsys.readouterr().err
+
+
+def test_plan_of_a_matrix_plans_one_combination_and_counts_them(tmp_path, capsys):
+    """A config with a ``matrix:`` section is planned: one combination, with the number of combinations."""
+    toy = Path(__file__).resolve().parents[2] / "experiments" / "shared" / "toy_rl.yaml"
+    (tmp_path / "m.yaml").write_text(
+        f"base: {toy}\nmatrix:\n  axes: {{seed: [0, 1, 2], steps: [2, 4]}}\n  metric: eval_after_reward_mean\n"
+    )
+    code = main(["plan", str(tmp_path / "m.yaml")])
+    out = capsys.readouterr().out
+    assert code in (0, 1)  # 1 would mean "does not fit", still a plan
+    assert "matrix of 6 combinations (seed, steps): the plan below is of one" in out
+    main(["plan", str(toy)])
+    assert "matrix of" not in capsys.readouterr().out  # control: no matrix, no such line

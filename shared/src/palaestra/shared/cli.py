@@ -14,9 +14,11 @@ a run that cannot go on (a non-finite loss) print one line and exit with status
 from __future__ import annotations
 
 import argparse
+import math
 import pickle
 import re
 import sys
+from pathlib import Path
 
 from palaestra.shared.config import ConfigError
 from palaestra.shared.extras import MissingExtraError, missing_extra_message
@@ -156,10 +158,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from palaestra.shared.config import read_yaml
     from palaestra.shared.jobs import load_config
+    from palaestra.shared.matrix import split_matrix
     from palaestra.shared.plan import plan_config
 
-    cfg = load_config(args.config, args.overrides)
+    data, matrix = split_matrix(read_yaml(args.config))
+    if matrix is not None:  # every combination runs the same job: plan one, say how many
+        count = math.prod(len(values) for values in matrix.axes.values())
+        print(f"matrix of {count} combinations ({', '.join(matrix.axes)}): the plan below is of one")
+    if data.get("job") == "pipeline":
+        data.setdefault("config_dir", str(Path(args.config).parent))  # stage paths are relative to the file
+    cfg = load_config(data, args.overrides)
     try:
         report, fits = plan_config(cfg, gpu_gb=args.gpu_gb, gpus=args.gpus, cpus=args.cpus)
     except ValueError as err:

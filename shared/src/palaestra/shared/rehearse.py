@@ -274,7 +274,11 @@ def rehearse(config: str | Path, workdir: str | Path, overrides: list[str] | Non
 
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    paper = read_yaml(config)
+    from palaestra.shared.matrix import split_matrix
+
+    paper, matrix = split_matrix(read_yaml(config))
+    if matrix is not None:  # every combination runs the same job: rehearse one
+        print(f"{config}: a matrix over {', '.join(matrix.axes)}; the rehearsal runs one combination")
     if paper.get("job") == "pipeline":
         paper.setdefault("config_dir", str(Path(config).parent))
     ctx = RehearsalContext(workdir=workdir, model=rehearsal_model(workdir), vllm=vllm_available())
