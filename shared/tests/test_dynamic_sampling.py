@@ -161,3 +161,19 @@ def test_several_policies_are_refused_and_group_size_one_is_fine_when_off(tmp_pa
     with pytest.raises(ConfigError, match="not supported with several policies"):
         Trainer(_config(tmp_path, "exact_answer", dynamic_sampling=on, policies=both))  # a config built in code
     Trainer(_config(tmp_path, "exact_answer", rollout=RolloutConfig(group_size=1, max_tokens_per_turn=5))).close()
+
+
+@pytest.mark.parametrize("sampling", ["replacement", "epochs"])
+def test_extra_draws_are_new_tasks_fixed_by_seed_step_and_draw(tmp_path, sampling):
+    from palaestra.shared.rl.dynamic_sampling import DynamicSampler
+    from palaestra.shared.rl.task_sampling import TaskSampler
+
+    cfg = _config(tmp_path, "exact_answer", task_sampling=sampling, tasks_per_step=5)
+    sampler = DynamicSampler(cfg, TaskSampler(cfg))
+    first, again, other = sampler.extra_tasks(3, 1), sampler.extra_tasks(3, 1), sampler.extra_tasks(3, 2)
+    assert [(s.group_id, s.seed) for s in first] == [(s.group_id, s.seed) for s in again]  # resumes draw the same
+    assert [s.seed for s in first] != [s.seed for s in other]
+    ids = [s.group_id for d in (first, other) for s in d] + [s.group_id for s in TaskSampler(cfg).draw(3)]
+    assert len(ids) == len(set(ids))  # never a group id of the step's own tasks: groups stay apart
+    if sampling == "epochs":  # distinct tasks of the env (8 samples), each a valid index
+        assert len({s.seed for s in first}) == 5 and all(0 <= s.seed < 8 for s in first)
