@@ -12,6 +12,7 @@ from palaestra.shared.config_checks import registry_kwargs, registry_name
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.rl.advantages import AdvantageStep
+from palaestra.shared.rl.dynamic_sampling import DynamicSamplingConfig
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.sft import SFTOptions
 from palaestra.shared.rollout.engine import RolloutConfig
@@ -292,6 +293,12 @@ class TrainConfig(JobConfig):
     epochs: int = field(default=0, metadata=value_check("palaestra.shared.rl.config:check_epochs"))
     """With ``task_sampling: epochs``, > 0: the run is ceil(epochs x tasks / tasks_per_step) steps instead of
     ``steps`` (the EGPO paper: 5). 0: ``steps`` steps."""
+    dynamic_sampling: DynamicSamplingConfig = field(
+        default_factory=DynamicSamplingConfig,
+        metadata=value_check("palaestra.shared.rl.dynamic_sampling:check_dynamic_sampling"),
+    )
+    """DAPO's dynamic sampling (rl/dynamic_sampling.py): drop the groups whose rewards are all equal and draw
+    more tasks until the step has ``tasks_per_step`` mixed groups or ``max_extra_draws`` extra draws. Off."""
 
     def __post_init__(self) -> None:
         # resolved here, before the config is logged: what MLflow's config.yaml holds is what runs

@@ -3,37 +3,35 @@
 A package adds parts by registry name (envs, task sources, rewards, advantage estimators, batch rules) and
 writes a `TrainConfig` (rl/config.py); it does not subclass the trainer. docs/extending.md lists the doors.
 
-Lifecycle: ``Trainer(cfg, tracker, eval_hook, batch_rule)`` only builds the policy set (rl/policies.py:
-each policy's model with float32 master weights, optimizer, checkpoint section and metric names).
-`prepare` resumes from the newest checkpoint (``resume: true``) or runs the SFT warm start (rl/sft.py),
-keeps each frozen reference (``loss.kl_coef`` > 0), starts each policy's learner (rl/learner.py: in this
-process, or sharded with ``learner.world_size`` > 1, rl/distributed.py) and the rollouts. `train` may be
-called again to go on; `close` (or ``with Trainer(...) as trainer:``) stops them.
+Lifecycle: ``Trainer(cfg, tracker, eval_hook, batch_rule)`` only builds the policy set (rl/policies.py: each
+policy's model with float32 master weights, optimizer, checkpoint section and metric names). `prepare` resumes
+(``resume: true``) or runs the SFT warm start (rl/sft.py), keeps each frozen reference (``loss.kl_coef`` > 0),
+starts each policy's learner (rl/learner.py; sharded with ``learner.world_size`` > 1, rl/distributed.py) and the
+rollouts. `train` may be called again to go on; `close` (or ``with Trainer(...) as trainer:``) stops them.
 
 The loop (`Trainer.train_step`), top to bottom:
 
-1. rollout: the batch rule draws tasks (rl/batch_rules.py, rl/task_sampling.py) and keeps rows of the
-   rollout (in process or on Ray workers; up to ``rollout.max_staleness`` steps ahead, rl/async_rollouts.py);
-2. per policy, on its own agents' trajectories: old log-probs and entropies (skipped when the update is
-   exactly on-policy, as TRL does);
+1. rollout: the batch rule draws tasks (rl/batch_rules.py, rl/task_sampling.py) and keeps rows of the rollout
+   (up to ``rollout.max_staleness`` steps ahead, rl/async_rollouts.py; ``dynamic_sampling``: rl/dynamic_sampling.py);
+2. per policy, on its own agents' trajectories: old log-probs and entropies (skipped when exactly on-policy, as TRL);
 3. reference log-probs (``loss.kl_coef`` > 0);
 4. the advantage pipeline (rl/advantages.py);
 5. the learner's PPO epochs over minibatches at the scheduled learning rate (rl/update.py, rl/optim.py);
 6. weight sync to the rollouts (the version is the learner's step count);
 7. metrics, then checkpoints every ``checkpoint_every`` steps.
 
-A single-policy run is a policy set of one: every step runs the same way for one policy or several. A
-non-finite loss stops the run, naming the last good checkpoint; a resumed run continues exactly.
+A single-policy run is a policy set of one: every step runs the same way for one policy or several.
+A non-finite loss stops the run, naming the last good checkpoint; a resumed run continues exactly.
 
 Evaluation: the eval hook ``fn(trainer, step) -> metrics`` runs before training (``eval_before``), every
-``eval_every`` steps and at the end. The default hook (``eval_tasks`` > 0) is `Trainer.evaluate`; it plays
-on the training rollouts (`eval_rollouts`) with ``eval``'s settings (rl/config.py `EvalConfig`).
+``eval_every`` steps and at the end. The default hook (``eval_tasks`` > 0) is `Trainer.evaluate`; it plays on
+the training rollouts (`eval_rollouts`) with ``eval``'s settings (rl/config.py `EvalConfig`).
 
-Metrics (MLflow, per step): each policy's ``train/...`` (under ``policy/<name>/`` when there are several),
-``train/reward_mean`` over every trajectory, ``perf/rollout_s`` (the rollout's own wall time),
-``perf/learner_wait_s`` (how long the learner waited for it: less when it ran ahead), ``perf/tokens_per_s``
-(generated tokens per rollout second), ``perf/step_s``, and ``rollout/...`` counts.
-Small models on CPU want an RL learning rate far below the SFT one: experiments/shared/toy_rl.yaml.
+Metrics (MLflow, per step): each policy's ``train/...`` (under ``policy/<name>/`` with several), ``train/reward_mean``
+over every trajectory, ``perf/rollout_s`` (the rollout's own wall time), ``perf/learner_wait_s`` (how long the
+learner waited for it: less when it ran ahead), ``perf/tokens_per_s`` (generated tokens per rollout second),
+``perf/step_s``, ``rollout/...`` and (dynamic sampling) ``batch/...`` counts. Small models on CPU want an RL
+learning rate far below the SFT one: experiments/shared/toy_rl.yaml.
 """
 
 from __future__ import annotations
@@ -56,6 +54,7 @@ from palaestra.shared.rl.async_rollouts import RolloutStream, background_engine,
 from palaestra.shared.rl.batch import build_batch, think_entropy, token_advantages
 from palaestra.shared.rl.batch_rules import make_batch_rule
 from palaestra.shared.rl.config import TrainConfig
+from palaestra.shared.rl.dynamic_sampling import DynamicSampler
 from palaestra.shared.rl.episodes import eval_specs, reward_summary
 from palaestra.shared.rl.learner import LocalLearner
 from palaestra.shared.rl.optim import optimizer_steps, step_learning_rate
@@ -89,6 +88,7 @@ class Trainer:
         self.step = 0
         self.tasks = TaskSampler(cfg)  # task_sampling: with replacement, or epochs (rl/task_sampling.py)
         self.batch_rule = make_batch_rule(batch_rule, cfg, self.tasks)  # draws tasks, keeps rows (rl/batch_rules.py)
+        self.dynamic = DynamicSampler(cfg, self.tasks)  # drops groups without signal, draws more (off by default)
         self.rollouts: LocalRollouts | RayRollouts | None = None
         self.stream: RolloutStream | None = None  # each step's rollout, up to rollout.max_staleness ahead
         self.eval_hook = eval_hook or (_default_eval if cfg.eval_tasks else None)
@@ -261,7 +261,7 @@ class Trainer:
         # 1. rollout
         self.policies.eval()
         assert self.rollouts is not None and self.stream is not None  # prepare() started them
-        result = self.batch_rule.select(self.step, self.stream.take(self.step))
+        result, sampled = self.dynamic.fill(self.step, self.stream.take(self.step), self.rollouts, self.batch_rule)
         waited = time.perf_counter() - t0  # the learner's wait: less than the rollout's time when it ran ahead
         check_failures(result, cfg.rollout.max_failed_share)  # warns; raises past the share
         trajs = [t for t in result.trajectories if not t.failed and t.num_response_tokens > 0]
@@ -287,7 +287,7 @@ class Trainer:
             "rollout/truncated": result.stats["truncated"],
             "rollout/trajectories": len(trajs),
             "rollout/response_tokens_mean": float(np.mean([t.num_response_tokens for t in trajs])),
-        }
+        } | sampled  # dynamic sampling's batch/... ({} when off)
         self.tracker.log_metrics(metrics, step=self.step)
         if cfg.log_samples:
             lines = [f"[{t.agent}] r={t.total_reward:+.3f} {t.turns[-1].text!r}" for t in trajs[: cfg.log_samples]]
