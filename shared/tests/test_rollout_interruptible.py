@@ -7,6 +7,7 @@ its tokens equal a reference written apart from the decode loop that switches we
 
 import copy
 import functools
+import threading
 
 import pytest
 import torch
@@ -78,6 +79,38 @@ def test_an_update_inside_a_response_switches_its_versions_and_tokens(weights):
     assert long_rows, "no response outlived the update: the test would check nothing"
     assert any(got[i] != unswitched[i][: len(got[i])] for i in long_rows)  # the update changed the tokens
     assert policy.version == 1
+
+
+def test_offers_from_another_thread_land_mid_call_and_loads_wait_for_it(weights):
+    """The locking: the learner's `offer` from its own thread never waits for the generate call in flight (it lands
+    at the next boundary), while a `load_now` (a weight load between rollouts) waits until the call ends."""
+    client, old, new = weights
+    client.model.load_state_dict(old)
+    engine, specs = rollout(client)
+    policy, calls, threads = engine.policy, [], {}
+    asked = policy.at_boundary
+
+    def learner_thread_offers() -> int:
+        calls.append(1)
+        if len(calls) == SWITCH + 1:
+            threads["offer"] = threading.Thread(target=policy.offer, args=(new, 1))
+            threads["load"] = threading.Thread(target=policy.load_now, args=(new, 1))
+            threads["offer"].start(), threads["load"].start()
+            threads["offer"].join(timeout=10)
+            threads["load"].join(timeout=0.2)
+            assert not threads["offer"].is_alive(), "offer waited for the generate call: a deadlock"
+            assert threads["load"].is_alive(), "load_now ran inside the generate call"
+        return asked()
+
+    policy.at_boundary = learner_thread_offers  # type: ignore[method-assign]
+    trajs = engine.run(specs, seed=SEED).trajectories
+    threads["load"].join(timeout=10)
+    client.model.load_state_dict(old)
+    assert not threads["load"].is_alive() and policy.version == 1
+    switched, _ = references(client, old, new, trajs)
+    assert [t.turns[0].response_ids for t in trajs] == switched  # the offer landed at token SWITCH
+    n = len(trajs[0].turns[0].response_ids)
+    assert trajs[0].turns[0].response_versions == [0] * min(n, SWITCH) + [1] * max(0, n - SWITCH)
 
 
 def test_without_an_update_the_tokens_are_the_unswitched_reference(weights):

@@ -163,8 +163,8 @@ def switching_reference(client, old: dict, new: dict, prompts: list, params, swi
 
     model, eos = client.model, set(client.eos_token_ids)
     model.load_state_dict(old)
-    ids_of = lambda p: list(p) if isinstance(p, list) else client.tokenizer.encode(p, add_special_tokens=False)  # noqa: E731
-    rows = [ids_of(p) for p in prompts for _ in range(params.n)]
+    encode = lambda p: list(p) if isinstance(p, list) else client.tokenizer.encode(p, add_special_tokens=False)
+    rows = [encode(p) for p in prompts for _ in range(params.n)]
     tokens: list[list[int]] = [[] for _ in rows]
     live = sorted(range(len(rows)), key=lambda r: len(rows[r]))
     torch.manual_seed(params.seed if params.seed is not None else 0)
