@@ -90,11 +90,14 @@ def test_async_metrics_count_lags_and_corrections():
 
 
 def test_correction_needs_untempered_scoring():
-    with pytest.raises(ConfigError, match="logprob_temperature"):
+    """Raw log-probs (the default): the learner scores at 1.0 and the rollout samples untempered
+    (test_resolve_choices.py has the processed mode's cases)."""
+    with pytest.raises(ConfigError, match="logprobs_mode=raw logs the untempered model"):
         TrainConfig(rollout=RolloutConfig(temperature=0.7), loss=LossConfig(behaviour_correction="tis"))
-    TrainConfig(
-        rollout=RolloutConfig(temperature=0.7), loss=LossConfig(behaviour_correction="tis", logprob_temperature=1.0)
-    )
+    with pytest.raises(ConfigError, match="set loss.logprob_temperature=1.0"):
+        TrainConfig(loss=LossConfig(behaviour_correction="tis", logprob_temperature=0.7))
+    TrainConfig(loss=LossConfig(behaviour_correction="tis", logprob_temperature=1.0))
+    TrainConfig(loss=LossConfig(behaviour_correction="tis"))  # None: the rollout's temperature, 1.0
 
 
 # -- versions across an update mid-episode -------------------------------------------------------------------

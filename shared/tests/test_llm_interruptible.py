@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from palaestra.shared.llm import LLMConfig, LLMError, SamplingParams, make_client
-from palaestra.shared.llm.hf_decode import filter_logits, sample
-from palaestra.shared.testing import learner_step
+from palaestra.shared.testing import learner_step, switching_reference
 
 PROMPTS = ["Hello world", "1 2 3 4", "Once upon a time there was"]
 MAX_TOKENS, SWITCH = 10, 4
@@ -30,31 +29,7 @@ def weights():
 
 def reference(client, old, new, params: SamplingParams, switch: int | None) -> list[list[int]]:
     """Each prompt's tokens, generated with no cache: weights `new` from token `switch` on (None: never)."""
-    model, eos = client.model, set(client.eos_token_ids)
-    model.load_state_dict(old)
-    rows = [client.tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS for _ in range(params.n)]
-    tokens: list[list[int]] = [[] for _ in rows]
-    live = sorted(range(len(rows)), key=lambda r: len(rows[r]))  # the client's batch order: by prompt length
-    torch.manual_seed(params.seed if params.seed is not None else 0)
-    for step in range(MAX_TOKENS):
-        if step == switch:
-            model.load_state_dict(new)
-        seqs = [rows[r] + tokens[r] for r in live]
-        ids, mask = client.batch_inputs(seqs)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1, :].float()
-        if params.temperature > 0:
-            chosen = sample(filter_logits(logits, params.temperature, params.top_k, params.top_p)).tolist()
-        else:
-            chosen = logits.argmax(-1).tolist()
-        for r, t in zip(live, chosen):
-            tokens[r].append(t)
-        live = [r for r, t in zip(live, chosen) if t not in eos]
-        if not live:
-            break
-    model.load_state_dict(old)
-    return tokens
+    return switching_reference(client, old, new, PROMPTS, params, switch)
 
 
 def interrupted(client, old, new, params: SamplingParams):

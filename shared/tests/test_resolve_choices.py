@@ -142,3 +142,54 @@ def test_valid_advantage_pipelines_still_resolve():
     ]
     mars = load_config(RL, ["advantages=[{name: turn_level, options: {gamma: 0.9}}, {name: agent_norm}]"])
     assert [a.name for a in mars.advantages] == ["turn_level", "agent_norm"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (  # raw log-probs are the untempered model's: a tempered or truncated rollout did not sample from it
+            ["rollout.temperature=0.7"],
+            "llm.logprobs_mode=raw logs the untempered model, but the rollout samples at temperature 0.7",
+        ),
+        (["rollout.top_k=20"], "top_k 20, top_p 1.0: set llm.logprobs_mode=processed"),
+        (["rollout.top_p=0.9"], "top_p 0.9: set llm.logprobs_mode=processed"),
+        (["loss.logprob_temperature=0.5"], "untempered: set loss.logprob_temperature=1.0 (got 0.5)"),
+        (  # processed: the learner must score at the rollout's temperature
+            ["llm.logprobs_mode=processed", "rollout.temperature=0.7", "loss.logprob_temperature=1.0"],
+            "llm.logprobs_mode=processed logs them at rollout.temperature=0.7, but the learner scores at "
+            "loss.logprob_temperature=1.0",
+        ),
+        (  # the workers' client is the one that logs them
+            ["workers.num_workers=1", "workers.llm={model: tiny, dtype: float32}", "llm.logprobs_mode=processed"]
+            + ["rollout.temperature=0.7"],
+            "workers.llm.logprobs_mode=raw logs the untempered model",
+        ),
+    ],
+)
+def test_behaviour_correction_refuses_a_mismatched_scoring(tmp_path, capsys, overrides, message):
+    import yaml
+
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump(RL))
+    code = cli.main(["run", str(path), "--dry-run", "loss.behaviour_correction=tis", *overrides])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("palaestra: error: ") and "\n" not in err
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["llm.logprobs_mode=processed", "rollout.temperature=0.7", "rollout.top_k=20", "rollout.top_p=0.9"],
+        ["llm.logprobs_mode=processed", "rollout.temperature=0.7", "loss.logprob_temperature=0.7"],
+        ["loss.logprob_temperature=1.0"],  # raw at temperature 1, untruncated
+        # workers: their llm, not the learner's, logs the behaviour log-probs
+        ["workers.num_workers=1", "workers.llm={model: tiny, dtype: float32, logprobs_mode: processed}"]
+        + ["rollout.temperature=0.7"],
+        ["workers.llm={model: tiny, logprobs_mode: processed}", "llm.logprobs_mode=processed"]  # no workers: llm's
+        + ["rollout.temperature=0.7"],
+    ],
+)
+def test_behaviour_correction_accepts_the_matching_scoring(overrides):
+    cfg = load_config(RL, ["loss.behaviour_correction=tis", *overrides])
+    assert cfg.loss.behaviour_correction == "tis"

@@ -8,6 +8,8 @@
   `serve` and `openai` extras;
 - `tiny_learner`, `learner_step`, `greedy_rollouts`: a float32 `tiny` to train, one optimizer step on it, and
   the greedy rollouts of a client (what the weight-sync tests compare across backends);
+- `switching_reference`: generation with no cache whose weights switch before a given token, written apart from
+  the decode loop (what the interruptible-generation tests compare with);
 - `small_train_config`: the few-second ``rl.train`` config that the trainer's tests vary;
 - `vllm_tiny`: one vLLM engine on `tiny` (float32) for the whole session (an engine takes about a minute to
   start on CPU); tests that take it are marked ``vllm`` and skipped where vLLM is not importable (``make test``
@@ -148,6 +150,42 @@ def learner_step(client) -> None:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     model.eval()
+
+
+def switching_reference(client, old: dict, new: dict, prompts: list, params, switch: int | None) -> list[list[int]]:
+    """Each prompt's `params.n` rows of tokens from a transformers `client`, with no cache (a full forward over
+    every live row's prompt and tokens at each step): weights `old`, then `new` from token `switch` on (None:
+    never); the decode loop's sampling rule and random draws (rows in the client's order, by prompt length).
+    `prompts`: text or token ids. The client's model is left holding `old`."""
+    import torch
+
+    from palaestra.shared.llm.hf_decode import filter_logits, sample
+
+    model, eos = client.model, set(client.eos_token_ids)
+    model.load_state_dict(old)
+    encode = lambda p: list(p) if isinstance(p, list) else client.tokenizer.encode(p, add_special_tokens=False)
+    rows = [encode(p) for p in prompts for _ in range(params.n)]
+    tokens: list[list[int]] = [[] for _ in rows]
+    live = sorted(range(len(rows)), key=lambda r: len(rows[r]))
+    torch.manual_seed(params.seed if params.seed is not None else 0)
+    for step in range(params.max_tokens):
+        if step == switch:
+            model.load_state_dict(new)
+        ids, mask = client.batch_inputs([rows[r] + tokens[r] for r in live])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1, :].float()
+        if params.temperature > 0:
+            chosen = sample(filter_logits(logits, params.temperature, params.top_k, params.top_p)).tolist()
+        else:
+            chosen = logits.argmax(-1).tolist()
+        for r, t in zip(live, chosen):
+            tokens[r].append(t)
+        live = [r for r, t in zip(live, chosen) if t not in eos]
+        if not live:
+            break
+    model.load_state_dict(old)
+    return tokens
 
 
 def greedy_rollouts(client, episodes: int = 6, seed: int = 3) -> list:

@@ -129,6 +129,11 @@ class LLMClient:
     def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None) -> list[Completion]:
         raise NotImplementedError
 
+    @property
+    def interruptible(self) -> bool:
+        """Whether `generate` takes ``at_boundary`` (weights that may change between tokens: hf_decode)."""
+        return False
+
     def chat(
         self,
         conversations: list[list[dict]],

@@ -141,6 +141,10 @@ class TransformersClient(LLMClient):
 
     # -- generation -------------------------------------------------------------------------------------------
 
+    @property
+    def interruptible(self) -> bool:
+        return not self.config.hf_generate  # the decode loop takes at_boundary, model.generate does not
+
     def generate(
         self,
         prompts: list[list[int]] | list[str],

@@ -9,7 +9,7 @@ from typing import Any
 
 from palaestra.shared.config import ConfigError, JobConfig, value_check
 from palaestra.shared.config_checks import registry_kwargs, registry_name
-from palaestra.shared.llm.base import LLMConfig
+from palaestra.shared.llm.base import LLMConfig, LogprobsMode
 from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.dynamic_sampling import DynamicSamplingConfig
@@ -305,12 +305,33 @@ class TrainConfig(JobConfig):
         self.eval.inherit(self.rollout)
         if self.loss.reduction == "dr_grpo" and not self.loss.max_len:
             self.loss.max_len = self.rollout.max_tokens_per_turn
-        scoring = self.rollout.temperature if self.loss.logprob_temperature is None else self.loss.logprob_temperature
-        if self.loss.behaviour_correction != "off" and scoring != 1.0:
+        if self.loss.behaviour_correction != "off" and (problem := self._correction_problem()):
             raise ConfigError(
-                f"loss.behaviour_correction compares the learner's log-probs with the sampler's, which are "
-                f"untempered: set loss.logprob_temperature=1.0 (the learner scores at {scoring})"
+                f"loss.behaviour_correction compares the learner's log-probs with the sampler's: {problem}"
             )
+
+    def _correction_problem(self) -> str | None:
+        """Whether the learner scores the distribution the rollout client logs (``llm.logprobs_mode``): processed,
+        the tempered, truncated one (the learner at the rollout's temperature); raw, the model's own (at 1.0, and
+        only right when the rollout samples from it: temperature 1, no top-k / top-p)."""
+        on_workers = self.workers.llm if self.workers.num_workers > 0 else None  # the rollout client's config
+        llm, key = (on_workers, "workers.llm") if on_workers is not None else (self.llm, "llm")
+        r, chosen = self.rollout, self.loss.logprob_temperature
+        if llm.logprobs_mode == LogprobsMode.processed:
+            if chosen is None or chosen == r.temperature:
+                return None
+            return (
+                f"{key}.logprobs_mode=processed logs them at rollout.temperature={r.temperature}, but the learner "
+                f"scores at loss.logprob_temperature={chosen}: leave it unset"
+            )
+        if r.temperature != 1.0 or r.top_k or r.top_p != 1.0:
+            return (
+                f"{key}.logprobs_mode=raw logs the untempered model, but the rollout samples at temperature "
+                f"{r.temperature}, top_k {r.top_k}, top_p {r.top_p}: set {key}.logprobs_mode=processed"
+            )
+        if chosen is not None and chosen != 1.0:  # None: the rollout's temperature, 1 here
+            return f"the sampler's are untempered: set loss.logprob_temperature=1.0 (got {chosen})"
+        return None
 
 
 def check_epochs(value: int, owner: TrainConfig) -> str | None:

@@ -1,9 +1,8 @@
 """The rollout engine: many text environments at once against one `LLMClient`.
 
-Each loop collects every episode waiting for the model, makes one batched
-``generate`` call for all of them, and steps each environment with its
-response. Identical prompts in runs of equal length (a GRPO group's first turn)
-go out as one prompt with ``n`` completions.
+Each loop collects every episode waiting for the model, makes one batched ``generate`` call for all of them, and
+steps each environment with its response. Identical prompts in runs of equal length (a GRPO group's first turn) go
+out as one prompt with ``n`` completions.
 
 Token-in, token-out (rollout/chat_tokens.py): an agent's first prompt is its messages rendered through the
 chat template; every later prompt is the previous prompt + the response as generated + the template's tail
@@ -14,19 +13,16 @@ The policy thus sees its earlier responses verbatim, ``<think>`` blocks included
 loops give it; Qwen3's template, rendering the conversation whole, would drop them. ``rollout.context``
 chooses that other view (``template``: each prompt the whole conversation re-rendered).
 
-Limits: ``max_turns`` model calls per episode, ``max_tokens_per_turn``, and
-``max_context_tokens`` per conversation. An episode that hits one is kept and
-marked truncated (``Trajectory.limit`` says which). An environment (or the chat
-template) that raises marks its episode's trajectories failed (error kept,
-counted as ``failed_episodes``); the rest go on, and `check_failures` (called by
-the trainer on every rollout) warns about failures and stops the step past
-``max_failed_share``. Seeds make a rollout reproducible with the transformers
-backend.
+Limits: ``max_turns`` model calls per episode, ``max_tokens_per_turn``, and ``max_context_tokens`` per conversation.
+An episode that hits one is kept and marked truncated (``Trajectory.limit`` says which). An environment (or the chat
+template) that raises marks its episode's trajectories failed (error kept, counted as ``failed_episodes``); the rest
+go on, and `check_failures` (called by the trainer on every rollout) warns about failures and stops the step past
+``max_failed_share``. Seeds make a rollout reproducible with the transformers backend.
 
-Versions: every response token is tagged with the policy version that sampled it
-(`Turn.response_versions`), the version the engine's `PolicyVersion` holds at that
-generate call; weights offered while episodes run are loaded before the next call
-(rollout/policy_version.py), so a multi-turn episode may span versions.
+Versions: every response token is tagged with the policy version that sampled it (`Turn.response_versions`):
+weights offered while episodes run load before the next generate call (rollout/policy_version.py), so a
+multi-turn episode may span versions; under ``newest`` ahead of the learner, an interruptible client (the
+transformers decode loop) also takes them at a token boundary inside the call, so one response may too.
 
 Several policies (rl/policies.py): ``route(agent)`` names the client that samples each agent's turns; a
 generate call then goes out per client (in the order their agents first wait), each client with its own
@@ -233,7 +229,7 @@ class RolloutEngine:
                 t0 = time.perf_counter()
                 with sampler.policy.generating() as version:
                     prompts = [prompt for _, (_, prompt) in items]
-                    completions = self._generate(prompts, seed * 1_000_003 + calls, sampler.client)
+                    completions = self._generate(prompts, seed * 1_000_003 + calls, sampler)
                 gen_s += time.perf_counter() - t0
                 calls += 1
                 for (ep, (agent, prompt)), completion in zip(items, completions):
@@ -297,19 +293,21 @@ class RolloutEngine:
 
     def _act(self, ep: _Episode, agent: str, prompt: list[int], completion: Completion, version: int = 0) -> None:
         ids, logprobs, finish = list(completion.token_ids), completion.logprobs, completion.finish_reason
-        text = completion.text
+        text, versions = completion.text, list(completion.extra.get("token_versions") or [version] * len(ids))
         room = self.max_context - len(prompt)
         cut = len(ids) > room
         if cut:  # a prefix of a sample is a sample: keep the tokens that fit
             ids, logprobs, finish = ids[:room], (logprobs[:room] if logprobs else logprobs), "context"
+            versions = versions[:room]
             text = self.sampler(agent).client.tokenizer.decode(ids, skip_special_tokens=True)
         generated = len(ids)
         forced = self.sampler(agent).prefix_ids if self.cfg.response_prefix_in_loss else []
         if forced:  # the prefix moves from the prompt's end to the response's start: same tokens, now trained
             prompt, ids = prompt[: len(prompt) - len(forced)], forced + ids
             logprobs = [0.0] * len(forced) + list(logprobs) if logprobs else logprobs
+            versions = [version] * len(forced) + versions  # not sampled: the version the call began with
         turn = Turn(agent, prompt, ids, list(logprobs) if logprobs else None, text=text, finish_reason=finish)
-        turn.response_versions = [version] * len(ids)
+        turn.response_versions = versions
         ep.traj(agent).turns.append(turn)
         ep.model_calls += 1
         if cut:
@@ -343,7 +341,7 @@ class RolloutEngine:
             ep.fail(err)
 
     # -- batched generation -------------------------------------------------
-    def _generate(self, prompts: list[list[int]], seed: int, client: LLMClient | None = None) -> list[Completion]:
+    def _generate(self, prompts: list[list[int]], seed: int, sampler: _Sampler | None = None) -> list[Completion]:
         params = SamplingParams(
             temperature=self.cfg.temperature,
             top_p=self.cfg.top_p,
@@ -352,11 +350,14 @@ class RolloutEngine:
             stop=list(self.cfg.stop),
             seed=seed,
         )
+        sampler = sampler or self.samplers[id(self.client)]
+        # newest weights ahead of the learner: an update may land inside the call (`fixed` stays bit-exact)
+        newest = self.cfg.max_staleness > 0 and self.cfg.version_schedule == VersionSchedule.newest
+        interrupt = {"at_boundary": sampler.policy.at_boundary} if newest and sampler.client.interruptible else {}
         n = _uniform_run_length(prompts)
         if n > 1:  # every prompt repeats n times in a row: one prompt, n samples
-            params.n = n
-            return (client or self.client).generate(prompts[::n], params)
-        return (client or self.client).generate(prompts, params)
+            params.n, prompts = n, prompts[::n]
+        return sampler.client.generate(prompts, params, **interrupt)
 
 
 class RolloutFailures(RuntimeError):
