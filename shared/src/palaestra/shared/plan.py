@@ -81,7 +81,7 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str,
     """The report for an RL `TrainConfig` on `gpus` GPUs of `gpu_gb` GB, and whether it fits (`cpus`: the Ray
     cluster's CPUs when ``cluster.num_cpus`` is unset, for the evaluation-time estimate)."""
     if len(cfg.policies) == 1:  # one declared policy: its own model and settings
-        from palaestra.shared.rl.policies import policy_config
+        from palaestra.shared.rl.policy_configs import policy_config
 
         cfg = policy_config(cfg, next(iter(cfg.policies)))
     arch, source = model_arch(cfg.llm.model)

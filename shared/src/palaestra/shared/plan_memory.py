@@ -186,7 +186,7 @@ def learner_memory(arch: ModelArch, shape: LearnerShape, on_gpu: bool = True) ->
         gathered = c * (arch.root_params() + 2 * arch.layer_params()) + 4 * arch.layer_params()
     else:
         gathered = c * p if c < shape.master_bytes else 0  # autocast's compute-dtype copies of the weights
-    from palaestra.shared.rl.logprobs import LOGIT_CHUNK_ELEMENTS  # here: torch is not needed to load the plan
+    from palaestra.shared.rl.config import LOGIT_CHUNK_ELEMENTS
 
     chunk = min(t * arch.vocab, LOGIT_CHUNK_ELEMENTS)
     mask_elements = t * min(shape.longest_row or t, t)
@@ -255,7 +255,7 @@ def policies_memory(
     reference is made: `trainer_weight_copies`)."""
     if len(cfg.policies) < 2:
         return PoliciesPlan()
-    from palaestra.shared.rl.policies import policy_config, shares_base  # torch only for such configs
+    from palaestra.shared.rl.policy_configs import policy_config, shares_base
 
     if shares_base(cfg):
         return PoliciesPlan(lines=[f"  policies: {len(cfg.policies)} LoRA adapters on one base model (counted above)"])

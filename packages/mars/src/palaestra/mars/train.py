@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from palaestra.mars import plugins  # noqa: F401  (registers the batch rule first_finished and the eval cost)
 from palaestra.mars.batching import MarsBatch, check_batch
@@ -41,10 +41,11 @@ from palaestra.shared.jobs import job
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.config import EnvSpec, EvalConfig, TrainConfig
 from palaestra.shared.rl.loss import LossConfig
-from palaestra.shared.rl.policies import policy_of
 from palaestra.shared.rl.train import train_headline
-from palaestra.shared.rl.trainer import Trainer
 from palaestra.shared.tracking import Tracker
+
+if TYPE_CHECKING:
+    from palaestra.shared.rl.trainer import Trainer
 
 
 class Mode(StrEnum):
@@ -194,6 +195,9 @@ def _eval_config(cfg: MarsTrainConfig) -> GameEvalConfig:
 @job("mars.train", MarsTrainConfig)
 def train_job(cfg: MarsTrainConfig, tracker: Tracker) -> dict:
     """MARS self-play RL (turn-level advantages, agent normalization) through the shared trainer; eval before/after."""
+    from palaestra.shared.rl.policies import policy_of  # torch: only when the job runs, not to show or check it
+    from palaestra.shared.rl.trainer import Trainer
+
     eval_cfg = _eval_config(cfg)
     BASELINES.reset()  # `rae`'s moving averages: each run starts them at 0 (a resumed one: restored below)
 

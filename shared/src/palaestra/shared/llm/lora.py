@@ -8,11 +8,12 @@ that policy's adapter switched on before every call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from palaestra.shared.llm.base import LLMClient
+
+if TYPE_CHECKING:  # annotations only: `LoraConfig` loads without torch (`palaestra show`)
+    import torch
 
 
 @dataclass

@@ -116,6 +116,11 @@ class ComputeDType(StrEnum):
     bfloat16 = "bfloat16"
 
 
+LOGIT_CHUNK_ELEMENTS = 2**23
+"""Logits rl/logprobs.py computes at once: positions x vocabulary (32 MiB in float32; 55 positions of a 151k
+vocabulary). Here, not there, so that `palaestra plan` (plan_memory.py) reads it without torch."""
+
+
 @dataclass
 class LearnerConfig:
     """Where the learner runs: this process (world size 1) or N Ray actors forming one torch.distributed group."""
@@ -285,7 +290,7 @@ class TrainConfig(JobConfig):
     """replacement (each task an env by weight and a random reset seed) | epochs (every task of every env once
     per epoch, reshuffled per epoch, as verl's dataloader; rl/task_sampling.py)."""
     policies: dict[str, PolicySpec] = field(
-        default_factory=dict, metadata=value_check("palaestra.shared.rl.policies:check_policies")
+        default_factory=dict, metadata=value_check("palaestra.shared.rl.policy_configs:check_policies")
     )
     """Several policies trained together, by name (rl/policies.py): each plays its ``agents``, with its own
     weights, optimizer, learner, reference, advantages (its own rows), metrics (``policy/<name>/...``) and

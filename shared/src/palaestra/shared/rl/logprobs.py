@@ -15,10 +15,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from palaestra.shared.rl.config import LOGIT_CHUNK_ELEMENTS
 from palaestra.shared.rl.shared_prompt import shared_prompt_hidden, unsupported
-
-LOGIT_CHUNK_ELEMENTS = 2**23
-"""Logits computed at once: positions x vocabulary (32 MiB in float32; 55 positions of a 151k vocabulary)."""
 
 
 def token_logprobs_and_entropy(

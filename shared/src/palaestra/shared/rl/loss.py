@@ -38,10 +38,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-
-import torch
+from typing import TYPE_CHECKING
 
 from palaestra.shared.config import value_check
+
+# torch is imported in the functions that compute: `LossConfig` and its checks load without it (`palaestra show`)
+if TYPE_CHECKING:
+    import torch
 
 
 class BehaviourCorrection(StrEnum):
@@ -109,6 +112,8 @@ def behaviour_weights(
     old_logps: torch.Tensor, behaviour_logps: torch.Tensor, cfg: LossConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token: the correction's factor on the loss (detached) and where it acted (truncated or masked)."""
+    import torch
+
     ratio = torch.exp(old_logps.detach() - behaviour_logps)
     c = cfg.behaviour_threshold
     if cfg.behaviour_correction == BehaviourCorrection.tis:
@@ -136,6 +141,8 @@ def policy_loss(
     `normalizer`: the minibatch's `loss_normalizer` when these rows are one part of it
     (None: these rows are the whole minibatch). The metrics are token means over these rows.
     """
+    import torch
+
     _check_reduction(cfg)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)

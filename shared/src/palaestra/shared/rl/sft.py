@@ -20,9 +20,8 @@ import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from tqdm import tqdm
 
 from palaestra.shared.config import ConfigError, JobConfig
@@ -31,6 +30,10 @@ from palaestra.shared.jobs import job
 from palaestra.shared.jsonl import read_jsonl
 from palaestra.shared.llm.base import LLMConfig
 from palaestra.shared.tracking import Tracker
+
+# torch is imported in the functions that compute: the job's config loads without it (`palaestra show`)
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -95,6 +98,8 @@ def tokenize(tokenizer, sample: dict, max_length: int) -> tuple[list[int], list[
 
 def sft_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
     """Mean cross-entropy over the assistant tokens of a batch."""
+    import torch
+
     device = next(model.parameters()).device
     width = max(len(ids) for ids, _ in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
@@ -113,6 +118,8 @@ def sft_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> to
 def warm_start_key(model, samples: list[tuple[list[int], list[int]]], opts: SFTOptions) -> str:
     """sha256 of what decides an SFT run's result: the starting weights (and which train), the tokenized
     samples, the options and the torch build."""
+    import torch
+
     h = hashlib.sha256(f"{torch.__version__} {opts.steps} {opts.batch_size} {opts.lr} {opts.seed}".encode())
     for name, p in model.state_dict().items():
         h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
@@ -125,6 +132,8 @@ def warm_start_key(model, samples: list[tuple[list[int], list[int]]], opts: SFTO
 def run_sft(model, tokenizer, opts: SFTOptions, progress: bool = False, on_step=None) -> dict[str, float]:
     """Train `model` in place for ``opts.steps`` steps; returns first/last loss. With ``opts.cache_dir`` a
     warm start trained before with the same key is loaded instead (no per-step `on_step` calls then)."""
+    import torch
+
     samples = [tokenize(tokenizer, s, opts.max_length) for s in load_samples(opts)]
     cached = Path(opts.cache_dir) / warm_start_key(model, samples, opts) if opts.cache_dir and opts.steps else None
     if cached is not None and (cached / "metrics.json").is_file():
@@ -146,6 +155,8 @@ def run_sft(model, tokenizer, opts: SFTOptions, progress: bool = False, on_step=
 
 
 def _train(model, pad_id: int, samples, opts: SFTOptions, progress: bool, on_step) -> dict[str, float]:
+    import torch
+
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=opts.lr)
     rng = random.Random(opts.seed)

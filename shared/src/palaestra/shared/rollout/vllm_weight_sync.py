@@ -54,9 +54,11 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+# torch is imported in the functions that compute: `WeightSync` and its check load without it (`palaestra show`)
+if TYPE_CHECKING:
+    import torch
 
 
 class WeightSync(StrEnum):
@@ -90,6 +92,8 @@ class WireParam:
 def wire_params(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> list[WireParam]:
     """What one sync sends, in the state dict's order: each tensor once under its first name, floating
     tensors in `dtype`, other tensors in their own."""
+    import torch
+
     seen: set[tuple] = set()
     params = []
     for name, tensor in state_dict.items():
@@ -192,6 +196,8 @@ class NcclWeightSync:
         cpu_transport: bool = False,
     ):
         """`cpu_transport`: gloo in place of NCCL, here and in the engines (CPU tests and rehearsals)."""
+        import torch
+
         self.workers, self.get, self.bucket_bytes = list(workers), get, bucket_bytes
         self.cpu_transport = cpu_transport
         self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # the engines' weights
@@ -202,6 +208,8 @@ class NcclWeightSync:
 
     def send(self, state_dict: dict[str, torch.Tensor]) -> None:
         """One batched transfer of `state_dict` to every worker (connecting first if needed)."""
+        import torch
+
         params = wire_params(state_dict, self.dtype)
         if self.params is not None and params != self.params:
             raise ValueError("the weights' names, dtypes or shapes changed since the NCCL group was formed")
@@ -215,6 +223,8 @@ class NcclWeightSync:
 
     def connect(self) -> None:
         """Form the NCCL group: this process is rank 0, each worker's engine joins at its offset."""
+        import torch
+
         if not self.cpu_transport and not torch.cuda.is_available():
             raise RuntimeError(
                 "workers.weight_sync=nccl sends from the trainer's process, which has no CUDA GPU; use object_store"
@@ -255,11 +265,15 @@ class NcclWeightSync:
         self.client = self.engine = None
 
     def _device(self) -> torch.device:
+        import torch
+
         return torch.device("cpu") if self.cpu_transport else _sender_device()
 
 
 def _sender_device() -> torch.device:
     """This process's current GPU: where vLLM's communicator is built, so where the tensors must be."""
+    import torch
+
     return torch.device("cuda", torch.cuda.current_device())
 
 
