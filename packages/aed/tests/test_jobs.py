@@ -29,7 +29,7 @@ def test_paper_protocol_configs(name, scenarios):
     LLM arms on every fixed type, LLM-proposed types beside them, preference filtering, both baselines."""
     from palaestra.aed.attack import attack_tasks
     from palaestra.aed.attack_task import victim_checkpoint
-    from palaestra.aed.qualification import traffic
+    from palaestra.aed.qualify import traffic
     from palaestra.aed.rewards import SCENARIO_TYPES
     from palaestra.shared.matrix import file_combinations
     from palaestra.shared.pipeline import stage_configs

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from palaestra.aed.qualification import QualifyConfig, check_qualified, qualify, record_path, traffic, verdict
+from palaestra.aed.qualify import QualifyConfig, check_qualified, qualify, record_path, traffic, verdict
 from palaestra.shared.config import ConfigError
 from palaestra.shared.jobs import load_config, run_job
 

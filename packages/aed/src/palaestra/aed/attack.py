@@ -244,7 +244,7 @@ def attack(cfg: AttackConfig, tracker: Tracker) -> dict:
 
     attack_tasks(cfg)  # the config's errors before any LLM call
     if cfg.require_qualified_victim:
-        from palaestra.aed.qualification import check_qualified
+        from palaestra.aed.qualify import check_qualified
 
         check_qualified(cfg)
     else:

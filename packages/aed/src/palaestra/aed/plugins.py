@@ -9,7 +9,7 @@ from palaestra.shared.rehearse import REHEARSALS
 
 JOBS.register("aed.attack", "palaestra.aed.attack:attack")  # lazily: each job in the module named after it
 JOBS.register("aed.victim", "palaestra.aed.victim:victim")
-JOBS.register("aed.qualify", "palaestra.aed.qualification:qualify_job")
+JOBS.register("aed.qualify", "palaestra.aed.qualify:qualify_job")
 LLM_BACKENDS.register("aed_scripted", "palaestra.aed.scripted:ScriptedDesigner")
 REHEARSALS.register("aed.victim", "palaestra.aed.rehearsal:VICTIM")  # `palaestra rehearse`
 REHEARSALS.register("aed.attack", "palaestra.aed.rehearsal:ATTACK")

@@ -54,9 +54,9 @@ class QualifyConfig(JobConfig):
     env_overrides: dict[str, Any] = field(default_factory=dict)
     max_steps: int | None = None
     """The traffic: these four must equal the attack's, or the record does not apply to it."""
-    episodes: int = field(default=MIN_EPISODES, metadata=value_check("palaestra.aed.qualification:check_episodes"))
+    episodes: int = field(default=MIN_EPISODES, metadata=value_check("palaestra.aed.qualify:check_episodes"))
     max_accident_rate: float = field(
-        default=MAX_ACCIDENT_RATE, metadata=value_check("palaestra.aed.qualification:check_rate")
+        default=MAX_ACCIDENT_RATE, metadata=value_check("palaestra.aed.qualify:check_rate")
     )
     """The victim passes when its accident rate alone (the point estimate) is at most this."""
     requalify: bool = False
