@@ -65,7 +65,7 @@ def recorded(policy, trajs):
 trainer.update_policy = recorded
 trainer.train()
 trainer.close()
-torch.save(trainer.model.state_dict(), out / "final.pt")
+torch.save(trainer.policies[0].model.state_dict(), out / "final.pt")
 """
 
 
