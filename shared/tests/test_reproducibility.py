@@ -110,10 +110,17 @@ def test_the_switch_leaves_a_process_that_already_loaded_torch_as_it_is(monkeypa
     assert reproducibility.worker_env() == {}  # so Ray workers compute as this process does
 
 
+@pytest.fixture(scope="module")
+def toy_rl_twice(tmp_path_factory):
+    """Two fresh runs of toy_rl with FEW_STEPS (the stored-hash test reads the first: one run fewer)."""
+    root = tmp_path_factory.mktemp("toy_rl")
+    return tuple(run(root / name, TOY_RL, FEW_STEPS) for name in ("a", "b"))
+
+
 @pytest.mark.slow
-def test_the_same_command_twice_gives_the_same_bits(tmp_path):
+def test_the_same_command_twice_gives_the_same_bits(toy_rl_twice):
     """toy_rl: an SFT warm start, then RL steps; every logged metric and the final weights."""
-    a, b = (run(tmp_path / name, TOY_RL, FEW_STEPS) for name in ("a", "b"))
+    a, b = toy_rl_twice
     assert a["metrics"] and any(k.startswith("sft/") for k, _, _ in a["metrics"])
     assert a == b
 
@@ -157,14 +164,14 @@ CHECK_STORED = "PALAESTRA_CHECK_STORED_HASH"
 
 
 @pytest.mark.slow
-def test_the_weights_after_sft_and_rl_match_the_stored_hash(tmp_path):
+def test_the_weights_after_sft_and_rl_match_the_stored_hash(toy_rl_twice):
     stored = _stored()
     if stored is None:
         pytest.skip("no stored hash for this torch and MKL build")
     check = os.environ.get(CHECK_STORED, "1" if _cpu_vendor() == "AuthenticAMD" else "0")
     if check != "1":
         pytest.skip(f"the stored hash was verified on AMD CPUs only (AVX-512 and simulated AVX2); {CHECK_STORED}=1")
-    out = run(tmp_path / "run", TOY_RL, FEW_STEPS)
+    out = toy_rl_twice[0]
     assert out["digests"]["."][: len(stored)] == stored, "this machine computes other bits than the stored ones"
 
 
