@@ -21,7 +21,7 @@ import pytest
 from palaestra.shared.llm.base import Completion, LLMClient
 from palaestra.shared.rollout import chat_tokens
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
-from palaestra.shared.rollout.env import Step, TextEnv
+from palaestra.shared.testing import TakeTurns
 
 pytest.importorskip("trl")
 
@@ -57,25 +57,21 @@ def answer(agent: str, k: int) -> str:
     return f"{agent} plays {k}"
 
 
-class Duel(TextEnv):
-    """Two seats alternate; each is told the other's last move as a user message."""
+class Duel(TakeTurns):
+    """The two seats of `TakeTurns`; each is also told the other's last move."""
 
-    agents = ["p0", "p1"]
+    moves = MOVES
 
     def reset(self, seed=None):
-        self.t, self.last = 0, None
-        return {}
-
-    @property
-    def current_agent(self):
-        return self.agents[self.t % 2]
+        self.last = None
+        return super().reset(seed)
 
     def observe(self, agent):
         return [{"role": "user", "content": f"you are {agent}; move {self.t}; last {self.last}"}]
 
     def step(self, action):
-        self.t, self.last = self.t + 1, action.strip()
-        return Step(rewards={}, terminated=self.t >= MOVES)
+        self.last = action.strip()
+        return super().step(action)
 
 
 def observation(agent: str, t: int) -> dict:

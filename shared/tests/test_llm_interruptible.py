@@ -4,13 +4,10 @@ every live row's prompt and tokens at each step, the weights switched before tok
 and random draws), the tokens are equal one for one, and each token's version is the one that sampled it.
 Negative control: the reference that never switches differs, so the update did change the tokens."""
 
-import copy
-
 import pytest
-import torch
 
 from palaestra.shared.llm import LLMConfig, LLMError, SamplingParams, make_client
-from palaestra.shared.testing import learner_step, switching_reference
+from palaestra.shared.testing import switching_reference, two_weight_versions
 
 PROMPTS = ["Hello world", "1 2 3 4", "Once upon a time there was"]
 MAX_TOKENS, SWITCH = 10, 4
@@ -18,13 +15,7 @@ MAX_TOKENS, SWITCH = 10, 4
 
 @pytest.fixture(scope="module")
 def weights():
-    torch.set_num_threads(1)
-    client = make_client(LLMConfig(model="tiny", device="cpu", dtype="float32"))
-    old = copy.deepcopy(client.model.state_dict())
-    learner_step(client)
-    new = copy.deepcopy(client.model.state_dict())
-    client.model.load_state_dict(old)
-    return client, old, new
+    return two_weight_versions()
 
 
 def reference(client, old, new, params: SamplingParams, switch: int | None) -> list[list[int]]:

@@ -5,31 +5,23 @@ its tokens equal a reference written apart from the decode loop that switches we
 (`switching_reference`). Negative controls: without an update the tokens are the non-switching reference's; the
 ``fixed`` schedule never interrupts (an offer made mid-call waits for the next call)."""
 
-import copy
 import functools
 import threading
 
 import pytest
-import torch
 
 from palaestra.shared.llm import LLMConfig, SamplingParams, make_client
 from palaestra.shared.rl.episodes import make_env
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
 from palaestra.shared.rollout.policy_version import PolicyVersion
-from palaestra.shared.testing import learner_step, switching_reference
+from palaestra.shared.testing import switching_reference, two_weight_versions
 
 MAX_TOKENS, SWITCH, SEED = 10, 4, 7
 
 
 @pytest.fixture(scope="module")
 def weights():
-    torch.set_num_threads(1)
-    client = make_client(LLMConfig(model="tiny", device="cpu", dtype="float32"))
-    old = copy.deepcopy(client.model.state_dict())
-    learner_step(client)
-    new = copy.deepcopy(client.model.state_dict())
-    client.model.load_state_dict(old)
-    return client, old, new
+    return two_weight_versions()
 
 
 def rollout(client, schedule: str = "newest"):

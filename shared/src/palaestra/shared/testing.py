@@ -152,6 +152,23 @@ def learner_step(client) -> None:
     model.eval()
 
 
+def two_weight_versions():
+    """A `tiny` transformers client on its old weights, with those weights and the ones after one learner step."""
+    import copy
+
+    import torch
+
+    from palaestra.shared.llm import LLMConfig, make_client
+
+    torch.set_num_threads(1)
+    client = make_client(LLMConfig(model="tiny", device="cpu", dtype="float32"))
+    old = copy.deepcopy(client.model.state_dict())
+    learner_step(client)
+    new = copy.deepcopy(client.model.state_dict())
+    client.model.load_state_dict(old)
+    return client, old, new
+
+
 def switching_reference(client, old: dict, new: dict, prompts: list, params, switch: int | None) -> list[list[int]]:
     """Each prompt's `params.n` rows of tokens from a transformers `client`, with no cache (a full forward over
     every live row's prompt and tokens at each step): weights `old`, then `new` from token `switch` on (None:

@@ -59,7 +59,7 @@ def victim_checkpoint(cfg, scenario: str) -> str | None:
     return cfg.victim_checkpoint.replace("{scenario}", scenario) if cfg.victim_checkpoint else None
 
 
-def _spec(cfg, scenario: str, accident_type: str, taxonomy: list[dict] | None = None):
+def adversary_spec(cfg, scenario: str, accident_type: str, taxonomy: list[dict] | None = None):
     from palaestra.aed.adversary import AdversarySpec
 
     return AdversarySpec(
@@ -78,7 +78,7 @@ def _spec(cfg, scenario: str, accident_type: str, taxonomy: list[dict] | None = 
 def _baseline(cfg, scenario: str, kind: str, tracker: Tracker, taxonomy=None) -> dict[str, Any]:
     from palaestra.aed.evaluation import IdlePolicy, evaluate
 
-    spec = _spec(cfg, scenario, "rear_end", taxonomy)  # the reward plays no part in a baseline
+    spec = adversary_spec(cfg, scenario, "rear_end", taxonomy)  # the reward plays no part in a baseline
     policy = IdlePolicy(cfg.num_adversaries) if kind == "passive" else None
     ev = evaluate(policy, spec, cfg.eval_episodes, seed=cfg.seed + 50_000)
     tracker.log_metrics({f"aed/{scenario}/{kind}/{k}": ev[k] for k in ("asr", "responsible_rate", "effective_asr")})
@@ -94,7 +94,7 @@ def _attack_type(
 
     prefix = f"aed/{scenario}/{accident_type}"
     log = lambda metrics, step: tracker.log_metrics({f"{prefix}/{k}": v for k, v in metrics.items()}, step)
-    spec = _spec(cfg, scenario, accident_type, taxonomy)
+    spec = adversary_spec(cfg, scenario, accident_type, taxonomy)
     has_expert = accident_type in EXPERT_REWARDS
     out: dict[str, Any] = {
         "kind": "attack",

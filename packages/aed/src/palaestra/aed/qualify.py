@@ -123,20 +123,10 @@ def describe(scenario: str, victim: str, record: dict[str, Any]) -> str:
 
 def qualify(cfg: QualifyConfig, scenario: str) -> dict[str, Any]:
     """Measure the victim of `scenario` alone against passive adversaries; the record (not yet written)."""
-    from palaestra.aed.adversary import AdversarySpec
-    from palaestra.aed.attack_task import victim_checkpoint
+    from palaestra.aed.attack_task import adversary_spec
     from palaestra.aed.evaluation import IdlePolicy, evaluate
 
-    spec = AdversarySpec(
-        scenario=scenario,
-        accident_type="rear_end",  # the reward plays no part against passive adversaries
-        victim=cfg.victim,
-        victim_checkpoint=victim_checkpoint(cfg, scenario),
-        num_adversaries=cfg.num_adversaries,
-        overrides=dict(cfg.env_overrides),
-        max_steps=cfg.max_steps,
-        placement=str(cfg.adversary_placement),
-    )
+    spec = adversary_spec(cfg, scenario, "rear_end")  # the reward plays no part against passive adversaries
     ev = evaluate(IdlePolicy(cfg.num_adversaries), spec, cfg.episodes, seed=cfg.seed + SEED_OFFSET)
     responsible = sum(bool(a["victim_responsible"]) for a in ev["accidents"])
     record = verdict(len(ev["accidents"]), responsible, cfg.episodes, cfg.max_accident_rate)
