@@ -117,3 +117,29 @@ def test_ray_workers_run_under_the_drivers_reproducibility_pins():
     assert seen == reproducibility.PINNED_ENV
     # sent as the job's runtime environment, so that workers of a cluster started elsewhere get them too
     assert {k: sent[k] for k in reproducibility.PINNED_ENV} == reproducibility.PINNED_ENV
+
+
+def test_jobs_that_can_run_without_ray_name_the_setting_in_the_line(monkeypatch):
+    """Rollout workers and the sharded learner can each run in process: their start failure says how (the setting
+    reaches `cluster.init`, which writes the line); `parallel_map` forwards its caller's (a matrix's, datagen's)."""
+    from palaestra.shared import cluster
+    from palaestra.shared.config import ClusterConfig
+    from palaestra.shared.llm.base import LLMConfig
+    from palaestra.shared.rl.config import LearnerConfig, TrainConfig
+    from palaestra.shared.rl.distributed import DistributedLearner
+    from palaestra.shared.rollout.engine import RolloutConfig
+    from palaestra.shared.rollout.workers import RayRollouts
+
+    def failing(cfg=None, in_process=None):
+        raise cluster.ClusterStartError(_start_line(cfg or ClusterConfig(), in_process))
+
+    def _start_line(cfg, in_process):
+        return cluster._start_failure_line(cfg, "the raylet did not register within 1 s", in_process)
+
+    monkeypatch.setattr(cluster, "init", failing)
+    with pytest.raises(cluster.ClusterStartError, match=r"without Ray: workers\.num_workers=0$"):
+        RayRollouts(LLMConfig(model="tiny"), RolloutConfig(), num_workers=1)
+    with pytest.raises(cluster.ClusterStartError, match=r"without Ray: learner\.world_size=1$"):
+        DistributedLearner(TrainConfig(learner=LearnerConfig(world_size=2)))
+    with pytest.raises(cluster.ClusterStartError, match=r"without Ray: matrix\.parallel=false$"):
+        cluster.parallel_map(len, [[1]], in_process="matrix.parallel=false")

@@ -239,6 +239,7 @@ def run_matrix(combos: list[Combination], matrix: MatrixConfig, parent_run_id: s
             keep_going=True,
             desc="matrix",
             cluster=combos[0].cfg.cluster,
+            in_process="matrix.parallel=false",
         )
         for i, result in zip(todo, results, strict=True):
             failed = isinstance(result, TaskFailure)

@@ -156,7 +156,13 @@ def run_generation(cfg: DataGenerationConfig, graph: ApiGraph, tracker: Tracker,
                     from palaestra.shared.cluster import TaskFailure, parallel_map
 
                     results = parallel_map(
-                        run_chunk, group, keep_going=True, desc="chunks", cluster=cfg.cluster, progress=False
+                        run_chunk,
+                        group,
+                        keep_going=True,
+                        desc="chunks",
+                        cluster=cfg.cluster,
+                        progress=False,
+                        in_process="workers=0",
                     )
                     for i, r in enumerate(results):
                         if isinstance(r, TaskFailure) and r.error.startswith("LLMUnavailable:"):

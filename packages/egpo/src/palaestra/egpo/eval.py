@@ -51,6 +51,7 @@ from palaestra.egpo.tasks import FCTask, canonical_calls, load_bfcl
 from palaestra.shared.config import ConfigError, JobConfig
 from palaestra.shared.jobs import format_headline, job
 from palaestra.shared.llm.base import LLMConfig
+from palaestra.shared.rollout.chat_tokens import ContextView
 from palaestra.shared.rollout.env import Step, TextEnv
 from palaestra.shared.stats import wilson_interval
 from palaestra.shared.toolcall import ToolCall, format_calls
@@ -106,6 +107,9 @@ class BfclEvalConfig(JobConfig):
     max_model_calls: int = 60
     """Model responses per multi-turn episode (all turns together); more truncates it (scored wrong)."""
     top_p: float = 1.0  # BFCL's runner leaves it at the server's default, 1.0
+    context: ContextView = ContextView.template
+    """A multi-turn entry's later prompts: ``template`` (BFCL's runner: the conversation re-rendered through the
+    model's template every turn) | ``generated`` (the tokens sampled so far, as training sees them)."""
     decoder: Decoder = Decoder.palaestra
     """palaestra (our parser, then BFCL's checkers) | bfcl (BFCL's handler of ``bfcl_model`` and its runner)."""
     prompt: PromptFormat = PromptFormat.palaestra
@@ -243,6 +247,7 @@ def run_model(envs: list[TextEnv], client: Any, cfg: BfclEvalConfig, rollouts: A
         max_context_tokens=cfg.max_context_tokens or WHOLE_CONTEXT,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
+        context=cfg.context,
     )
     rollouts = rollouts if rollouts is not None else LocalRollouts(client, settings)
     specs = [EpisodeSpec(make_env=_returning(env), seed=cfg.seed, group_id=str(i)) for i, env in enumerate(envs)]
@@ -326,15 +331,9 @@ def check_bfcl_settings(cfg: Any) -> None:
 def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker, rollouts: Any = None) -> dict:
     """Run and score every category with `client` (None: the oracle of ``cfg.policy``), on `rollouts` when given
     (the trainer's: its workers and synced weights); log to `tracker`."""
-    tracker.set_tags(
-        {
-            "bfcl.version": BFCL_VERSION,  # bfcl/summary/*
-            "bfcl.version_v3": BFCL_V3_VERSION,  # bfcl/summary_v3/*
-            "bfcl.decoder": cfg.decoder,
-            "bfcl.prompt": cfg.prompt,
-            "bfcl.model": cfg.bfcl_model,
-        }
-    )
+    versions = {"bfcl.version": BFCL_VERSION, "bfcl.version_v3": BFCL_V3_VERSION}  # bfcl/summary/*, summary_v3/*
+    settings = {f"bfcl.{k}": getattr(cfg, k) for k in ("decoder", "prompt", "context")}
+    tracker.set_tags({**versions, **settings, "bfcl.model": cfg.bfcl_model})
     accuracy, scores, by_category = {}, {}, {}
     for category in cfg.categories:
         limit = cfg.limits.get(category, cfg.limit)
@@ -371,7 +370,8 @@ def evaluate_with_client(cfg: BfclEvalConfig, client: Any, tracker: Tracker, rol
         f"egpo.eval: {BFCL_VERSION} overall {summary['bfcl/summary/overall']:.2%} (offline maximum "
         f"{offline_maximum('v4'):.2%}: the agentic 40% cannot run here) | {BFCL_V3_VERSION} overall {v3['overall']:.2%}"
         f" (offline maximum {offline_maximum('v3'):.2%}), multi-turn {v3['multi_turn']:.2%}, single-turn "
-        f"{v3['single_turn']:.2%} | decoder {cfg.decoder}, prompt {cfg.prompt}, handler {cfg.bfcl_model}; "
+        f"{v3['single_turn']:.2%} | decoder {cfg.decoder}, prompt {cfg.prompt}, handler {cfg.bfcl_model}, "
+        f"context {cfg.context}; "
         "counted 0 as BFCL does: "
         f"{', '.join(not_run) or 'none'} + web search, memory, Java, JavaScript",
         flush=True,

@@ -30,6 +30,7 @@ from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.config import EnvSpec, EvalConfig, TaskSampling, TrainConfig
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.train import train_headline
+from palaestra.shared.rollout.chat_tokens import ContextView
 from palaestra.shared.rollout.env import ENVS
 from palaestra.shared.tracking import Tracker
 
@@ -66,8 +67,9 @@ class EvalAfterConfig(EvalConfig):
     """A BFCL evaluation of the trained policy at the end of training (same MLflow run). The sampling fields are
     `EvalConfig`'s (unset: the training rollout's), used by the default evaluation (``eval_tasks``) and by BFCL's
     (``temperature``, ``top_p``, ``max_tokens_per_turn``, ``max_context_tokens``); with ``categories`` set, an unset
-    ``temperature`` is 0 (BFCL's runner samples at 0.001) and ``group_size`` is 1 (BFCL plays each entry once: any
-    other value is refused), so the resolved config shows what the BFCL evaluation ran with."""
+    ``temperature`` is 0 (BFCL's runner samples at 0.001), ``group_size`` is 1 (BFCL plays each entry once: any
+    other value is refused) and ``context`` is ``template`` (BFCL's runner re-renders each turn), so the resolved
+    config shows what the BFCL evaluation ran with."""
 
     categories: list[str] = field(default_factory=list)
     """BFCL categories (empty: no evaluation)."""
@@ -109,6 +111,8 @@ class EGPOTrainConfig(TrainConfig):
                 self.eval.group_size = 1
             if self.eval.group_size != 1:
                 raise ConfigError(f"eval.group_size {self.eval.group_size}: BFCL's evaluation plays each entry once")
+            if self.eval.context is None:  # BFCL's runner re-renders the conversation every turn
+                self.eval.context = ContextView.template
         super().__post_init__()
 
 
@@ -144,6 +148,7 @@ class BfclAtEnd:
             prompt=cfg.eval.prompt,
             decoder=cfg.eval.decoder,
             bfcl_model=cfg.eval.bfcl_model,
+            context=cfg.eval.context or ContextView.template,
             seed=cfg.seed,
             output_dir=f"{cfg.output_dir}/eval",
         )

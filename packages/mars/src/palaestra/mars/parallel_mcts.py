@@ -64,7 +64,7 @@ class RayMCTSPlayer(Player):
         if not local:
             from palaestra.shared import cluster as ray_cluster
 
-            self.ray = ray_cluster.init(cluster)
+            self.ray = ray_cluster.init(cluster, in_process="mcts_on_ray=false (eval.mcts_on_ray in a training config)")
             self._remote = self.ray.remote(num_cpus=1)(mcts_reply)
 
     def reset(self, seed: int) -> None:

@@ -57,7 +57,7 @@ import torch
 
 from palaestra.shared.config import ConfigError
 from palaestra.shared.llm.base import DType
-from palaestra.shared.rl.batch import TrainBatch
+from palaestra.shared.rl.batch import TrainBatch, batch_rows
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.loss import LossConfig, behaviour_weights
 from palaestra.shared.rollout.engine import EpisodeSpec, RolloutResult, VersionSchedule
@@ -254,13 +254,15 @@ def background_engine(cfg: TrainConfig, state: dict[str, Any], version: int, ser
     return replica
 
 
-def behaviour_tensors(trajs: list[Trajectory], shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, L-1) over the batch's target positions (`rl/batch.py`): the sampler's log-prob of each model token
-    (NaN where the backend gave none) and the policy version that sampled it (-1 off the model's tokens)."""
+def behaviour_tensors(
+    trajs: list[Trajectory], shape: tuple[int, ...], split: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, L-1) over the batch's target positions (`rl/batch.py`, its rows `batch_rows(trajs, split)`): the
+    sampler's log-prob of each model token (NaN where the backend gave none) and the policy version that sampled
+    it (-1 off the model's tokens)."""
     logps = torch.full(shape, float("nan"))
     versions = torch.full(shape, -1, dtype=torch.long)
-    for row, traj in enumerate(trajs):
-        seq = traj.to_sequence()
+    for row, (_, seq) in enumerate(batch_rows(trajs, split)):
         k = len(seq.input_ids)
         lp = [float("nan") if v is None else v for v in seq.sampler_logprobs[1:]]
         logps[row, : k - 1] = torch.tensor(lp, dtype=torch.float32)
@@ -269,11 +271,16 @@ def behaviour_tensors(trajs: list[Trajectory], shape: tuple[int, ...]) -> tuple[
 
 
 def behaviour_data(
-    trajs: list[Trajectory], batch: TrainBatch, cfg: TrainConfig, step: int, old_logps: torch.Tensor | None
+    trajs: list[Trajectory],
+    batch: TrainBatch,
+    cfg: TrainConfig,
+    step: int,
+    old_logps: torch.Tensor | None,
+    split: bool = False,
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """A step's sampler log-probs for ``loss.behaviour_correction`` (None when it is off; 0 off the model's
     tokens) and its `async_metrics` (the learner at version `step`, before its update: `old_logps`)."""
-    behaviour, versions = behaviour_tensors(trajs, tuple(batch.loss_mask.shape))
+    behaviour, versions = behaviour_tensors(trajs, tuple(batch.loss_mask.shape), split)
     metrics = async_metrics(step, versions, batch.loss_mask, cfg.rollout.max_staleness, cfg.loss, old_logps, behaviour)
     if cfg.loss.behaviour_correction == "off":
         return None, metrics

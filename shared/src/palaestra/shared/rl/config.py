@@ -15,6 +15,7 @@ from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.dynamic_sampling import DynamicSamplingConfig
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.sft import SFTOptions
+from palaestra.shared.rollout.chat_tokens import ContextView
 from palaestra.shared.rollout.engine import RolloutConfig
 from palaestra.shared.rollout.vllm_weight_sync import WeightSync
 
@@ -205,6 +206,10 @@ class EvalConfig:
     response_prefix: str | None = None
     group_size: int | None = None
     """Episodes per evaluation task (unset: ``rollout.group_size``)."""
+    context: ContextView | None = None
+    """What a later turn's prompt holds (unset: ``rollout.context``): ``generated``, the tokens sampled so far;
+    ``template``, the conversation re-rendered by the model's template, as a chat endpoint shows it (BFCL's
+    runner, a served model). The trainer's evaluation tags its run with the view (``palaestra.eval_context``)."""
 
     def inherit(self, rollout: RolloutConfig) -> None:
         """Fill every unset field from the training rollout's settings."""

@@ -97,7 +97,7 @@ class DistributedLearner:
         if learner.world_size < 2:
             raise ValueError(f"a distributed learner needs learner.world_size >= 2, got {learner.world_size}")
         self.cfg, self.mirror = cfg, mirror
-        self.ray = ray_cluster.init(cfg.cluster)
+        self.ray = ray_cluster.init(cfg.cluster, in_process="learner.world_size=1")
         self.world_size = learner.world_size
         bundle = {"CPU": learner.num_cpus, **({"GPU": learner.num_gpus} if learner.num_gpus else {})}
         self.group = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")

@@ -20,12 +20,10 @@ The loop (`Trainer.train_step`), top to bottom:
 6. weight sync to the rollouts (the version is the learner's step count);
 7. metrics, then checkpoints every ``checkpoint_every`` steps.
 
-A single-policy run is a policy set of one: every step runs the same way for one policy or several.
-A non-finite loss stops the run, naming the last good checkpoint; a resumed run continues exactly.
+A single-policy run is a policy set of one. A non-finite loss stops the run, naming the last good checkpoint.
 
-Evaluation: the eval hook ``fn(trainer, step) -> metrics`` runs before training (``eval_before``), every
-``eval_every`` steps and at the end. The default hook (``eval_tasks`` > 0) is `Trainer.evaluate`; it plays on
-the training rollouts (`eval_rollouts`) with ``eval``'s settings (rl/config.py `EvalConfig`).
+Evaluation: the eval hook ``fn(trainer, step) -> metrics`` runs before training (``eval_before``), every ``eval_every``
+steps and at the end. The default (``eval_tasks`` > 0) is `evaluate`, on the training rollouts with ``eval``'s settings.
 
 Metrics (MLflow, per step): each policy's ``train/...`` (under ``policy/<name>/`` with several), ``train/reward_mean``
 over every trajectory, ``perf/rollout_s`` (the rollout's own wall time), ``perf/learner_wait_s`` (how long the
@@ -301,7 +299,8 @@ class Trainer:
         cfg, learner = policy.cfg, policy.learner
         assert learner is not None  # prepare() started it
         # 2. old log-probs and entropies (3. reference log-probs)
-        batch = build_batch(trajs, policy.tokenizer.pad_token_id, policy.think_ids)
+        split = cfg.rollout.context == "template"  # later prompts re-render: a row per run of turns (rl/batch.py)
+        batch = build_batch(trajs, policy.tokenizer.pad_token_id, policy.think_ids, split)
         # old, ref, entropies None: on-policy, the update's own
         data = StepData(batch, advantages=torch.empty(0), step=self.step, steps=self.total_steps)
         if self.needs_scoring(len(batch)):
@@ -310,13 +309,13 @@ class Trainer:
             data.ref_logps = learner.score(batch, with_entropy=False, ref=True)[0]  # LoRA: adapters off
         stale: dict[str, float] = {}
         if self.asynchronous:  # the sampler's log-probs and versions: the correction and async/ metrics
-            data.behaviour_logps, stale = behaviour_data(trajs, batch, cfg, self.step, data.old_logps)
+            data.behaviour_logps, stale = behaviour_data(trajs, batch, cfg, self.step, data.old_logps, split)
         # 4. advantages
         entropy = data.entropies
         entropies = (None, None) if entropy is None else (think_entropy(entropy, batch, s) for s in EntropySpan)
         adv_in = AdvantageInput.from_trajectories(trajs, *entropies)
         values = compute_advantages(cfg.advantages, adv_in)
-        data.advantages = token_advantages(values, batch.turn_index)
+        data.advantages = token_advantages(values, batch)
         # 5. PPO epochs over minibatches, each optimizer step at its scheduled learning rate (rl/optim.py)
         lr = step_learning_rate(cfg, self.step, data.steps, 0, optimizer_steps(cfg, len(batch)))
         try:
@@ -343,6 +342,7 @@ class Trainer:
         rollouts, cfg = self.eval_rollouts(), self.cfg
         result = rollouts.run(eval_specs(cfg), cfg.seed * 100_003 - 1, cfg.eval.rollout_config(cfg.rollout))
         metrics = reward_summary(result)
+        self.tracker.set_tags({"palaestra.eval_context": cfg.eval.context})  # the view the policy was shown
         self.tracker.log_metrics({f"eval/{k}": v for k, v in metrics.items()}, step=self.step)
         return metrics
 

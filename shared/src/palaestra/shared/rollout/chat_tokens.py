@@ -34,7 +34,8 @@ class ContextView(StrEnum):
     tail (`ChatTokens.extend`). The training sequence is one conversation, its reasoning kept."""
     template = "template"
     """The conversation re-rendered as the model's own template does (earlier responses as text; Qwen3 drops
-    their ``<think>``): the view a chat endpoint shows. Each turn is then its own prompt, not an extension."""
+    their ``<think>``): the view a chat endpoint shows. A later prompt need not extend the earlier ones, so
+    training takes a row per run of turns that do (`Trajectory.to_sequences`)."""
 
 
 class ChatTokens:

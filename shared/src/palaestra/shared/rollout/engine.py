@@ -100,8 +100,8 @@ class RolloutConfig:
     context: ContextView = ContextView.generated
     """What a later turn's prompt holds (rollout/chat_tokens.py): ``generated``, the exact tokens sampled so far
     (one training sequence per conversation); ``template``, the conversation re-rendered whole by the model's
-    template, as a chat endpoint shows it (for evaluation: its turns do not extend each other, so a multi-turn
-    trajectory cannot train as one sequence)."""
+    template, as a chat endpoint shows it (a later prompt need not extend the earlier ones: training takes a row
+    per run of turns that do, each turn on the prompt it was sampled on; rl/batch.py)."""
     max_inflight: dict[str, int] = field(default_factory=dict)
     """Admission control per task source (the env's name; the ``task`` env's ``source``): at most this many of
     its tasks in flight, over the steps running ahead of the learner. A step that would exceed it starts

@@ -12,6 +12,11 @@ response, so the training sequence of a conversation is simply the last turn's
 prompt plus its response. `to_sequence` checks that prefix property and marks
 the model's own tokens (mask 1) apart from prompt and environment tokens
 (mask 0). The model's output is never decoded and re-tokenized.
+
+Under ``rollout.context=template`` a later prompt re-renders the conversation
+(Qwen3's template drops earlier ``<think>`` blocks), so it need not extend the
+previous one: `to_sequences` then starts a new training row wherever a prompt
+does not extend the row so far, each turn trained on the prompt it was sampled on.
 """
 
 from __future__ import annotations
@@ -91,32 +96,35 @@ class Trajectory:
         return sum(len(t.response_ids) for t in self.turns)
 
     def to_sequence(self) -> Sequence:
-        """The conversation as one token sequence with the model-token mask (multi-turn aware)."""
-        if not self.turns:
-            return Sequence([], [], [], [], [])
-        ids: list[int] = []
-        mask: list[int] = []
-        turn_index: list[int] = []
-        logprobs: list[float | None] = []
-        versions: list[int] = []
+        """The conversation as one token sequence with the model-token mask (multi-turn aware); raises when a
+        turn's prompt does not extend the previous prompt + response (the generated view's invariant)."""
+        return self.to_sequences(split=False)[0]
+
+    def to_sequences(self, split: bool) -> list[Sequence]:
+        """The training rows of this conversation: consecutive turns whose prompts extend the row so far share
+        one; with `split` (the template view) a turn whose prompt does not starts a new row, else that raises.
+        ``turn_index`` is the turn's index in the whole trajectory in every row."""
+        rows = [Sequence([], [], [], [], [])]
         for k, turn in enumerate(self.turns):
-            if turn.prompt_ids[: len(ids)] != ids:
-                raise ValueError(
-                    f"turn {k} of agent {self.agent!r}: its prompt does not extend the previous prompt + response "
-                    "(the conversation was re-tokenized somewhere)"
-                )
-            delta = turn.prompt_ids[len(ids) :]
-            ids += delta
-            mask += [0] * len(delta)
-            turn_index += [-1] * len(delta)
-            logprobs += [None] * len(delta)
-            versions += [-1] * len(delta)
-            ids += turn.response_ids
-            mask += [1] * len(turn.response_ids)
-            turn_index += [k] * len(turn.response_ids)
-            if turn.response_logprobs:
-                logprobs += turn.response_logprobs
-            else:
-                logprobs += [None] * len(turn.response_ids)
-            versions += turn.response_versions or [-1] * len(turn.response_ids)
-        return Sequence(ids, mask, turn_index, logprobs, versions)
+            row = rows[-1]
+            if turn.prompt_ids[: len(row.input_ids)] != row.input_ids:
+                if not split:
+                    raise ValueError(
+                        f"turn {k} of agent {self.agent!r}: its prompt does not extend the previous prompt + "
+                        "response (the conversation was re-tokenized somewhere)"
+                    )
+                row = Sequence([], [], [], [], [])
+                rows.append(row)
+            delta = turn.prompt_ids[len(row.input_ids) :]
+            row.input_ids += delta
+            row.loss_mask += [0] * len(delta)
+            row.turn_index += [-1] * len(delta)
+            row.sampler_logprobs += [None] * len(delta)
+            row.versions += [-1] * len(delta)
+            n = len(turn.response_ids)
+            row.input_ids += turn.response_ids
+            row.loss_mask += [1] * n
+            row.turn_index += [k] * n
+            row.sampler_logprobs += list(turn.response_logprobs) if turn.response_logprobs else [None] * n
+            row.versions += turn.response_versions or [-1] * n
+        return rows

@@ -209,7 +209,7 @@ class RayRollouts:
     ):
         from palaestra.shared import cluster as ray_cluster
 
-        self.ray = ray_cluster.init(cluster)
+        self.ray = ray_cluster.init(cluster, in_process="workers.num_workers=0")
         self.llm, self.cfg = llm, cfg
         # concurrent: a second thread takes weights while a rollout runs (they load between generate calls)
         options = {"max_concurrency": 4} if concurrent else {}
