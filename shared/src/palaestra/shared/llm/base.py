@@ -76,6 +76,9 @@ class LLMConfig:
     """Share of GPU memory for vLLM's KV cache (vllm backend)."""
     tensor_parallel_size: int = 1
     """vLLM tensor parallelism (vllm backend)."""
+    vllm_segment_tokens: int = field(default=16, metadata=value_check("palaestra.shared.config:check_positive"))
+    """Interruptible generation on the vllm backend (llm/vllm_interrupt.py): tokens per segment, the points at
+    which newer weights may land inside one generation (the transformers loop: every token)."""
     seed: int = 0
     """Seed for building the `tiny` model's random weights."""
     logprobs_mode: LogprobsMode = LogprobsMode.raw

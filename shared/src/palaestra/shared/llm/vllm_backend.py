@@ -13,6 +13,8 @@ worker's ``reload_weights``. vLLM starts its workers by spawn: a script that bui
   ``llm.logprobs_mode: processed`` vLLM's ``processed_logprobs``: of the tempered, top-k / top-p
   filtered distribution the token was drawn from (base.py `LogprobsMode`; `vllm_logprobs_mode`);
 - ``include_stop_str_in_output`` keeps the stop string in the text, as our other backends do;
+- ``generate(..., at_boundary=fn)``: interruptible generation in segments, newer weights loaded between them
+  (llm/vllm_interrupt.py);
 - weight updates (`load_weights`, ``workers.weight_sync: object_store``): the state dict travels as
   ``torch.save`` bytes (tensors themselves do not survive the pickling of ``collective_rpc`` arguments
   between vLLM's processes: "cannot pickle memoryview objects"); `WeightLoaderExtension`, mixed into each
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, LogprobsMode, SamplingParams
+from palaestra.shared.llm.hf_decode import AtBoundary
 
 
 def engine_dtype(config: LLMConfig) -> str:
@@ -163,10 +166,19 @@ class VLLMClient(LLMClient):
         )
         self.context_length = int(self.llm.llm_engine.model_config.max_model_len)
 
+    @property
+    def interruptible(self) -> bool:
+        return True  # in segments (llm/vllm_interrupt.py)
+
     def generate(
-        self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None, adapter: str | None = None
+        self,
+        prompts: list[list[int]] | list[str],
+        params: SamplingParams | None = None,
+        adapter: str | None = None,
+        at_boundary: AtBoundary | None = None,
     ) -> list[Completion]:
-        """`adapter`: generate with that LoRA adapter (`adapter_client`); the base alone until it has weights."""
+        """`adapter`: generate with that LoRA adapter (`adapter_client`); the base alone until it has weights.
+        `at_boundary`: interruptible generation, newer weights loaded between segments (llm/vllm_interrupt.py)."""
         params = params or SamplingParams()
         ids = [self.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p) for p in prompts]
         for i, prompt in enumerate(ids):
@@ -175,7 +187,30 @@ class VLLMClient(LLMClient):
                     f"prompt {i} has {len(prompt)} tokens; the model's context is {self.context_length} tokens "
                     f"({self.config.model})"
                 )
-        sampling = self._vllm.SamplingParams(
+        from vllm.inputs import TokensPrompt
+
+        from palaestra.shared.llm.vllm_interrupt import generate_in_segments, sample_logprobs
+
+        lora_request = self.adapters.get(adapter) if adapter is not None else None
+        if at_boundary is not None:
+            return generate_in_segments(self, ids, params, at_boundary, lora_request)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in ids],
+            self.vllm_sampling(params),
+            lora_request=lora_request,
+            use_tqdm=False,
+        )
+        completions = []
+        for prompt, request in zip(ids, outputs):
+            for sample in request.outputs:  # n samples of one prompt, consecutively
+                logprobs = sample_logprobs(sample) if params.logprobs else None
+                finish = "length" if sample.finish_reason == "length" else "stop"
+                completions.append(Completion(sample.text, list(sample.token_ids), logprobs, list(prompt), finish))
+        return completions
+
+    def vllm_sampling(self, params: SamplingParams, **replace: Any) -> Any:
+        """vLLM's ``SamplingParams`` for ours (`replace`: fields set otherwise, e.g. a segment's ``max_tokens``)."""
+        settings = dict(
             n=params.n,
             temperature=params.temperature,
             top_p=params.top_p,
@@ -186,21 +221,7 @@ class VLLMClient(LLMClient):
             logprobs=0 if params.logprobs else None,
             include_stop_str_in_output=True,
         )
-        from vllm.inputs import TokensPrompt
-
-        lora_request = self.adapters.get(adapter) if adapter is not None else None
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in ids], sampling, lora_request=lora_request, use_tqdm=False
-        )
-        completions = []
-        for prompt, request in zip(ids, outputs):
-            for sample in request.outputs:  # n samples of one prompt, consecutively
-                logprobs = None
-                if params.logprobs and sample.logprobs is not None:
-                    logprobs = [step[t].logprob for t, step in zip(sample.token_ids, sample.logprobs)]
-                finish = "length" if sample.finish_reason == "length" else "stop"
-                completions.append(Completion(sample.text, list(sample.token_ids), logprobs, list(prompt), finish))
-        return completions
+        return self._vllm.SamplingParams(**{**settings, **replace})
 
     def load_weights(self, state_dict: dict) -> None:
         """Push new weights into every vLLM worker (see the module docstring), then drop the stale prefix cache."""
@@ -279,8 +300,13 @@ class VLLMAdapterClient:
     def __init__(self, client: VLLMClient, adapter: str):
         self.client, self.adapter = client, adapter
 
-    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None) -> list[Completion]:
-        return self.client.generate(prompts, params, adapter=self.adapter)
+    def generate(
+        self,
+        prompts: list[list[int]] | list[str],
+        params: SamplingParams | None = None,
+        at_boundary: AtBoundary | None = None,
+    ) -> list[Completion]:
+        return self.client.generate(prompts, params, adapter=self.adapter, at_boundary=at_boundary)
 
     def load_weights(self, states: dict[str, dict]) -> None:
         self.client.load_adapters(states)
