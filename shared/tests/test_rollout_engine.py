@@ -3,8 +3,9 @@
 import pytest
 
 from palaestra.shared.llm.base import SamplingParams
+from palaestra.shared.rollout.batching import uniform_run_length
 from palaestra.shared.rollout.chat_tokens import ChatTokens
-from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine, _uniform_run_length
+from palaestra.shared.rollout.engine import EpisodeSpec, RolloutConfig, RolloutEngine
 from palaestra.shared.rollout.env import Step, TextEnv
 from palaestra.shared.rollout.tasks import TaskEnv, next_number
 
@@ -243,11 +244,11 @@ def test_seed_makes_rollouts_reproducible(tiny_llm):
 
 def test_group_first_turn_uses_n_samples():
     p, q = [1, 2], [3]
-    assert _uniform_run_length([p, p, q, q]) == 2
-    assert _uniform_run_length([p, p, p]) == 3
-    assert _uniform_run_length([p, q, q]) == 1
-    assert _uniform_run_length([p, p, p, p]) == 4
-    assert _uniform_run_length([p, p, q]) == 1
+    assert uniform_run_length([p, p, q, q]) == 2
+    assert uniform_run_length([p, p, p]) == 3
+    assert uniform_run_length([p, q, q]) == 1
+    assert uniform_run_length([p, p, p, p]) == 4
+    assert uniform_run_length([p, p, q]) == 1
 
 
 def test_task_env_and_builtin_reward():

@@ -152,3 +152,41 @@ def test_lora_policies_on_workers_take_transformers_or_vllm_through_the_object_s
         check_fields(config(tmp_path, llm=LLMConfig(backend="openai", model="tiny")))
     with pytest.raises(ConfigError, match="object store"):
         check_fields(config(tmp_path, weight_sync=WeightSync.nccl))
+
+
+class Staggered(Duel):
+    """Duel whose first mover is the seed's seat: in a batch of seeds 0 and 1 both seats wait at every step."""
+
+    @property
+    def current_agent(self):
+        return self.agents[(self.t + self.seed) % 2]
+
+
+@pytest.mark.vllm
+def test_one_generate_call_serves_every_adapters_requests(policies, worker, monkeypatch):
+    """Requests of both adapters in one vLLM call (vLLM's multi-LoRA batching), each as peft generates it with
+    its own adapter; in a rollout where both seats wait at once, one call per step instead of one per adapter,
+    and the episodes as the learner's own rollouts (the transformers backend, a call per adapter)."""
+    worker.load_weights(adapter_states(policies), 1)
+    a, b = policies
+    calls: list = []
+    real = worker.client.llm.generate
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("lora_request"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(worker.client.llm, "generate", counted)
+    ids = [worker.client.tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+    params = SamplingParams(temperature=0, max_tokens=12)
+    n = len(PROMPTS)
+    mixed = worker.client.generate_mixed(ids + ids, params, [a.adapter] * n + [b.adapter] * n)
+    assert len(calls) == 1 and len({id(r) for r in calls[0]}) == 2  # one call, two adapters' requests
+    assert_same(mixed, greedy(a.client) + greedy(b.client))
+    calls.clear()
+    specs = [EpisodeSpec(Staggered, seed=i, group_id=str(i)) for i in range(2)]
+    ours = worker.run(specs, 7)
+    theirs = RolloutEngine(policies.base_client, GREEDY, policies.client_of).run(specs, 7)
+    tokens = lambda r: sorted((t.group_id, t.agent, [x.response_ids for x in t.turns]) for t in r.trajectories)  # noqa: E731
+    assert tokens(ours) == tokens(theirs)
+    assert len(calls) == Staggered.moves  # both seats every step: one call each, not one per adapter

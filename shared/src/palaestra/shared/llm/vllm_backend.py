@@ -187,13 +187,26 @@ class VLLMClient(LLMClient):
                     f"prompt {i} has {len(prompt)} tokens; the model's context is {self.context_length} tokens "
                     f"({self.config.model})"
                 )
-        from vllm.inputs import TokensPrompt
-
-        from palaestra.shared.llm.vllm_interrupt import generate_in_segments, sample_logprobs
+        from palaestra.shared.llm.vllm_interrupt import generate_in_segments
 
         lora_request = self.adapters.get(adapter) if adapter is not None else None
         if at_boundary is not None:
             return generate_in_segments(self, ids, params, at_boundary, lora_request)
+        return self._completions(ids, params, lora_request)
+
+    def generate_mixed(
+        self, prompts: list[list[int]], params: SamplingParams, adapters: list[str | None]
+    ) -> list[Completion]:
+        """One call for the requests of several LoRA adapters (vLLM's multi-LoRA batching): prompt i with adapter
+        i (None: the base; an adapter without weights yet: the base too, as `generate`)."""
+        requests = [self.adapters.get(a) if a is not None else None for a in adapters]
+        return self._completions([list(p) for p in prompts], params, requests)
+
+    def _completions(self, ids: list[list[int]], params: SamplingParams, lora_request: Any) -> list[Completion]:
+        from vllm.inputs import TokensPrompt
+
+        from palaestra.shared.llm.vllm_interrupt import sample_logprobs
+
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in ids],
             self.vllm_sampling(params),
@@ -299,6 +312,11 @@ class VLLMAdapterClient:
 
     def __init__(self, client: VLLMClient, adapter: str):
         self.client, self.adapter = client, adapter
+
+    @property
+    def mixed_batches(self) -> VLLMClient:
+        """The engine whose adapters' requests share one generate call (rollout/batching.py)."""
+        return self.client
 
     def generate(
         self,

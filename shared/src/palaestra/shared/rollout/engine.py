@@ -1,8 +1,7 @@
 """The rollout engine: many text environments at once against one `LLMClient`.
 
-Each loop collects every episode waiting for the model, makes one batched ``generate`` call for all of them, and
-steps each environment with its response. Identical prompts in runs of equal length (a GRPO group's first turn) go
-out as one prompt with ``n`` completions.
+Each loop collects every episode waiting for the model, makes one batched ``generate`` call for all of them
+(rollout/batching.py), and steps each environment with its response.
 
 Token-in, token-out (rollout/chat_tokens.py): an agent's first prompt is its messages rendered through the
 chat template; every later prompt is the previous prompt + the response as generated + the template's tail
@@ -25,8 +24,9 @@ multi-turn episode may span versions; under ``newest`` ahead of the learner, an 
 transformers decode loop) also takes them at a token boundary inside the call, so one response may too.
 
 Several policies (rl/policies.py): ``route(agent)`` names the client that samples each agent's turns; a
-generate call then goes out per client (in the order their agents first wait), each client with its own
-version, chat tokens and response prefix. Without a route every agent plays on the engine's client.
+generate call then goes out per client (in the order their agents first wait; LoRA adapters of one vLLM engine
+share one: rollout/batching.py), each client with its own version, chat tokens and response prefix. Without a
+route every agent plays on the engine's client.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from typing import Any
 
 from palaestra.shared.config import value_check
 from palaestra.shared.llm.base import Completion, LLMClient, SamplingParams
+from palaestra.shared.rollout.batching import generate, group_requests
 from palaestra.shared.rollout.chat_tokens import ChatTokens, ContextView
 from palaestra.shared.rollout.env import TextEnv
 from palaestra.shared.rollout.policy_version import PolicyVersion
@@ -221,18 +222,20 @@ class RolloutEngine:
         for ep in episodes:
             self._guard(ep, functools.partial(self._reset, ep))
         gen_s, gen_tokens, calls = 0.0, 0, 0
+        # newest weights ahead of the learner: an update may land inside a call (`fixed` stays bit-exact)
+        newest = self.cfg.max_staleness > 0 and self.cfg.version_schedule == VersionSchedule.newest
         while True:
             waiting = [(ep, req) for ep in episodes if not ep.done for req in [self._prepare(ep)] if req]
             if not waiting:
                 break
-            for sampler, items in self._by_sampler(waiting):
+            # one call per client (or per vLLM engine's adapters)
+            for group in group_requests(waiting, lambda item: self.sampler(item[1][0])):
                 t0 = time.perf_counter()
-                with sampler.policy.generating() as version:
-                    prompts = [prompt for _, (_, prompt) in items]
-                    completions = self._generate(prompts, seed * 1_000_003 + calls, sampler)
+                prompts = [prompt for _, (_, prompt) in group.items]
+                results = generate(group, prompts, self._params(seed * 1_000_003 + calls), newest)
                 gen_s += time.perf_counter() - t0
                 calls += 1
-                for (ep, (agent, prompt)), completion in zip(items, completions):
+                for (ep, (agent, prompt)), (completion, version) in zip(group.items, results, strict=True):
                     gen_tokens += len(completion.token_ids)
                     self._guard(ep, functools.partial(self._act, ep, agent, prompt, completion, version))
         trajs = [t for ep in episodes for t in ep.trajs.values()]
@@ -248,16 +251,6 @@ class RolloutEngine:
             "rollout_s": time.perf_counter() - start,
         }
         return RolloutResult(trajs, stats)
-
-    def _by_sampler(self, waiting: list) -> list[tuple[_Sampler, list]]:
-        """The waiting requests grouped by the client that samples them (one group without a route)."""
-        if self.route is None:
-            return [(self.samplers[id(self.client)], waiting)]
-        groups: dict[int, tuple[_Sampler, list]] = {}
-        for item in waiting:
-            sampler = self.sampler(item[1][0])
-            groups.setdefault(id(sampler.client), (sampler, []))[1].append(item)
-        return list(groups.values())
 
     # -- one episode ------------------------------------------------------
     def _reset(self, ep: _Episode) -> None:
@@ -341,23 +334,17 @@ class RolloutEngine:
             ep.fail(err)
 
     # -- batched generation -------------------------------------------------
-    def _generate(self, prompts: list[list[int]], seed: int, sampler: _Sampler | None = None) -> list[Completion]:
-        params = SamplingParams(
-            temperature=self.cfg.temperature,
-            top_p=self.cfg.top_p,
-            top_k=self.cfg.top_k,
-            max_tokens=self.cfg.max_tokens_per_turn,
-            stop=list(self.cfg.stop),
+    def _params(self, seed: int) -> SamplingParams:
+        """One generate call's sampling settings (a call's own seed: rollouts are reproducible)."""
+        cfg = self.cfg
+        return SamplingParams(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            max_tokens=cfg.max_tokens_per_turn,
+            stop=list(cfg.stop),
             seed=seed,
         )
-        sampler = sampler or self.samplers[id(self.client)]
-        # newest weights ahead of the learner: an update may land inside the call (`fixed` stays bit-exact)
-        newest = self.cfg.max_staleness > 0 and self.cfg.version_schedule == VersionSchedule.newest
-        interrupt = {"at_boundary": sampler.policy.at_boundary} if newest and sampler.client.interruptible else {}
-        n = _uniform_run_length(prompts)
-        if n > 1:  # every prompt repeats n times in a row: one prompt, n samples
-            params.n, prompts = n, prompts[::n]
-        return sampler.client.generate(prompts, params, **interrupt)
 
 
 class RolloutFailures(RuntimeError):
@@ -381,19 +368,3 @@ def check_failures(result: RolloutResult, max_share: float) -> None:
     if failed > max_share * episodes:
         raise RolloutFailures(f"{summary}: more than rollout.max_failed_share={max_share:g}")
     warnings.warn(f"{summary}; left out of training", stacklevel=2)
-
-
-def _uniform_run_length(prompts: list[list[int]]) -> int:
-    """k if `prompts` is made of consecutive runs of k identical prompts (k > 1), else 1."""
-    if len(prompts) < 2:
-        return 1
-    k = 1
-    while k < len(prompts) and prompts[k] == prompts[0]:
-        k += 1
-    if k == 1 or len(prompts) % k:
-        return 1
-    for start in range(0, len(prompts), k):
-        run = prompts[start : start + k]
-        if any(p != run[0] for p in run) or (start + k < len(prompts) and prompts[start + k] == run[0]):
-            return 1
-    return k
