@@ -71,6 +71,7 @@ def test_readers_write_the_readme_wording():
         {"eval/kuhn_poker/exploitability": [0.354, 0.3, 0.226]},
     )
     assert check_figures.kuhn_exploitability(kuhn, "r") == "0.354 -> 0.226"
+    assert check_figures.kuhn_control(kuhn, "r") == "RL-free control 0.226"
     mine = FakeClient({}, {"mine/weak_target_share": [0.0, 0.7142857]})
     assert check_figures.mine_weak_target_share(mine, "r") == "weak_target_share 0.714"
 

@@ -79,6 +79,11 @@ def kuhn_exploitability(client, run_id: str) -> str:
     return f"{values[0]:.3f} -> {values[-1]:.3f}"
 
 
+def kuhn_control(client, run_id: str) -> str:
+    """The RL-free control's exploitability (its one evaluation, after the SFT steps)."""
+    return f"RL-free control {_history(client, run_id, 'eval/kuhn_poker/exploitability')[-1]:.3f}"
+
+
 def mine_weak_target_share(client, run_id: str) -> str:
     """``datagen.mine``'s last round: the share of its targets on tools the student failed on."""
     return f"weak_target_share {_history(client, run_id, 'mine/weak_target_share')[-1]:.3f}"
@@ -223,6 +228,17 @@ FIGURES: list[Figure | Printed] = [
         "62362a8",
         kuhn_exploitability,
         ("seed=0", "arm=rl"),
+    ),
+    Figure(
+        "kuhn-seed0-control",
+        "README.md",
+        "RL-free control 0.318",
+        "experiments/mars/kuhn_cpu.yaml",
+        (),
+        12,
+        "a4abfed",
+        kuhn_control,
+        ("seed=0", "arm=control"),
     ),
     Figure(
         "datagen-mine-tiny",
