@@ -45,6 +45,7 @@ metrics keep their single-policy layout and names. A section with one policy tra
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,3 +264,18 @@ def warm_start_from(policy: TrainedPolicy, first: TrainedPolicy, sft: Callable[[
         policy.model.load_state_dict(first.model.state_dict())
     else:
         sft(policy)
+
+
+def update_policies(
+    splits: list[tuple[TrainedPolicy, list[Trajectory]]], update: Callable[[TrainedPolicy, list[Trajectory]], Any]
+) -> list[tuple[TrainedPolicy, Any]]:
+    """``update(policy, rows)`` for each policy's rows (`PolicySet.split`), results in the policies' order: at once
+    when every policy has a sharded learner of its own (its ranks are its own processes and devices: the driver
+    only waits on them), else one after another (learners in this process share its device, and LoRA adapters
+    share one base model). Each policy's update reads only its own state, so the order changes no result."""
+    own_ranks = all(p.adapter is None and getattr(p.learner, "world_size", 1) > 1 for p, _ in splits)
+    if len(splits) < 2 or not own_ranks:
+        return [(p, update(p, rows)) for p, rows in splits]
+    with ThreadPoolExecutor(len(splits), thread_name_prefix="policy-update") as pool:
+        futures = [(p, pool.submit(update, p, rows)) for p, rows in splits]
+        return [(p, f.result()) for p, f in futures]

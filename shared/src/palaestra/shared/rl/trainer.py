@@ -56,7 +56,7 @@ from palaestra.shared.rl.dynamic_sampling import DynamicSampler
 from palaestra.shared.rl.episodes import eval_specs, reward_summary
 from palaestra.shared.rl.learner import LocalLearner
 from palaestra.shared.rl.optim import optimizer_steps, step_learning_rate
-from palaestra.shared.rl.policies import PolicySet, TrainedPolicy, build_policies
+from palaestra.shared.rl.policies import PolicySet, TrainedPolicy, build_policies, update_policies
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.task_sampling import TaskSampler
 from palaestra.shared.rl.update import NonFiniteLoss, StepData
@@ -266,7 +266,7 @@ class Trainer:
         if not trajs:
             raise TrainingError(f"step {self.step}: no usable trajectories ({result.stats})")
         # 2.-5. per policy, on its own agents' trajectories
-        updated = [(p, self.update_policy(p, rows)) for p, rows in self.policies.split(trajs)]
+        updated = update_policies(self.policies.split(trajs), self.update_policy)  # at once on ranks of their own
         self.policies.eval()
         self.step += 1
         # 6. weight sync (version: the learner's step count)
