@@ -24,7 +24,7 @@ engine started for the adapters; each agent's requests carry its adapter's ``LoR
 llm/vllm_backend.py). The adapters travel through Ray's object store (megabytes), not over NCCL.
 
 Policies with a model each (separate weights, possibly each its own ``llm``): rollout workers hold one model
-per policy (`worker_serving`; the transformers backend, e.g. small models on CPU) and route each
+per policy (`worker_serving`; on the transformers backend, or a vLLM engine each) and route each
 agent's turns to its policy's; the weight sync sends every policy's weights by policy (`PolicySet.weights`),
 each loading into its own policy's model alone (rollout/workers.py `Replica`), through Ray's object store (NCCL
 and a ``workers.llm`` beside policies' own ``llm`` are refused). Rollouts ahead of the learner

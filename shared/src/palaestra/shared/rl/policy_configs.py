@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 DEFAULT = "policy"
 """The one policy's name when the config has no ``policies`` section."""
-ADAPTER_BACKENDS = ("transformers", "vllm")
-"""The backends whose rollout workers serve LoRA policies on one base (rollout/serving.py `serve_adapters`)."""
+WORKER_BACKENDS = ("transformers", "vllm")
+"""The backends whose rollout workers serve several policies: LoRA adapters on one base or a model each
+(rollout/serving.py `serve`)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
@@ -65,16 +66,20 @@ def _serving_problem(cfg: TrainConfig) -> str | None:
             "rollout workers get several policies' weights (models or LoRA adapters) through Ray's object "
             f"store only; set workers.weight_sync object_store (got {cfg.workers.weight_sync})"
         )
-    if shares_base(cfg) and backend not in ADAPTER_BACKENDS:
+    if backend not in WORKER_BACKENDS:
+        what = "LoRA adapters" if shares_base(cfg) else "several policies' own models"
         return (
-            f"rollout workers serve LoRA adapters on the {' and '.join(ADAPTER_BACKENDS)} backends only "
+            f"rollout workers serve {what} on the {' and '.join(WORKER_BACKENDS)} backends only "
             f"(the workers' llm.backend is {backend})"
         )
-    if not shares_base(cfg) and backend != "transformers":
-        return (
-            "rollout workers serve several policies' own models on the transformers backend only "
-            f"(the workers' llm.backend is {backend}); LoRA adapters on one base are served on vLLM too"
-        )
+    if not shares_base(cfg) and backend == "vllm":  # one engine per policy on each worker
+        share = (cfg.workers.llm or cfg.llm).gpu_memory_utilization
+        if share * len(cfg.policies) > 0.95:
+            return (
+                f"each of the {len(cfg.policies)} policies gets a vLLM engine of its own on every rollout worker, "
+                f"each taking llm.gpu_memory_utilization={share:g} of the GPU; set it to at most "
+                f"{0.95 / len(cfg.policies):.2f} (workers.llm.gpu_memory_utilization)"
+            )
     return None
 
 
