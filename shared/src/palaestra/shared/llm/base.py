@@ -76,6 +76,9 @@ class LLMConfig:
     """Share of GPU memory for vLLM's KV cache (vllm backend)."""
     tensor_parallel_size: int = 1
     """vLLM tensor parallelism (vllm backend)."""
+    sleep_mode: bool = False
+    """Build the engine with vLLM's sleep mode (``enable_sleep_mode``; vllm backend, GPU only: vLLM's CPU build
+    refuses it), so that it frees its GPU memory while a colocated learner updates (llm/sleep_mode.py)."""
     seed: int = 0
     """Seed for building the `tiny` model's random weights."""
     logprobs_mode: LogprobsMode = LogprobsMode.raw

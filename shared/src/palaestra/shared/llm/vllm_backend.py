@@ -22,6 +22,8 @@ worker's ``reload_weights``. vLLM starts its workers by spawn: a script that bui
   weights and drops ``weight_loader``, so a bare ``model.load_weights`` fails there). The prefix cache
   is reset afterwards, since cached KV blocks were computed with the old weights. One copy of the state
   dict per engine on the CPU: fine for small and medium models; large ones use ``nccl``;
+- sleep mode (``llm.sleep_mode``, the colocated layouts): `sleep` / `wake_up` (llm/sleep_mode.py
+  `SleepingEngine`); generating while asleep raises. Written against vLLM 0.32, untested without a GPU;
 - or over NCCL (``workers.weight_sync: nccl``, rollout/vllm_weight_sync.py): the engine is built
   with vLLM's weight-transfer engine (``weight_transfer_config``, idle until a trainer connects) and
   `init_weight_transfer` ... `finish_weight_update` are the engine's side of vLLM's handshake.
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, LogprobsMode, SamplingParams
+from palaestra.shared.llm.sleep_mode import SleepingEngine
 
 
 def engine_dtype(config: LLMConfig) -> str:
@@ -125,7 +128,7 @@ def write_peft_adapter(directory: Path, lora: dict, tensors: dict) -> None:
     )
 
 
-class VLLMClient(LLMClient):
+class VLLMClient(SleepingEngine, LLMClient):
     """`LLMClient` over an in-process `vllm.LLM` engine; with `lora` (adapters' settings, rl/config.py
     `LoraConfig` as a dict), one that serves up to `max_loras` LoRA adapters on its base model."""
 
@@ -159,14 +162,18 @@ class VLLMClient(LLMClient):
             # vLLM's NCCL weight-transfer engine, idle until a trainer connects (workers.weight_sync: nccl); vLLM
             # 0.33 then turns off flashinfer's MoE expert-parallel kernels and two AMD decode runtimes, no dense model's
             weight_transfer_config={"backend": "nccl"},
+            # colocated with the learner (llm/sleep_mode.py): GPU only, vLLM's CPU build refuses it
+            enable_sleep_mode=config.sleep_mode,
             **multi_lora,
         )
+        self._sleep_engine = self.llm
         self.context_length = int(self.llm.llm_engine.model_config.max_model_len)
 
     def generate(
         self, prompts: list[list[int]] | list[str], params: SamplingParams | None = None, adapter: str | None = None
     ) -> list[Completion]:
         """`adapter`: generate with that LoRA adapter (`adapter_client`); the base alone until it has weights."""
+        self.check_awake()  # a sleeping engine's KV cache is gone (llm/sleep_mode.py)
         params = params or SamplingParams()
         ids = [self.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p) for p in prompts]
         for i, prompt in enumerate(ids):

@@ -13,6 +13,7 @@ from palaestra.shared.llm.base import LLMConfig, LogprobsMode
 from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.dynamic_sampling import DynamicSamplingConfig
+from palaestra.shared.rl.layout import Layout, apply_layout
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.sft import SFTOptions
 from palaestra.shared.rollout.engine import RolloutConfig
@@ -304,8 +305,13 @@ class TrainConfig(JobConfig):
     )
     """DAPO's dynamic sampling (rl/dynamic_sampling.py): drop the groups whose rewards are all equal and draw
     more tasks until the step has ``tasks_per_step`` mixed groups or ``max_extra_draws`` extra draws. Off."""
+    layout: Layout = Layout.custom
+    """A named GPU layout (rl/layout.py): custom (the config's own placement keys) | node8_split |
+    node8_colocated | gpu1_colocated; a named one sets the learner's, the workers' and the trainer's placement
+    (`palaestra plan` prints what each GPU holds)."""
 
     def __post_init__(self) -> None:
+        apply_layout(self)  # before the checks below: they read the placement it sets
         # resolved here, before the config is logged: what MLflow's config.yaml holds is what runs
         self.eval.inherit(self.rollout)
         if self.loss.reduction == "dr_grpo" and not self.loss.max_len:

@@ -23,6 +23,7 @@ from palaestra.shared.rl.config import TrainConfig, learner_dtypes
 from palaestra.shared.rl.learner import scoring_temperature
 from palaestra.shared.rl.logprobs import token_logprobs_and_entropy
 from palaestra.shared.rl.optim import make_optimizer, set_learning_rate
+from palaestra.shared.rl.policy import reference_dtype
 from palaestra.shared.rl.update import Collectives, Forward, StepData, minibatch_step, score_rows
 
 
@@ -91,13 +92,15 @@ class LearnerRank:
         )
         self.strategy = learner.strategy
         self.bf16 = learner_dtypes(learner, llm, self.device.type) == "bfloat16"
+        self.compute = torch.bfloat16 if self.bf16 else torch.float32
         path = resolve_model_path(llm.model, seed=llm.seed)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         if initial_state is not None:
             model.load_state_dict(initial_state)
         ref = None
         if reference:
-            ref = AutoModelForCausalLM.from_pretrained(reference_dir or path, dtype=torch.float32)
+            # in the compute dtype (rl/policy.py `reference_dtype`): bf16 with bf16 compute, as the trainer's copy
+            ref = AutoModelForCausalLM.from_pretrained(reference_dir or path, dtype=reference_dtype(self.compute))
             if initial_state is not None and reference_dir is None:
                 ref.load_state_dict(initial_state)
             ref.requires_grad_(False).eval()

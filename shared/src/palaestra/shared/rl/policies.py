@@ -57,7 +57,7 @@ from palaestra.shared.llm.lora import AdapterClient, peft_config
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.optim import make_optimizer
-from palaestra.shared.rl.policy import load_policy, policy_state, think_token_ids
+from palaestra.shared.rl.policy import load_policy, policy_state, reference_copy, reference_dtype, think_token_ids
 from palaestra.shared.rl.policy_configs import DEFAULT, policy_config, shares_base
 from palaestra.shared.rollout.serving import AdapterServing, ModelServing, PolicyRoutes, Serving
 from palaestra.shared.rollout.trajectory import Trajectory
@@ -98,6 +98,10 @@ class TrainedPolicy:
     def learner_name(self) -> str:
         """How messages name its learner."""
         return f"policy {self.name}'s learner" if self.section else "the learner"
+
+    def reference_copy(self) -> torch.nn.Module:
+        """A frozen copy of its model as its KL reference, in the compute dtype (rl/policy.py `reference_copy`)."""
+        return reference_copy(self.model, reference_dtype(self.compute_dtype))
 
     def checkpoint_part(self) -> checkpoint.Part:
         return checkpoint.Part(self.section, self.model, self.optimizer, self.tokenizer, self.adapter)

@@ -36,7 +36,6 @@ learning rate far below the SFT one: experiments/shared/toy_rl.yaml.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -48,6 +47,7 @@ import torch
 from tqdm import tqdm
 
 from palaestra.shared.config import check_fields
+from palaestra.shared.llm.sleep_mode import Colocation
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, EntropySpan, compute_advantages, reads_entropy
 from palaestra.shared.rl.async_rollouts import RolloutStream, background_engine, behaviour_data, check_admission
@@ -126,12 +126,12 @@ class Trainer:
         return metrics
 
     def init_reference(self) -> None:
-        """Freeze a copy of each model as its KL reference (saved once; a resumed run loads it).
+        """Freeze a copy of each model in its compute dtype as its KL reference (saved once; a resumed run loads it).
         With LoRA the reference is the model with its adapters off: nothing to keep."""
         for p in self.policies:
             if not self.cfg.loss.kl_coef or p.cfg.lora.enabled or p.ref_model is not None:
                 continue
-            p.ref_model = copy.deepcopy(p.model).eval().requires_grad_(False)
+            p.ref_model = p.reference_copy()  # in the compute dtype: bf16 with bf16 compute
             root = self.ckpt_dir / p.reference_dir
             if self.resumed:
                 checkpoint.load_reference(root, p.ref_model)
@@ -188,6 +188,7 @@ class Trainer:
         else:
             self.rollouts = LocalRollouts(policies.base_client, cfg.rollout, policies.client_of, policies.clients())
             self.rollouts.sync(None, self.step)
+        self.colocation = Colocation.over(self.rollouts)  # engines built with sleep mode sleep through updates
         seed = lambda step: cfg.seed * 100_003 + step  # noqa: E731
         # in-process rollouts ahead: their own copy of every policy (rl/async_rollouts.py)
         engine = lambda: background_engine(cfg, policies.weights(), self.step, policies.serving())  # noqa: E731
@@ -268,11 +269,12 @@ class Trainer:
         if not trajs:
             raise TrainingError(f"step {self.step}: no usable trajectories ({result.stats})")
         # 2.-5. per policy, on its own agents' trajectories
+        self.colocation.sleep()  # colocated layouts (rl/layout.py): the engines free the GPU for the update
         updated = [(p, self.update_policy(p, rows)) for p, rows in self.policies.split(trajs)]
         self.policies.eval()
         self.step += 1
-        # 6. weight sync (version: the learner's step count)
-        self.stream.sync(self.policies.weights, self.step)
+        # 6. weight sync (version: the learner's step count); colocated: inside the engines' wake-up
+        self.colocation.wake(lambda: self.stream.sync(self.policies.weights, self.step))
         # 7. metrics: each policy's under its names, the reward over every trajectory
         metrics = {f"{p.metric_prefix}{k}": v for p, m in updated for k, v in m.items()}
         rollout_s = result.stats["rollout_s"]  # the rollout's own wall time (the slowest worker's)
