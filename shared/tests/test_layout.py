@@ -1,0 +1,172 @@
+"""Named GPU layouts (rl/layout.py), vLLM's sleep-mode orchestration (llm/sleep_mode.py) against a recording
+engine, and the bf16 KL reference (rl/policy.py `reference_copy`) against the float32 path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from palaestra.shared.cli import main
+from palaestra.shared.config import ConfigError
+from palaestra.shared.llm.base import LLMError
+from palaestra.shared.llm.sleep_mode import Colocation, SleepingEngine
+from palaestra.shared.plan_memory import GB, KNOWN_ARCHITECTURES, LearnerShape, learner_memory
+from palaestra.shared.rl.config import TrainConfig
+from palaestra.shared.rl.layout import LAYOUTS, Layout
+
+ROOT = Path(__file__).resolve().parents[2]
+EGPO = ROOT / "experiments/egpo/qwen3_4b_bfcl.yaml"
+
+
+def _resolve(*overrides: str) -> TrainConfig:
+    from palaestra.shared.jobs import load_config
+
+    cfg = load_config(EGPO, overrides)
+    assert isinstance(cfg, TrainConfig)
+    return cfg
+
+
+def test_a_named_layout_sets_the_placement_and_one_key_picks_another():
+    colocated = _resolve()
+    assert colocated.layout == Layout.node8_colocated
+    assert (colocated.learner.world_size, colocated.learner.num_gpus) == (8, 0.51)
+    assert (colocated.workers.num_workers, colocated.workers.num_gpus) == (8, 0.49)
+    # two ranks (0.51 each) or a rank and... never two ranks on one GPU; a rank and an engine fill one exactly
+    assert 2 * 0.51 > 1 and 0.51 + 0.49 == 1
+    assert colocated.workers.llm.sleep_mode and colocated.llm.device == "cpu"
+    split = _resolve("layout=node8_split")
+    assert (split.learner.world_size, split.workers.num_workers, split.llm.device) == (4, 3, "cuda:7")
+    assert not split.workers.llm.sleep_mode
+    one = _resolve("layout=gpu1_colocated")
+    assert (one.learner.world_size, one.workers.num_workers, one.cluster.num_gpus) == (1, 1, 1)
+    assert sum(s.gpus for s in LAYOUTS.values()) == 8 + 8 + 1
+
+
+def test_bad_layout_values_are_one_line_errors(capsys):
+    assert main(["run", str(EGPO), "layout=one_gpu", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "layout" in err and "gpu1_colocated" in err and len(err.splitlines()) == 1
+    with pytest.raises(ConfigError, match="learner.world_size=2: layout node8_colocated sets it to 8"):
+        _resolve("learner.world_size=2")
+    with pytest.raises(ConfigError, match="rollout.max_staleness=0"):
+        _resolve("rollout.max_staleness=1")
+    # negative control: custom keeps the config's own keys
+    assert _resolve("layout=custom", "learner.world_size=2").learner.world_size == 2
+
+
+def test_plan_prints_each_layout_with_both_gpu_sizes(capsys):
+    assert main(["plan", str(EGPO)]) == 0
+    out = capsys.readouterr().out
+    p = KNOWN_ARCHITECTURES["Qwen/Qwen3-4B-Instruct-2507"].params()
+    # per rank: float32 weights and gradients, AdamW's two float32 moments over 8, the bf16 reference over 8
+    assert f"weights {4 * p / 8 / GB:6.2f}, gradients {4 * p / 8 / GB:6.2f}, AdamW {8 * p / 8 / GB:6.2f}" in out
+    assert f"reference {2 * p / 8 / GB:6.2f}" in out
+    # vLLM awake at 0.5 of an 80 GB GPU: 40 GB; asleep 1 GB: the sleep mode frees 39
+    assert "vLLM awake  40.00" in out and "sleep mode frees  39.00" in out
+    assert "layout node8_colocated: 80 GB GPUs fit, 141 GB GPUs fit" in out
+    assert main(["plan", str(EGPO), "layout=gpu1_colocated"]) == 1  # 80 GB: AdamW's state alone is 32 GB
+    out = capsys.readouterr().out
+    assert "80 GB GPUs DO NOT FIT, 141 GB GPUs fit" in out
+    assert main(["plan", str(EGPO), "layout=gpu1_colocated", "--gpu-gb", "141"]) == 0
+    capsys.readouterr()
+
+
+class RecordingEngine:
+    """A stand-in for `vllm.LLM`'s sleep API: records every call."""
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def sleep(self, level: int) -> None:
+        self.log.append(("sleep", level))
+
+    def wake_up(self, tags=None) -> None:
+        self.log.append(("wake_up", tuple(tags) if tags else None))
+
+
+class FakeClient(SleepingEngine):
+    def __init__(self, log: list):
+        self._sleep_engine, self.log = RecordingEngine(log), log
+
+    def generate(self) -> str:
+        self.check_awake()
+        self.log.append(("generate",))
+        return "ok"
+
+    def load_weights(self) -> None:
+        self.log.append(("load_weights",))
+
+
+def test_colocation_orders_sleep_update_wake_sync_and_nothing_generates_asleep():
+    log: list = []
+    engines = [FakeClient(log), FakeClient(log)]
+    colocation = Colocation(lambda method, *args: [getattr(e, method)(*args) for e in engines])
+    for _ in range(2):  # two RL steps
+        for e in engines:
+            e.generate()
+        colocation.sleep()
+        with pytest.raises(LLMError, match="asleep"):
+            engines[0].generate()
+        log.append(("update",))
+        colocation.wake(lambda: [e.load_weights() for e in engines])
+    step = [
+        ("generate",), ("generate",),
+        ("sleep", 1), ("sleep", 1),
+        ("update",),
+        ("wake_up", ("weights",)), ("wake_up", ("weights",)),
+        ("load_weights",), ("load_weights",),
+        ("wake_up", ("kv_cache",)), ("wake_up", ("kv_cache",)),
+    ]  # fmt: skip
+    assert log == step + step
+    # between the two wake-ups the engine is still asleep (its KV cache): generating there would fail
+    e = FakeClient([])
+    e.sleep()
+    e.wake_up(["weights"])
+    with pytest.raises(LLMError, match="kv_cache"):
+        e.generate()
+    e.wake_up(["kv_cache"])
+    assert e.generate() == "ok"
+    # negative control: without sleeping engines, wake only syncs
+    calls: list = []
+    Colocation().sleep()
+    Colocation().wake(lambda: calls.append("sync"))
+    assert calls == ["sync"]
+
+
+def test_the_bf16_reference_matches_the_float32_one_within_bf16_rounding():
+    from palaestra.shared.llm.tiny import build_tiny
+    from palaestra.shared.rl.logprobs import token_logprobs_and_entropy
+    from palaestra.shared.rl.policy import reference_copy, reference_dtype
+
+    torch.manual_seed(0)
+    model = build_tiny(seed=0)
+    model = model[0] if isinstance(model, tuple) else model
+    ref = reference_copy(model, reference_dtype(torch.bfloat16))
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in ref.parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the policy is untouched
+    # memory held: 2 bytes per parameter, what plan_memory counts for the reference with bf16 compute
+    params = sum(p.numel() for p in model.parameters())
+    held = sum(p.numel() * p.element_size() for p in ref.parameters())
+    shape = LearnerShape(1, "fsdp", 2, 4, 64, False, True)
+    assert held == 2 * params and learner_memory(_arch_of(model), shape)["reference"] == held
+    ids = torch.randint(0, model.config.vocab_size, (2, 24))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        fp32, _ = token_logprobs_and_entropy(model, ids, mask, with_entropy=False)
+        bf16, _ = token_logprobs_and_entropy(ref, ids, mask, with_entropy=False)
+        gap = (fp32 - bf16.float()).abs().max().item()
+        # negative control: a reference off by one bf16 step's worth of noise on every weight differs more
+        noisy = reference_copy(model, torch.float32)
+        for p in noisy.parameters():
+            p.add_(torch.randn_like(p) * p.abs().mean() * 0.05)
+        off, _ = token_logprobs_and_entropy(noisy, ids, mask, with_entropy=False)
+    assert 0 < gap < 0.1
+    assert (fp32 - off).abs().max().item() > 2 * gap
+
+
+def _arch_of(model):
+    from palaestra.shared.plan_memory import arch_from_hf_config
+
+    return arch_from_hf_config(model.config.to_dict())
