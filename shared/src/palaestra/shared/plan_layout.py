@@ -53,14 +53,14 @@ def layout_lines(
             f"  each GPU: one {rank} and one vLLM engine (sleep mode, gpu_memory_utilization "
             f"{llm.gpu_memory_utilization:g}); the trainer's process: {cfg.llm.device}"
         )
-        lines.append(f"    {rank}: {held}; update peak {g(learner)}")
+        lines.append(f"  {rank}: {held}; update peak {g(learner)}")
         for gb in sizes:
             v = vllm_memory(arch, gb, llm.gpu_memory_utilization, llm.tensor_parallel_size)
             rollout, update = learner + v["budget"], learner + VLLM_ASLEEP_GB * GB
             ok = rollout <= gb * GB and update <= gb * GB and v["kv_tokens"] >= cfg.rollout.max_context_tokens
             fits[gb] = ok
             lines.append(
-                f"    {gb:g} GB GPU: vLLM awake {g(v['budget'])} (weights {g(v['weights'])}, KV cache "
+                f"  {gb:g} GB GPU: vLLM awake {g(v['budget'])} (weights {g(v['weights'])}, KV cache "
                 f"{g(v['kv_cache'])} = {v['kv_tokens'] / 1e3:.0f}k tokens); rollout phase {g(rollout)}; update phase "
                 f"{g(update)} (asleep {VLLM_ASLEEP_GB:g}, sleep mode frees {g(v['budget'] - VLLM_ASLEEP_GB * GB)})"
                 f"  {'fits' if ok else 'DOES NOT FIT'}"

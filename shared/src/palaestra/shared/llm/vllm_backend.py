@@ -141,6 +141,14 @@ class VLLMClient(SleepingEngine, LLMClient):
 
         self.config = config
         self._vllm = vllm
+        if config.sleep_mode:
+            from vllm.platforms import current_platform
+
+            if not current_platform.is_sleep_mode_available():  # vLLM's own check, one line here
+                raise LLMError(
+                    "llm.sleep_mode: vLLM's sleep mode needs a GPU (this vLLM runs on "
+                    f"{current_platform.device_type}); set layout=custom or workers.llm.sleep_mode=false"
+                )
         path = resolve_model_path(config.model, seed=config.seed)
         self.tokenizer = load_tokenizer(config.model, path)
         self.lora = lora
