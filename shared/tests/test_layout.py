@@ -15,6 +15,7 @@ from palaestra.shared.llm.sleep_mode import Colocation, SleepingEngine
 from palaestra.shared.plan_memory import GB, KNOWN_ARCHITECTURES, LearnerShape, learner_memory
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.layout import LAYOUTS, Layout
+from palaestra.shared.testing import tiny_learner
 
 ROOT = Path(__file__).resolve().parents[2]
 EGPO = ROOT / "experiments/egpo/qwen3_4b_bfcl.yaml"
@@ -136,13 +137,11 @@ def test_colocation_orders_sleep_update_wake_sync_and_nothing_generates_asleep()
 
 
 def test_the_bf16_reference_matches_the_float32_one_within_bf16_rounding():
-    from palaestra.shared.llm.tiny import build_tiny
     from palaestra.shared.rl.logprobs import token_logprobs_and_entropy
     from palaestra.shared.rl.policy import reference_copy, reference_dtype
 
     torch.manual_seed(0)
-    model = build_tiny(seed=0)
-    model = model[0] if isinstance(model, tuple) else model
+    model = tiny_learner().model
     ref = reference_copy(model, reference_dtype(torch.bfloat16))
     assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in ref.parameters())
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the policy is untouched
@@ -170,3 +169,54 @@ def _arch_of(model):
     from palaestra.shared.plan_memory import arch_from_hf_config
 
     return arch_from_hf_config(model.config.to_dict())
+
+
+def test_the_trainer_sleeps_the_engines_before_the_update_and_syncs_between_the_wake_ups(tmp_path):
+    """`Trainer.train_step` on `tiny` with a recording colocation: every engine call is in the step's order."""
+    from palaestra.shared.rl.loss import LossConfig
+    from palaestra.shared.rl.trainer import Trainer
+    from palaestra.shared.testing import small_train_config
+
+    trainer = Trainer(small_train_config(tmp_path, "exact_answer", steps=1, loss=LossConfig(kl_coef=0.1)))
+    trainer.prepare()
+    assert trainer.colocation.call_all is None  # in-process rollouts: nothing sleeps
+    log: list = []
+    trainer.colocation = Colocation(lambda method, *args: log.append((method, *args)))
+    update, sync = trainer.update_policy, trainer.stream.sync
+    trainer.update_policy = lambda p, rows: (log.append(("update",)), update(p, rows))[1]  # type: ignore[method-assign]
+    trainer.stream.sync = lambda *a: (log.append(("sync",)), sync(*a))[1]  # type: ignore[method-assign]
+    # the in-process rollout runs before the sleep: it records its generate calls through the engine
+    run = trainer.rollouts.run
+    trainer.rollouts.run = lambda *a, **k: (log.append(("rollout",)), run(*a, **k))[1]  # type: ignore[method-assign]
+    try:
+        trainer.train_step()
+    finally:
+        trainer.close()
+    assert log == [
+        ("rollout",), ("sleep", 1), ("update",), ("wake_up", ["weights"]), ("sync",), ("wake_up", ["kv_cache"])
+    ]  # fmt: skip
+    # the reference in the compute dtype (float32 on CPU): the float32 path as it was
+    assert all(p.dtype == torch.float32 for p in trainer.policies[0].ref_model.parameters())
+
+
+def test_colocation_over_a_ray_pool_calls_each_workers_client():
+    from types import SimpleNamespace
+
+    calls: list = []
+
+    class Remote:
+        def __init__(self, i: int):
+            self.remote = lambda method, *args: calls.append((i, method, *args)) or f"ref{i}"
+
+    got: list = []
+    pool = SimpleNamespace(
+        llm=SimpleNamespace(sleep_mode=True),
+        workers=[SimpleNamespace(weight_transfer=Remote(i)) for i in range(2)],
+        ray=SimpleNamespace(get=got.append),
+    )
+    colocation = Colocation.over(pool)
+    colocation.sleep()
+    assert calls == [(0, "sleep", 1), (1, "sleep", 1)] and got == [["ref0", "ref1"]]
+    # negative control: engines built without sleep mode never sleep
+    pool.llm.sleep_mode = False
+    assert Colocation.over(pool).call_all is None

@@ -51,7 +51,7 @@ class SleepingEngine:
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """Bring back `tags` (None: everything) of a sleeping engine; a no-op when awake."""
-        asleep = getattr(self, "_asleep", set())
+        asleep: set[str] = getattr(self, "_asleep", set())
         if not asleep:
             return
         self._sleep_engine.wake_up(tags=list(tags) if tags is not None else None)
@@ -88,14 +88,14 @@ class Colocation:
             self.call_all("sleep", SLEEP_LEVEL)
             self.asleep = True
 
-    def wake(self, sync: Callable[[], None]) -> None:
-        """Wake the weights, run `sync` (the weight sync), wake the KV cache."""
+    def wake(self, sync: Callable[..., None], *args: Any) -> None:
+        """Wake the weights, run ``sync(*args)`` (the weight sync), wake the KV cache."""
         if not self.asleep or self.call_all is None:
-            sync()
+            sync(*args)
             return
         first, *rest = WAKE_ORDER
         self.call_all("wake_up", list(first))
-        sync()
+        sync(*args)
         for tags in rest:
             self.call_all("wake_up", list(tags))
         self.asleep = False

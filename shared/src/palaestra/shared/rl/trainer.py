@@ -274,7 +274,7 @@ class Trainer:
         self.policies.eval()
         self.step += 1
         # 6. weight sync (version: the learner's step count); colocated: inside the engines' wake-up
-        self.colocation.wake(lambda: self.stream.sync(self.policies.weights, self.step))
+        self.colocation.wake(self.stream.sync, self.policies.weights, self.step)
         # 7. metrics: each policy's under its names, the reward over every trajectory
         metrics = {f"{p.metric_prefix}{k}": v for p, m in updated for k, v in m.items()}
         rollout_s = result.stats["rollout_s"]  # the rollout's own wall time (the slowest worker's)
