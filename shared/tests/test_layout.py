@@ -220,3 +220,15 @@ def test_colocation_over_a_ray_pool_calls_each_workers_client():
     # negative control: engines built without sleep mode never sleep
     pool.llm.sleep_mode = False
     assert Colocation.over(pool).call_all is None
+
+
+def test_a_served_llm_on_one_gpu_is_its_weights_and_the_kv_cache_left():
+    from palaestra.shared.plan_layout import served_lines
+
+    lines = served_lines("Qwen/Qwen3-4B-Instruct-2507")
+    p = KNOWN_ARCHITECTURES["Qwen/Qwen3-4B-Instruct-2507"].params()
+    per_token = 2 * 36 * 8 * 128 * 2  # K and V, layers, kv heads, head dim, bf16
+    kv = 0.9 * 80e9 - 2 * p - 2e9  # vLLM's share less its bf16 weights and its activations' overhead
+    assert f"80 GB GPU: weights {2 * p / GB:.2f} + KV cache {kv / GB:.2f} GB = {kv / per_token / 1e3:.0f}k" in lines[1]
+    assert lines[1].endswith("fits") and lines[2].endswith("fits")
+    assert served_lines("Qwen/Qwen3-4B-Instruct-2507", utilization=0.1)[1].endswith("DOES NOT FIT")

@@ -101,3 +101,26 @@ def layout_lines(
 
 def _each(total: float, sizes: tuple[float, ...]) -> dict[float, float]:
     return {gb: total for gb in sizes}
+
+
+SERVE_UTILIZATION = 0.9
+"""``vllm serve``'s default ``--gpu-memory-utilization``."""
+
+
+def served_lines(model: str, utilization: float = SERVE_UTILIZATION, context: int = 16384) -> list[str]:
+    """The one-GPU layout of a served LLM (a teacher for datagen, AED's reward designer and judge): ``vllm serve
+    MODEL`` alone on a GPU of each of `GPU_SIZES`, its bf16 weights and the KV cache left, in `context`-token
+    sequences (for a package's `plan.JOB_PLANS` entry and the configs' comments)."""
+    from palaestra.shared.plan_memory import model_arch
+
+    arch, _ = model_arch(model)
+    lines = [f"served LLM {model}: one GPU, vllm serve --gpu-memory-utilization {utilization:g}"]
+    for gb in GPU_SIZES:
+        v = vllm_memory(arch, gb, utilization, 1)
+        ok = v["kv_tokens"] >= context
+        lines.append(
+            f"  {gb:g} GB GPU: weights {v['weights'] / GB:.2f} + KV cache {v['kv_cache'] / GB:.2f} GB = "
+            f"{v['kv_tokens'] / 1e3:.0f}k tokens ({v['kv_tokens'] / context:.1f} sequences of {context})  "
+            f"{'fits' if ok else 'DOES NOT FIT'}"
+        )
+    return lines
