@@ -170,10 +170,10 @@ MARS_PLAN = """\
   total                       29.71  fits
 GPUs: 8 learner + vLLM colocated (each holds both) = 8 of 8
 layout node8_colocated: 8 GPU(s) (the others: layout=custom | node8_split | gpu1_colocated)
-  each GPU: one learner rank (1/8, fsdp) and one vLLM engine (sleep mode, gpu_memory_utilization 0.5); the trainer's process: cpu
-  learner rank (1/8, fsdp): weights   2.01, gradients   2.01, AdamW   4.02, reference   1.01; update peak  29.71
-  80 GB GPU: vLLM awake  40.00 (weights   8.04, KV cache  29.96 = 203k tokens); rollout phase  69.71; update phase  30.71 (asleep 1, sleep mode frees  39.00)  fits
-  141 GB GPU: vLLM awake  70.50 (weights   8.04, KV cache  60.46 = 410k tokens); rollout phase 100.21; update phase  30.71 (asleep 1, sleep mode frees  69.50)  fits
+  each GPU: one learner rank (1/8, fsdp) and one vLLM engine (sleep mode, gpu_memory_utilization 0.65); the trainer's process: cpu
+  learner rank (1/8, fsdp): weights   2.01, gradients   2.01, AdamW   4.02, reference   1.01; update peak  29.71; kept through the rollout  10.04 (weights, AdamW, reference, reserve: rl/learner.py release_memory); vLLM needs 40960 tokens (the model's context)
+  80 GB GPU: vLLM awake  52.00 (weights   8.04, KV cache  41.96 = 285k tokens); rollout phase  62.04; update phase  30.71 (asleep 1, sleep mode frees  51.00)  fits
+  141 GB GPU: vLLM awake  91.65 (weights   8.04, KV cache  81.61 = 553k tokens); rollout phase 101.69; update phase  30.71 (asleep 1, sleep mode frees  90.65)  fits
   layout node8_colocated: 80 GB GPUs fit, 141 GB GPUs fit"""  # noqa: E501
 DATAGEN_PLAN = """\
     probe: the run's first 32 items with the deterministic roles standing in (an oracle reasoner, naive_first_try 0.3): 31 of 32 kept

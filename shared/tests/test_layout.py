@@ -64,9 +64,19 @@ def test_plan_prints_each_layout_with_both_gpu_sizes(capsys):
     # per rank: float32 weights and gradients, AdamW's two float32 moments over 8, the bf16 reference over 8
     assert f"weights {4 * p / 8 / GB:6.2f}, gradients {4 * p / 8 / GB:6.2f}, AdamW {8 * p / 8 / GB:6.2f}" in out
     assert f"reference {2 * p / 8 / GB:6.2f}" in out
-    # vLLM awake at 0.5 of an 80 GB GPU: 40 GB; asleep 1 GB: the sleep mode frees 39
-    assert "vLLM awake  40.00" in out and "sleep mode frees  39.00" in out
+    # vLLM awake at 0.65 of an 80 GB GPU: 52 GB; asleep 1 GB: the sleep mode frees 51. Through the rollout the rank
+    # keeps its weights, AdamW's moments, the reference and the 3 GB reserve: 10.04 + 52
+    kept = (4 + 8 + 2) * p / 8 + 3e9
+    assert "vLLM awake  52.00" in out and "sleep mode frees  51.00" in out
+    assert f"rollout phase {(kept + 52e9) / GB:6.2f}" in out
     assert "layout node8_colocated: 80 GB GPUs fit, 141 GB GPUs fit" in out
+    # vLLM refuses to start without one whole sequence of the model's context (262,144 tokens for this model)
+    from palaestra.shared.plan import plan
+
+    cfg = _resolve()
+    cfg.workers.llm.gpu_memory_utilization = 0.5  # 29.96 GB of KV cache: 203k tokens
+    text, fits = plan(cfg)
+    assert not fits and "80 GB GPU: vLLM awake  40.00" in text and "262144 tokens" in text
     assert main(["plan", str(EGPO), "layout=gpu1_colocated"]) == 1  # 80 GB: AdamW's state alone is 32 GB
     out = capsys.readouterr().out
     assert "80 GB GPUs DO NOT FIT, 141 GB GPUs fit" in out
@@ -232,3 +242,23 @@ def test_a_served_llm_on_one_gpu_is_its_weights_and_the_kv_cache_left():
     assert f"80 GB GPU: weights {2 * p / GB:.2f} + KV cache {kv / GB:.2f} GB = {kv / per_token / 1e3:.0f}k" in lines[1]
     assert lines[1].endswith("fits") and lines[2].endswith("fits")
     assert served_lines("Qwen/Qwen3-4B-Instruct-2507", utilization=0.1)[1].endswith("DOES NOT FIT")
+
+
+@pytest.mark.parametrize("colocated", [True, False])
+def test_a_colocated_learner_drops_its_gradients_after_the_update(colocated, monkeypatch):
+    """What the plan's rollout phase counts (plan_layout.KEPT): no gradients between updates when colocated."""
+    import palaestra.shared.rl.learner as learner_module
+    from palaestra.shared.llm.base import LLMConfig
+    from palaestra.shared.rl.config import WorkersConfig
+    from palaestra.shared.rl.learner import LocalLearner, releases_memory
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    engine = LLMConfig(backend="vllm", sleep_mode=colocated)
+    cfg = TrainConfig(job="rl.train", workers=WorkersConfig(num_workers=1, llm=engine))
+    assert releases_memory(cfg) is colocated
+    monkeypatch.setattr(learner_module, "ppo_update", lambda learner, data: {"loss": 0.0})
+    assert LocalLearner(cfg, model, optimizer, torch.float32).update(None) == {"loss": 0.0}  # type: ignore[arg-type]
+    assert all((p.grad is None) is colocated for p in model.parameters())
+    assert releases_memory(_resolve()) and not releases_memory(_resolve("layout=node8_split"))

@@ -29,6 +29,7 @@ from palaestra.shared.plan_layout import layout_lines
 from palaestra.shared.plan_memory import (
     GB,
     RUNTIME_RESERVE_GB,
+    engine_tokens,
     learner_memory,
     learner_shape,
     learner_total,
@@ -163,13 +164,15 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str,
         tp = worker_llm.tensor_parallel_size
         v = vllm_memory(arch, gpu_gb, worker_llm.gpu_memory_utilization, tp)
         worker_gpus = w.num_workers * max(math.ceil(w.num_gpus), tp)
-        ok = v["kv_tokens"] >= cfg.rollout.max_context_tokens
+        need = engine_tokens(arch, cfg)
+        ok = v["kv_tokens"] >= need
         lines.append(
             f"per vLLM device ({w.num_workers} worker(s) x {tp} GPU, gpu_memory_utilization "
             f"{worker_llm.gpu_memory_utilization:g}): budget {v['budget'] / GB:.2f}, weights {v['weights'] / GB:.2f}, "
             f"KV cache {v['kv_cache'] / GB:.2f} GB = {v['kv_tokens'] / 1e3:.0f}k tokens "
-            f"({v['kv_tokens'] / cfg.rollout.max_context_tokens:.1f} sequences of {cfg.rollout.max_context_tokens})  "
-            f"{'fits' if ok else 'DOES NOT FIT (less than one sequence)'}"
+            f"({v['kv_tokens'] / cfg.rollout.max_context_tokens:.1f} sequences of {cfg.rollout.max_context_tokens}; "
+            f"vLLM starts with one of the model's {need})  "
+            f"{'fits' if ok else f'DOES NOT FIT (fewer than the {need} tokens of one max_model_len sequence)'}"
         )
         fits = fits and ok
     elif w.num_workers:

@@ -5,21 +5,25 @@ Per GPU kind: the learner's parts (plan_memory.py `learner_memory`, one rank or 
 engine's budget (``gpu_memory_utilization`` of the GPU: bf16 weights, `VLLM_OVERHEAD_GB`, the KV cache), the
 trainer's process. Colocated, a GPU holds a learner rank and an engine, in two phases:
 
-- the rollout: the learner's whole update peak (PyTorch's caching allocator keeps what the update reserved) and
-  the engine awake;
+- the rollout: what the learner keeps (`KEPT`: after each update it drops its gradients and hands PyTorch's
+  cached blocks back, rl/learner.py `release_memory`) and the engine awake;
 - the update: the learner's peak and the engine asleep (level 1: weights in CPU memory, KV cache discarded),
   `VLLM_ASLEEP_GB` left (its CUDA context and allocations outside its memory pool: an estimate, not measured).
 
-The sleep mode's saving is the engine's budget less that residue; a GPU fits when both phases do.
+The sleep mode's saving is the engine's budget less that residue; a GPU fits when both phases do and the engine's
+KV cache holds one sequence of the model's whole context (vLLM's ``max_model_len``: it refuses to start otherwise).
 """
 
 from __future__ import annotations
 
-from palaestra.shared.plan_memory import GB, RUNTIME_RESERVE_GB, ModelArch, learner_total, vllm_memory
+from palaestra.shared.plan_memory import GB, RUNTIME_RESERVE_GB, ModelArch, engine_tokens, learner_total, vllm_memory
 
 VLLM_ASLEEP_GB = 1.0
 """What a vLLM engine keeps on its GPU asleep at level 1 (an estimate; vLLM logs the figure as it sleeps)."""
 GPU_SIZES = (80.0, 141.0)
+KEPT = ("weights", "optimizer", "reference", "reserve")
+"""What a colocated learner keeps through the rollout: it drops its gradients and cached blocks after each update
+(rl/learner.py `release_memory`)."""
 
 
 def _verdicts(totals: dict[float, float]) -> str:
@@ -35,6 +39,7 @@ def layout_lines(
     from palaestra.shared.rl.layout import LAYOUTS, Layout
 
     spec = LAYOUTS[Layout(cfg.layout)]
+    need = engine_tokens(arch, cfg)  # vLLM starts only with one whole max_model_len sequence in its KV cache
     sizes = tuple(sorted({*GPU_SIZES, gpu_gb}))
     llm = cfg.workers.llm
     g = lambda b: f"{b / GB:6.2f}"  # noqa: E731
@@ -53,11 +58,15 @@ def layout_lines(
             f"  each GPU: one {rank} and one vLLM engine (sleep mode, gpu_memory_utilization "
             f"{llm.gpu_memory_utilization:g}); the trainer's process: {cfg.llm.device}"
         )
-        lines.append(f"  {rank}: {held}; update peak {g(learner)}")
+        kept = sum(parts[k] for k in KEPT)
+        lines.append(
+            f"  {rank}: {held}; update peak {g(learner)}; kept through the rollout {g(kept)} (weights, AdamW, "
+            f"reference, reserve: rl/learner.py release_memory); vLLM needs {need} tokens (the model's context)"
+        )
         for gb in sizes:
             v = vllm_memory(arch, gb, llm.gpu_memory_utilization, llm.tensor_parallel_size)
-            rollout, update = learner + v["budget"], learner + VLLM_ASLEEP_GB * GB
-            ok = rollout <= gb * GB and update <= gb * GB and v["kv_tokens"] >= cfg.rollout.max_context_tokens
+            rollout, update = kept + v["budget"], learner + VLLM_ASLEEP_GB * GB
+            ok = rollout <= gb * GB and update <= gb * GB and v["kv_tokens"] >= need
             fits[gb] = ok
             lines.append(
                 f"  {gb:g} GB GPU: vLLM awake {g(v['budget'])} (weights {g(v['weights'])}, KV cache "
@@ -76,7 +85,7 @@ def layout_lines(
             for gb in sizes:
                 v = vllm_memory(arch, gb, llm.gpu_memory_utilization, llm.tensor_parallel_size)
                 per[gb] = v
-                fits[gb] = fits[gb] and v["kv_tokens"] >= cfg.rollout.max_context_tokens
+                fits[gb] = fits[gb] and v["kv_tokens"] >= need
             kv = ", ".join(
                 f"{gb:g} GB: KV cache {g(v['kv_cache'])} = {v['kv_tokens'] / 1e3:.0f}k tokens" for gb, v in per.items()
             )

@@ -83,6 +83,8 @@ class ModelArch:
     vocab: int
     tied_embeddings: bool
     qk_norm: bool = False
+    context: int = 0
+    """``max_position_embeddings``: a vLLM engine's ``max_model_len``, which its KV cache must hold (0: unknown)."""
 
     def layer_params(self) -> int:
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -101,10 +103,13 @@ class ModelArch:
 
 KNOWN_ARCHITECTURES: dict[str, ModelArch] = {
     # Qwen3-4B (base and Instruct-2507 share it): config.json of the hub repos; 4.02B parameters
-    "Qwen/Qwen3-4B": ModelArch(36, 2560, 9728, 32, 8, 128, 151936, tied_embeddings=True, qk_norm=True),
-    "Qwen/Qwen3-4B-Instruct-2507": ModelArch(36, 2560, 9728, 32, 8, 128, 151936, tied_embeddings=True, qk_norm=True),
+    # (contexts: 40,960 and 262,144 positions)
+    "Qwen/Qwen3-4B": ModelArch(36, 2560, 9728, 32, 8, 128, 151936, tied_embeddings=True, qk_norm=True, context=40960),
+    "Qwen/Qwen3-4B-Instruct-2507": ModelArch(
+        36, 2560, 9728, 32, 8, 128, 151936, tied_embeddings=True, qk_norm=True, context=262144
+    ),
     # SmolLM2-135M-Instruct (the embedded smollm2-135m): 134.5M parameters
-    "smollm2-135m": ModelArch(30, 576, 1536, 9, 3, 64, 49152, tied_embeddings=True),
+    "smollm2-135m": ModelArch(30, 576, 1536, 9, 3, 64, 49152, tied_embeddings=True, context=8192),
 }
 
 
@@ -124,6 +129,7 @@ def arch_from_hf_config(config: dict) -> ModelArch:
         vocab=config["vocab_size"],
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         qk_norm=str(config.get("model_type", "")).startswith("qwen3"),
+        context=int(config.get("max_position_embeddings") or 0),
     )
 
 
@@ -321,6 +327,12 @@ def trainer_weight_bytes(params: int, reference_model: bool, compute_bytes: int)
 
 def learner_total(parts: dict[str, float]) -> float:
     return sum(v for k, v in parts.items() if k not in ("activations_no_ckpt", "activations_ckpt"))
+
+
+def engine_tokens(arch: ModelArch, cfg) -> int:
+    """The tokens a vLLM engine's KV cache must hold to start: its ``max_model_len``, the model's context (the
+    backend sets no other), else the rollout's ``max_context_tokens`` where the context is unknown."""
+    return arch.context or cfg.rollout.max_context_tokens
 
 
 def vllm_memory(arch: ModelArch, gpu_gb: float, utilization: float, tensor_parallel: int) -> dict[str, float]:

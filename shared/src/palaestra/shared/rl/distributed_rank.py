@@ -20,7 +20,7 @@ import torch
 
 from palaestra.shared.rl.batch import TrainBatch
 from palaestra.shared.rl.config import TrainConfig, learner_dtypes
-from palaestra.shared.rl.learner import scoring_temperature
+from palaestra.shared.rl.learner import release_memory, scoring_temperature
 from palaestra.shared.rl.logprobs import token_logprobs_and_entropy
 from palaestra.shared.rl.optim import make_optimizer, set_learning_rate
 from palaestra.shared.rl.policy import reference_dtype
@@ -178,6 +178,10 @@ class LearnerRank:
 
     def set_learning_rate(self, lr: float) -> None:
         set_learning_rate(self.optimizer, lr)
+
+    def release_memory(self) -> None:
+        """The update's gradients and cached GPU blocks back (colocated layouts: rl/learner.py `release_memory`)."""
+        release_memory(self.optimizer, self.device)
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """The last update's gradient, whole, on CPU (a check of the sharded arithmetic)."""

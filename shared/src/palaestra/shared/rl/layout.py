@@ -58,9 +58,9 @@ class LayoutSpec:
 
 
 LAYOUTS: dict[Layout, LayoutSpec] = {
-    Layout.node8_split: LayoutSpec(8, False, "cuda:7", 7, 4, 1, 3, 1, 0.6, "object_store"),
-    Layout.node8_colocated: LayoutSpec(8, True, "cpu", 8, 8, 0.51, 8, 0.49, 0.5, "object_store"),
-    Layout.gpu1_colocated: LayoutSpec(1, True, "cuda:0", 1, 1, 0, 1, 0.49, 0.25, "object_store"),
+    Layout.node8_split: LayoutSpec(8, False, "cuda:7", 7, 4, 1, 3, 1, 0.7, "object_store"),
+    Layout.node8_colocated: LayoutSpec(8, True, "cpu", 8, 8, 0.51, 8, 0.49, 0.65, "object_store"),
+    Layout.gpu1_colocated: LayoutSpec(1, True, "cuda:0", 1, 1, 0, 1, 0.49, 0.4, "object_store"),
 }
 
 PLACEMENT = (
