@@ -244,7 +244,7 @@ FIGURES: list[Figure | Printed] = [
         MARS_PLAN,
         ("palaestra", "plan", "experiments/mars/qwen3_4b.yaml"),
         0.5,
-        "4b6fcb0",
+        "da72b8d",
         lines_between("total", "  layout node8_colocated: "),
     ),
     Printed(
