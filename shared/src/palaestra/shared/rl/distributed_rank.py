@@ -118,6 +118,8 @@ class LearnerRank:
             self.engine = DistributedDataParallel(self.root, device_ids=[0] if self.cuda else None)
         self.ref = self._shard(LogProbs(ref.to(self.device), shared)) if ref is not None else None
         self.optimizer = make_optimizer(self.root.parameters(), cfg.optim)
+        if self.cuda:  # the whole models moved here before sharding: their blocks back, for a colocated vLLM engine
+            torch.cuda.empty_cache()
         return sum(p.numel() for p in self.model.parameters())
 
     def _shard(self, root: LogProbs) -> LogProbs:
