@@ -48,11 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paper-step", metavar="CONFIG", help="one step of a paper config in layout gpu1_colocated")
     parser.add_argument("--plan-only", action="store_true", help="with --paper-step: print its plan and stop")
     args = parser.parse_args(argv)
-    if args.paper_step:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from gpu_check_paper import paper_step
+    if args.paper_step:  # its own module beside this one (tools/ is not a package)
+        import importlib.util
 
-        return paper_step(args.paper_step, args.plan_only)
+        spec = importlib.util.spec_from_file_location("gpu_check_paper", Path(__file__).with_name("gpu_check_paper.py"))
+        assert spec is not None and spec.loader is not None
+        paper = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(paper)
+        return paper.paper_step(args.paper_step, args.plan_only)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False); run it on a GPU machine")
         return 2

@@ -262,3 +262,20 @@ def test_a_colocated_learner_drops_its_gradients_after_the_update(colocated, mon
     assert LocalLearner(cfg, model, optimizer, torch.float32).update(None) == {"loss": 0.0}  # type: ignore[arg-type]
     assert all((p.grad is None) is colocated for p in model.parameters())
     assert releases_memory(_resolve()) and not releases_memory(_resolve("layout=node8_split"))
+
+
+def test_gpu_check_paper_step_plans_on_cpu_and_skips_without_cuda(capsys):
+    """tools/gpu_check.py --paper-step: the paper config in gpu1_colocated, one step; here only its CPU side."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    mars = str(ROOT / "experiments/mars/qwen3_4b.yaml")
+    assert gpu_check.main(["--paper-step", mars, "--plan-only"]) == 0
+    out = capsys.readouterr().out
+    assert "layout gpu1_colocated: 1 GPU(s)" in out and "141 GB GPUs fit" in out
+    if not torch.cuda.is_available():
+        assert gpu_check.main(["--paper-step", mars]) == 2
+        assert "skipped, no CUDA GPU here" in capsys.readouterr().out
