@@ -4,7 +4,8 @@ process sit, selected by one key (``layout=gpu1_colocated``) and planned by `pal
 A named layout owns the placement keys (`PLACEMENT`): the learner's ranks and GPUs, the rollout workers and
 their GPUs, the vLLM engine's memory share and sleep mode, ``llm.device`` and ``cluster.num_gpus``. It sets them
 when the config resolves (`apply_layout`, from `TrainConfig.__post_init__`); a config that also sets one of
-them to another value is a one-line error naming the key (``layout: custom`` keeps the config's own keys).
+them to another value is a one-line error naming the key (``layout: custom`` keeps the config's own keys); a key
+set to its default value cannot be told from an unset one, so the layout's value replaces it silently.
 
 - ``custom``: the config's own keys, nothing set;
 - ``node8_split``: one node of 8 GPUs, 4 learner ranks (FSDP2) + 3 vLLM workers + the trainer's process on
@@ -58,10 +59,21 @@ class LayoutSpec:
 
 
 LAYOUTS: dict[Layout, LayoutSpec] = {
-    Layout.node8_split: LayoutSpec(8, False, "cuda:7", 7, 4, 1, 3, 1, 0.7, "object_store"),
-    Layout.node8_colocated: LayoutSpec(8, True, "cpu", 8, 8, 0.51, 8, 0.49, 0.65, "object_store"),
-    Layout.gpu1_colocated: LayoutSpec(1, True, "cuda:0", 1, 1, 0, 1, 0.49, 0.4, "object_store"),
-}
+    Layout.node8_split: LayoutSpec(
+        gpus=8, colocated=False, llm_device="cuda:7", cluster_gpus=7, learner_world_size=4, learner_num_gpus=1,
+        num_workers=3, worker_gpus=1, vllm_memory_utilization=0.7, weight_sync="object_store",
+    ),
+    Layout.node8_colocated: LayoutSpec(
+        gpus=8, colocated=True, llm_device="cpu", cluster_gpus=8, learner_world_size=8, learner_num_gpus=0.51,
+        num_workers=8, worker_gpus=0.49, vllm_memory_utilization=0.65, weight_sync="object_store",
+    ),
+    Layout.gpu1_colocated: LayoutSpec(
+        gpus=1, colocated=True, llm_device="cuda:0", cluster_gpus=1, learner_world_size=1, learner_num_gpus=0,
+        num_workers=1, worker_gpus=0.49, vllm_memory_utilization=0.4, weight_sync="object_store",
+    ),
+}  # fmt: skip
+"""The vLLM shares hold one sequence of Qwen3-4B-Instruct-2507's whole 262,144-token context on an 80 GB GPU (141
+for gpu1_colocated), what vLLM needs to start, beside what the learner keeps (`palaestra plan` checks both)."""
 
 PLACEMENT = (
     "llm.device",
