@@ -42,7 +42,7 @@ def test_a_named_layout_sets_the_placement_and_one_key_picks_another():
     assert not split.workers.llm.sleep_mode
     one = _resolve("layout=gpu1_colocated")
     assert (one.learner.world_size, one.workers.num_workers, one.cluster.num_gpus) == (1, 1, 1)
-    assert sum(s.gpus for s in LAYOUTS.values()) == 8 + 8 + 1
+    assert sum(s.gpus for s in LAYOUTS.values()) == 8 + 8 + 1 + 1
 
 
 def test_bad_layout_values_are_one_line_errors(capsys):
@@ -279,3 +279,71 @@ def test_gpu_check_paper_step_plans_on_cpu_and_skips_without_cuda(capsys):
     if not torch.cuda.is_available():
         assert gpu_check.main(["--paper-step", mars]) == 2
         assert "skipped, no CUDA GPU here" in capsys.readouterr().out
+
+
+def test_the_offloaded_adamw_steps_as_adamw_bit_for_bit_on_cpu():
+    """rl/optim_offload.py against torch's AdamW on the same model: the same weights after every step, the same
+    state dict (checkpoints interchangeable), the learning rate set through param_groups as rl/optim.py does."""
+    from palaestra.shared.rl.config import OptimConfig
+    from palaestra.shared.rl.optim import make_optimizer, set_learning_rate
+    from palaestra.shared.rl.optim_offload import OffloadedAdamW
+
+    optim = OptimConfig(lr=1e-2, betas=[0.9, 0.95], weight_decay=0.05)
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    plain, offloaded = make_optimizer(models[0].parameters(), optim), OffloadedAdamW(models[1].parameters(), optim)
+    x = torch.randn(8, 6)
+    for step in range(4):
+        for model, opt in zip(models, (plain, offloaded)):
+            opt.zero_grad(set_to_none=True)
+            set_learning_rate(opt, 1e-2 / (step + 1))
+            model(x).pow(2).mean().backward()
+            opt.step()
+        assert all(torch.equal(a, b) for a, b in zip(models[0].parameters(), models[1].parameters()))
+    assert all(p.grad is not None for p in models[1].parameters())
+    offloaded.zero_grad()
+    assert all(p.grad is None for p in models[1].parameters())
+    a, b = plain.state_dict(), offloaded.state_dict()
+    assert a["param_groups"] == b["param_groups"]
+    assert all(torch.equal(a["state"][i]["exp_avg_sq"], b["state"][i]["exp_avg_sq"]) for i in a["state"])
+    # a step without gradients leaves the weights as they are (AdamW skips them; the scratch copies come back)
+    before = [p.detach().clone() for p in models[1].parameters()]
+    offloaded.step()
+    assert all(torch.equal(p, q) for p, q in zip(before, models[1].parameters()))
+
+
+def test_gpu1_offload_fits_an_80_gb_gpu_and_refuses_a_sharded_learner(capsys):
+    assert main(["plan", str(EGPO), "layout=gpu1_offload"]) == 0
+    out = capsys.readouterr().out
+    p = KNOWN_ARCHITECTURES["Qwen/Qwen3-4B-Instruct-2507"].params()
+    assert "optimizer (AdamW)            0.00" in out and f"{16 * p / GB:.2f} GB of host RAM" in out
+    assert "layout gpu1_offload: 80 GB GPUs fit, 141 GB GPUs fit" in out
+    assert _resolve("layout=gpu1_offload").learner.optimizer_offload
+    with pytest.raises(ConfigError, match="learner.optimizer_offload.*world_size 1"):
+        _resolve("layout=custom", "learner.world_size=2", "learner.optimizer_offload=true")
+
+
+def test_a_trainer_step_with_the_offloaded_optimizer_reaches_the_plain_ones_weights(tmp_path):
+    """build_policies picks the offloaded AdamW from learner.optimizer_offload; on CPU one RL step lands on the
+    same weights as the plain optimizer's, bit for bit."""
+    from palaestra.shared.rewards import REWARDS
+    from palaestra.shared.rl.config import LearnerConfig
+    from palaestra.shared.rl.optim_offload import OffloadedAdamW
+    from palaestra.shared.rl.trainer import Trainer
+    from palaestra.shared.testing import small_train_config
+
+    if "test_layout_length" not in REWARDS:  # a dense reward: every group has a signal, so the step moves weights
+        REWARDS.register("test_layout_length")(lambda sample, completion, **info: len(completion) / 10)
+    weights, start = [], None
+    for offload in (False, True):
+        cfg = small_train_config(tmp_path / str(offload), "test_layout_length", steps=1)
+        cfg.learner = LearnerConfig(optimizer_offload=offload)
+        with Trainer(cfg) as trainer:
+            assert isinstance(trainer.policies[0].optimizer, OffloadedAdamW) is offload
+            start = {k: v.clone() for k, v in trainer.policies[0].model.state_dict().items()}
+            trainer.train_step()
+            weights.append({k: v.clone() for k, v in trainer.policies[0].model.state_dict().items()})
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert start is not None and any(not torch.equal(start[k], weights[1][k]) for k in start)  # it did update

@@ -117,7 +117,8 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str,
         f"per learner {'GPU' if on_gpu else 'process (CPU memory)'} (GB, of {gpu_gb:g}):",
         f"  weights                  {g(parts['weights'])}",
         f"  gradients                {g(parts['gradients'])}",
-        f"  optimizer (AdamW)        {g(parts['optimizer'])}",
+        f"  optimizer (AdamW)        {g(parts['optimizer'])}"
+        + (offloaded(arch.params()) if shape.optimizer_offload else ""),
         f"  gathered / cast weights  {g(parts['gathered'])}",
         f"  output-layer gradient    {g(parts['output_grad'])}",
         f"  reference model ({'fp32' if reference_bytes(shape) == 4 else 'bf16'})   {g(parts['reference'])}",
@@ -195,6 +196,11 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str,
     lines += eval_lines(cfg, cfg.cluster.num_cpus or cpus)
     lines.append(f"plan: {'fits' if fits else 'does not fit'}")
     return "\n".join(lines), fits
+
+
+def offloaded(params: int) -> str:
+    """The optimizer line's note with ``learner.optimizer_offload`` (rl/optim_offload.py): what host memory holds."""
+    return f"   (in CPU memory: moments and scratch weights and gradients, {16 * params / GB:.2f} GB of host RAM)"
 
 
 def learner_parts_for_layout(parts: dict[str, float], several) -> dict[str, float]:

@@ -9,7 +9,8 @@ What one learner device holds (P parameters, N = ``learner.world_size``,
 sharded parts divided by N under ``fsdp``, whole under ``ddp``):
 
 - weights, gradients, AdamW's two moments: 4 + 4 + 8 = 16 bytes per parameter with
-  fp32 master weights (mixed precision, or fp32 throughout on CPU); 2 + 2 + 4 with bf16 weights;
+  fp32 master weights (mixed precision, or fp32 throughout on CPU); 2 + 2 + 4 with bf16 weights; the moments
+  none with ``learner.optimizer_offload`` (rl/optim_offload.py: in CPU memory);
 - under fsdp: the all-gathered compute-dtype copy of the root (embeddings, lm_head) and of
   two decoder layers (the current one and the prefetched next), plus one layer's unsharded
   fp32 gradient before its reduce-scatter; under ddp with bf16 compute: autocast's weight copies;
@@ -170,6 +171,8 @@ class LearnerShape:
     reference_model: bool
     longest_row: int = 0
     """The longest row of a micro-batch (the attention mask is rows x L x L); 0: the whole micro-batch."""
+    optimizer_offload: bool = False
+    """AdamW's moments in CPU memory (``learner.optimizer_offload``): none on the device."""
 
 
 def activation_bytes_per_token_layer(arch: ModelArch, c: int) -> int:
@@ -200,7 +203,7 @@ def learner_memory(arch: ModelArch, shape: LearnerShape, on_gpu: bool = True) ->
     return {
         "weights": shape.master_bytes * p / shard,
         "gradients": shape.master_bytes * p / shard,
-        "optimizer": optimizer_bytes * p / shard,
+        "optimizer": 0.0 if shape.optimizer_offload else optimizer_bytes * p / shard,
         "gathered": gathered,
         "output_grad": c * arch.root_params() if shape.strategy == "fsdp" and n > 1 else 0.0,
         "reference": reference_bytes(shape) * p / shard if shape.reference_model else 0.0,
@@ -234,6 +237,7 @@ def learner_shape(cfg, compute: int, master: int) -> LearnerShape:
         gradient_checkpointing=learner.gradient_checkpointing,
         reference_model=bool(cfg.loss.kl_coef) and not cfg.lora.enabled,
         longest_row=longest,
+        optimizer_offload=learner.optimizer_offload,
     )
 
 

@@ -150,9 +150,21 @@ class LearnerConfig:
     compute_dtype: ComputeDType = ComputeDType.auto
     """auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16. The learner's weights stay float32
     (the master copy the optimizer updates); bfloat16 runs forward and backward under autocast."""
+    optimizer_offload: bool = field(
+        default=False, metadata=value_check("palaestra.shared.rl.config:check_optimizer_offload")
+    )
+    """Keep AdamW's state in CPU memory and step it there (rl/optim_offload.py; the in-process learner only,
+    world size 1): 8 bytes per parameter off the GPU for two host copies of the weights per optimizer step."""
 
 
 COMPUTE_DTYPES = tuple(ComputeDType)
+
+
+def check_optimizer_offload(value: bool, owner: LearnerConfig) -> str | None:
+    """The offloaded AdamW is the in-process learner's; the sharded ranks keep their own shards' state."""
+    if value and owner.world_size > 1:
+        return f"the in-process learner's only (learner.world_size 1); got world_size {owner.world_size}"
+    return None
 
 
 def check_learner_llm(llm: LLMConfig, owner: TrainConfig) -> str | None:

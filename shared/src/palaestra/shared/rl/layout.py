@@ -15,7 +15,9 @@ set to its default value cannot be told from an unset one, so the layout's value
   places the ranks first, cannot put two ranks or two engines on one GPU; the trainer's copy is in CPU memory
   and the weights travel through Ray's object store; each engine sleeps through the update (llm/sleep_mode.py);
 - ``gpu1_colocated``: one GPU holding the learner in the trainer's process and one vLLM engine that sleeps
-  through the update.
+  through the update (Qwen3-4B: a 141 GB GPU);
+- ``gpu1_offload``: the same with AdamW's state in CPU memory and stepped there (rl/optim_offload.py), which
+  brings Qwen3-4B within an 80 GB GPU at the cost of host copies and CPU arithmetic at each optimizer step.
 
 The colocated layouts need synchronous rollouts (``rollout.max_staleness`` 0): a sleeping engine cannot run
 ahead of the learner.
@@ -37,6 +39,7 @@ class Layout(StrEnum):
     node8_split = "node8_split"
     node8_colocated = "node8_colocated"
     gpu1_colocated = "gpu1_colocated"
+    gpu1_offload = "gpu1_offload"
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class LayoutSpec:
     vllm_memory_utilization: float | None
     """vLLM's share of its GPU while awake (its weights, activations and KV cache); None: the config's."""
     weight_sync: str
+    optimizer_offload: bool = False
+    """AdamW's state in CPU memory (rl/optim_offload.py)."""
 
 
 LAYOUTS: dict[Layout, LayoutSpec] = {
@@ -71,9 +76,15 @@ LAYOUTS: dict[Layout, LayoutSpec] = {
         gpus=1, colocated=True, llm_device="cuda:0", cluster_gpus=1, learner_world_size=1, learner_num_gpus=0,
         num_workers=1, worker_gpus=0.49, vllm_memory_utilization=0.4, weight_sync="object_store",
     ),
+    Layout.gpu1_offload: LayoutSpec(
+        gpus=1, colocated=True, llm_device="cuda:0", cluster_gpus=1, learner_world_size=1, learner_num_gpus=0,
+        num_workers=1, worker_gpus=0.49, vllm_memory_utilization=0.62, weight_sync="object_store",
+        optimizer_offload=True,
+    ),
 }  # fmt: skip
 """The vLLM shares hold one sequence of Qwen3-4B-Instruct-2507's whole 262,144-token context on an 80 GB GPU (141
 for gpu1_colocated), what vLLM needs to start, beside what the learner keeps (`palaestra plan` checks both)."""
+
 
 PLACEMENT = (
     "llm.device",
@@ -85,6 +96,7 @@ PLACEMENT = (
     "workers.weight_sync",
     "workers.llm.gpu_memory_utilization",
     "workers.llm.sleep_mode",
+    "learner.optimizer_offload",
 )
 """The keys a named layout sets."""
 
@@ -104,6 +116,7 @@ def layout_values(spec: LayoutSpec) -> dict[str, Any]:
                 spec.weight_sync,
                 spec.vllm_memory_utilization,
                 spec.colocated,
+                spec.optimizer_offload,
             ),
         )
     )

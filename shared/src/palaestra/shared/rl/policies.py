@@ -56,7 +56,7 @@ from palaestra.shared.llm.base import LLMClient, LLMConfig
 from palaestra.shared.llm.lora import AdapterClient, peft_config
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.config import TrainConfig
-from palaestra.shared.rl.optim import make_optimizer
+from palaestra.shared.rl.optim_offload import optimizer_for
 from palaestra.shared.rl.policy import load_policy, policy_state, reference_copy, reference_dtype, think_token_ids
 from palaestra.shared.rl.policy_configs import DEFAULT, policy_config, shares_base
 from palaestra.shared.rollout.serving import AdapterServing, ModelServing, PolicyRoutes, Serving
@@ -188,7 +188,8 @@ def build_policies(cfg: TrainConfig) -> PolicySet:
         for name in names:
             pcfg = policy_config(cfg, name) if cfg.policies else cfg
             client, model, compute_dtype = load_policy(pcfg)  # float32 master weights
-            optimizer = make_optimizer((p for p in model.parameters() if p.requires_grad), pcfg.optim)
+            trained = (p for p in model.parameters() if p.requires_grad)
+            optimizer = optimizer_for(trained, pcfg.optim, pcfg.learner.optimizer_offload)  # rl/optim_offload.py
             agents = tuple(cfg.policies[name].agents) if cfg.policies else ()
             out.append(TrainedPolicy(name, pcfg, agents, client, model, compute_dtype, optimizer))
     for p in out:  # where each keeps its checkpoint and metrics, decided once here
@@ -213,7 +214,7 @@ def _adapters_on_one_base(cfg: TrainConfig) -> list[TrainedPolicy]:
     for name, adapter in adapters.items():
         pcfg = policy_config(cfg, name)
         own = [p for n, p in model.named_parameters() if "lora_" in n and f".{adapter}." in n]
-        optimizer = make_optimizer(own, pcfg.optim)
+        optimizer = optimizer_for(own, pcfg.optim, pcfg.learner.optimizer_offload)
         agents = tuple(cfg.policies[name].agents)
         client_ = AdapterClient(client, model, adapter)
         out.append(TrainedPolicy(name, pcfg, agents, client_, model, compute_dtype, optimizer, adapter=adapter))
