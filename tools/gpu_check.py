@@ -3,8 +3,9 @@
     python tools/gpu_check.py [--steps 8] [--rows 16] [--seq 1024] [--micro-batch-tokens 8192] [--peak-tflops X]
     python tools/gpu_check.py --paper-step experiments/mars/qwen3_4b.yaml [--plan-only]
 
-``--paper-step CONFIG``: instead, one training step of a paper config in its one-GPU layout (gpu1_colocated, vLLM
-sleeping through the update: tools/gpu_check_paper.py); ``--plan-only`` prints its plan, which runs on CPU too.
+``--paper-step CONFIG``: instead, one training step of a paper config in its one-GPU layout (gpu1_colocated or
+gpu1_offload, vLLM sleeping through the update: tools/gpu_check_paper.py); ``--plan-only`` prints its plan, which
+runs on CPU too.
 
 It runs the project's own learner rank (`palaestra.shared.rl.distributed_rank.LearnerRank`, the code each
 Ray actor runs when ``learner.world_size`` > 1) in this process, in a one-process NCCL group: FSDP2
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=1024, help="tokens per row")
     parser.add_argument("--micro-batch-tokens", type=int, default=8192)
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="the GPU's dense bf16 peak (default: table)")
-    parser.add_argument("--paper-step", metavar="CONFIG", help="one step of a paper config in layout gpu1_colocated")
+    parser.add_argument("--paper-step", metavar="CONFIG", help="one step of a paper config in its one-GPU layout")
     parser.add_argument("--plan-only", action="store_true", help="with --paper-step: print its plan and stop")
     args = parser.parse_args(argv)
     if args.paper_step:  # its own module beside this one (tools/ is not a package)
