@@ -169,7 +169,7 @@ class Printed:
 MARS_PLAN = """\
   total                       29.71  fits
 GPUs: 8 learner + vLLM colocated (each holds both) = 8 of 8
-layout node8_colocated: 8 GPU(s) (the others: layout=custom | node8_split | gpu1_colocated)
+layout node8_colocated: 8 GPU(s) (the others: layout=custom | node8_split | gpu1_colocated | gpu1_offload)
   each GPU: one learner rank (1/8, fsdp) and one vLLM engine (sleep mode, gpu_memory_utilization 0.65); the trainer's process: cpu
   learner rank (1/8, fsdp): weights   2.01, gradients   2.01, AdamW   4.02, reference   1.01; update peak  29.71; kept through the rollout  10.04 (weights, AdamW, reference, reserve: rl/learner.py release_memory); vLLM needs 40960 tokens (the model's context)
   80 GB GPU: vLLM awake  52.00 (weights   8.04, KV cache  41.96 = 285k tokens); rollout phase  62.04; update phase  30.71 (asleep 1, sleep mode frees  51.00)  fits
