@@ -52,7 +52,8 @@ def test_plan_covers_both_stages():
     assert fits
     datagen, egpo = report.index("stage datagen (datagen.generate)"), report.index("stage egpo (egpo.train)")
     assert datagen < report.index("expected LLM load for 2,000 items") < egpo
-    assert "GPUs: 4 learner + 3 rollout + 1 trainer process = 8 of 8" in report[egpo:]
+    assert "GPUs: 8 learner + vLLM colocated (each holds both) = 8 of 8" in report[egpo:]
+    assert "layout node8_colocated: 80 GB GPUs fit, 141 GB GPUs fit" in report[egpo:]
 
 
 def test_the_mars_mas_stage_reads_the_train_stages_last_checkpoint(tmp_path):

@@ -172,10 +172,14 @@ class Printed:
 
 # The README code blocks, as written (line for line what the command printed).
 MARS_PLAN = """\
-  total                       40.78  fits
-trainer process GPU (cuda:7): 2 float32 copies of the weights (its model and the reference it copies) 32.18 + reserve 3 = 35.18 GB  fits
-per vLLM device (3 worker(s) x 1 GPU, gpu_memory_utilization 0.7): budget 56.00, weights 8.04, KV cache 45.96 GB = 312k tokens (9.5 sequences of 32768)  fits
-GPUs: 4 learner + 3 rollout + 1 trainer process = 8 of 8"""  # noqa: E501
+  total                       29.71  fits
+GPUs: 8 learner + vLLM colocated (each holds both) = 8 of 8
+layout node8_colocated: 8 GPU(s) (the others: layout=custom | node8_split | gpu1_colocated | gpu1_offload)
+  each GPU: one learner rank (1/8, fsdp) and one vLLM engine (sleep mode, gpu_memory_utilization 0.65); the trainer's process: cpu
+  learner rank (1/8, fsdp): weights   2.01, gradients   2.01, AdamW   4.02, reference   1.01; update peak  29.71; kept through the rollout  10.04 (weights, AdamW, reference, reserve: rl/learner.py release_memory); vLLM needs 40960 tokens (the model's context)
+  80 GB GPU: vLLM awake  52.00 (weights   8.04, KV cache  41.96 = 285k tokens); rollout phase  62.04; update phase  30.71 (asleep 1, sleep mode frees  51.00)  fits
+  141 GB GPU: vLLM awake  91.65 (weights   8.04, KV cache  81.61 = 553k tokens); rollout phase 101.69; update phase  30.71 (asleep 1, sleep mode frees  90.65)  fits
+  layout node8_colocated: 80 GB GPUs fit, 141 GB GPUs fit"""  # noqa: E501
 DATAGEN_PLAN = """\
     probe: the run's first 32 items with the deterministic roles standing in (an oracle reasoner, naive_first_try 0.3): 31 of 32 kept
     expected LLM load for 2,000 items (tokens: characters / 4):
@@ -256,8 +260,8 @@ FIGURES: list[Figure | Printed] = [
         MARS_PLAN,
         ("palaestra", "plan", "experiments/mars/qwen3_4b.yaml"),
         0.5,
-        "4b6fcb0",
-        lines_between("total", "GPUs:"),
+        "da72b8d",
+        lines_between("total", "  layout node8_colocated: "),
     ),
     Printed(
         "datagen-llm-served-plan",

@@ -1,6 +1,11 @@
 """GPU check of the learner: a few training steps of smollm2-135m on one GPU in bf16, under FSDP2 at world size 1.
 
     python tools/gpu_check.py [--steps 8] [--rows 16] [--seq 1024] [--micro-batch-tokens 8192] [--peak-tflops X]
+    python tools/gpu_check.py --paper-step experiments/mars/qwen3_4b.yaml [--plan-only]
+
+``--paper-step CONFIG``: instead, one training step of a paper config in its one-GPU layout (gpu1_colocated or
+gpu1_offload, vLLM sleeping through the update: tools/gpu_check_paper.py); ``--plan-only`` prints its plan, which
+runs on CPU too.
 
 It runs the project's own learner rank (`palaestra.shared.rl.distributed_rank.LearnerRank`, the code each
 Ray actor runs when ``learner.world_size`` > 1) in this process, in a one-process NCCL group: FSDP2
@@ -41,7 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=1024, help="tokens per row")
     parser.add_argument("--micro-batch-tokens", type=int, default=8192)
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="the GPU's dense bf16 peak (default: table)")
+    parser.add_argument("--paper-step", metavar="CONFIG", help="one step of a paper config in its one-GPU layout")
+    parser.add_argument("--plan-only", action="store_true", help="with --paper-step: print its plan and stop")
     args = parser.parse_args(argv)
+    if args.paper_step:  # its own module beside this one (tools/ is not a package)
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("gpu_check_paper", Path(__file__).with_name("gpu_check_paper.py"))
+        assert spec is not None and spec.loader is not None
+        paper = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(paper)
+        return paper.paper_step(args.paper_step, args.plan_only)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False); run it on a GPU machine")
         return 2

@@ -188,8 +188,9 @@ def test_lora_on_a_policys_sharded_learner_is_refused(tmp_path):
 
 def test_plan_counts_each_sharded_policys_ranks_and_copies():
     """Each sharded policy on ranks of its own: a learner device holds the largest policy's rank (the plan of that
-    policy alone), the GPUs add up, and the trainer's GPU holds every policy's float32 copy, two while it makes the
-    reference (4 x 2 bytes per parameter each); a sharded policy beside an in-process one has its own ranks."""
+    policy alone), the GPUs add up, and the trainer's GPU holds every policy's float32 copy and, while it makes the
+    reference, its bf16 copy (4 + 2 bytes per parameter each); a sharded policy beside an in-process one has its own
+    ranks."""
     from palaestra.shared.config import resolve
     from palaestra.shared.plan import plan
     from palaestra.shared.plan_memory import GB, model_arch
@@ -209,8 +210,8 @@ def test_plan_counts_each_sharded_policys_ranks_and_copies():
     assert two["total"] == one["total"]  # one rank holds one policy's shard, as the run of one policy
     assert "GPUs: 4 learner + 0 rollout + 1 trainer process = 5" in two["text"]
     params = model_arch("smollm2-135m")[0].params()
-    assert gb(two["trainer"], "learners") == pytest.approx(2 * gb(one["trainer"], "it copies)"), abs=0.011)
-    assert gb(two["trainer"], "learners") == pytest.approx(2 * 2 * 4 * params / GB, abs=0.011)
+    assert gb(two["trainer"], "learners") == pytest.approx(2 * gb(one["trainer"], "it saves"), abs=0.011)
+    assert gb(two["trainer"], "learners") == pytest.approx(2 * (4 + 2) * params / GB, abs=0.011)
     big = {"agents": ["p1"], "llm": {"model": "Qwen/Qwen3-4B", "device": "cuda"}}
     mixed = report({**base, "learner": sharded, "policies": {"a": {"agents": ["p0"]}, "b": big}})
     alone = report({**base, "llm": big["llm"], "learner": sharded})
@@ -221,7 +222,7 @@ def test_plan_counts_each_sharded_policys_ranks_and_copies():
     both = report({**in_process, "policies": beside})
     first = report(in_process)
     assert float(both["total"].split()[1]) - float(first["total"].split()[1]) == pytest.approx(
-        2 * 4 * params / GB, abs=0.011
+        (4 + 2) * params / GB, abs=0.011
     )
     assert "b (smollm2-135m): 2 ranks x 1 GPU, fsdp, per rank" in both["text"]
     assert "GPUs: 3 learner + 0 rollout = 3" in both["text"]

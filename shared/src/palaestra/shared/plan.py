@@ -25,18 +25,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from palaestra.shared.plan_layout import layout_lines
 from palaestra.shared.plan_memory import (
     GB,
     RUNTIME_RESERVE_GB,
+    engine_tokens,
     learner_memory,
     learner_shape,
     learner_total,
     model_arch,
     policies_memory,
-    trainer_weight_copies,
+    reference_bytes,
+    trainer_weight_bytes,
     vllm_memory,
 )
 from palaestra.shared.registry import Registry
+from palaestra.shared.rl.layout import LAYOUTS, Layout
 
 
 @dataclass
@@ -113,10 +117,11 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str,
         f"per learner {'GPU' if on_gpu else 'process (CPU memory)'} (GB, of {gpu_gb:g}):",
         f"  weights                  {g(parts['weights'])}",
         f"  gradients                {g(parts['gradients'])}",
-        f"  optimizer (AdamW)        {g(parts['optimizer'])}",
+        f"  optimizer (AdamW)        {g(parts['optimizer'])}"
+        + (offloaded(arch.params()) if shape.optimizer_offload else ""),
         f"  gathered / cast weights  {g(parts['gathered'])}",
         f"  output-layer gradient    {g(parts['output_grad'])}",
-        f"  reference model (fp32)   {g(parts['reference'])}",
+        f"  reference model ({'fp32' if reference_bytes(shape) == 4 else 'bf16'})   {g(parts['reference'])}",
         f"  activations ({ckpt:>3})     {g(parts['activations'])}"
         f"   (checkpointing on: {parts['activations_ckpt'] / GB:.2f}, off: {parts['activations_no_ckpt'] / GB:.2f})",
         f"  attention mask           {g(parts['attention_mask'])}",
@@ -134,49 +139,74 @@ def plan(cfg, gpu_gb: float = 80.0, gpus: int = 8, cpus: int = 64) -> tuple[str,
         driver = several.driver_bytes + RUNTIME_RESERVE_GB * GB
         ok = driver <= gpu_gb * GB
         lines.append(
-            f"trainer process GPU ({cfg.llm.device}): the policies' float32 copies (with a reference: two each "
+            f"trainer process GPU ({cfg.llm.device}): the policies' float32 copies (with a reference: its copy too "
             f"while they start) and in-process learners {several.driver_bytes / GB:.2f} "
             f"+ reserve {RUNTIME_RESERVE_GB:g} = {driver / GB:.2f} GB  {'fits' if ok else 'DOES NOT FIT'}"
         )
         fits = fits and ok
     elif driver_gpus:  # the trainer's own copy of the weights (rollouts, evaluation, checkpoints)
-        copies = trainer_weight_copies(shape.reference_model)
-        driver = copies * 4 * arch.params() + RUNTIME_RESERVE_GB * GB
+        trainer_bytes = trainer_weight_bytes(arch.params(), shape.reference_model, compute)
+        driver = trainer_bytes + RUNTIME_RESERVE_GB * GB
         ok = driver <= gpu_gb * GB
-        why = " (its model and the reference it copies)" if copies == 2 else ""
+        ref = f" and the {'bf16' if compute == 2 else 'float32'} reference it saves" if shape.reference_model else ""
         lines.append(
-            f"trainer process GPU ({cfg.llm.device}): {copies} float32 copies of the weights{why} "
-            f"{copies * 4 * arch.params() / GB:.2f} + reserve {RUNTIME_RESERVE_GB:g} = {driver / GB:.2f} GB  "
+            f"trainer process GPU ({cfg.llm.device}): its float32 model{ref} "
+            f"{trainer_bytes / GB:.2f} + reserve {RUNTIME_RESERVE_GB:g} = {driver / GB:.2f} GB  "
             f"{'fits' if ok else 'DOES NOT FIT'}"
         )
         fits = fits and ok
     w = cfg.workers
     worker_llm = w.llm or cfg.llm
     worker_gpus = 0
-    if w.num_workers and worker_llm.backend == "vllm":
+    colocated = cfg.layout != Layout.custom and LAYOUTS[Layout(cfg.layout)].colocated
+    if colocated:  # the engines share the learner's GPUs: the layout section counts them
+        pass
+    elif w.num_workers and worker_llm.backend == "vllm":
         tp = worker_llm.tensor_parallel_size
         v = vllm_memory(arch, gpu_gb, worker_llm.gpu_memory_utilization, tp)
         worker_gpus = w.num_workers * max(math.ceil(w.num_gpus), tp)
-        ok = v["kv_tokens"] >= cfg.rollout.max_context_tokens
+        need = engine_tokens(arch, cfg)
+        ok = v["kv_tokens"] >= need
         lines.append(
             f"per vLLM device ({w.num_workers} worker(s) x {tp} GPU, gpu_memory_utilization "
             f"{worker_llm.gpu_memory_utilization:g}): budget {v['budget'] / GB:.2f}, weights {v['weights'] / GB:.2f}, "
             f"KV cache {v['kv_cache'] / GB:.2f} GB = {v['kv_tokens'] / 1e3:.0f}k tokens "
-            f"({v['kv_tokens'] / cfg.rollout.max_context_tokens:.1f} sequences of {cfg.rollout.max_context_tokens})  "
-            f"{'fits' if ok else 'DOES NOT FIT (less than one sequence)'}"
+            f"({v['kv_tokens'] / cfg.rollout.max_context_tokens:.1f} sequences of {cfg.rollout.max_context_tokens}; "
+            f"vLLM starts with one of the model's {need})  "
+            f"{'fits' if ok else f'DOES NOT FIT (fewer than the {need} tokens of one max_model_len sequence)'}"
         )
         fits = fits and ok
     elif w.num_workers:
         worker_gpus = math.ceil(w.num_workers * w.num_gpus)
     used = learner_gpus + worker_gpus + driver_gpus
     trainer = f" + {driver_gpus} trainer process" if driver_gpus else ""
-    lines.append(f"GPUs: {learner_gpus} learner + {worker_gpus} rollout{trainer} = {used} of {gpus}")
+    if colocated:
+        used = LAYOUTS[Layout(cfg.layout)].gpus
+        lines.append(f"GPUs: {used} learner + vLLM colocated (each holds both) = {used} of {gpus}")
+    else:
+        lines.append(f"GPUs: {learner_gpus} learner + {worker_gpus} rollout{trainer} = {used} of {gpus}")
+    if cfg.layout != Layout.custom:
+        trainer_held = 0.0 if not driver_gpus or several.driver_bytes is not None else trainer_bytes
+        section, ok = layout_lines(cfg, arch, learner_parts_for_layout(parts, several), trainer_held, gpu_gb)
+        lines += section
+        fits = fits and ok
     if used > gpus:
         fits = False
         lines.append(f"  DOES NOT FIT: the config asks for {used} GPUs")
     lines += eval_lines(cfg, cfg.cluster.num_cpus or cpus)
     lines.append(f"plan: {'fits' if fits else 'does not fit'}")
     return "\n".join(lines), fits
+
+
+def offloaded(params: int) -> str:
+    """The optimizer line's note with ``learner.optimizer_offload`` (rl/optim_offload.py): what host memory holds."""
+    return f"   (in CPU memory: moments and scratch weights and gradients, {16 * params / GB:.2f} GB of host RAM)"
+
+
+def learner_parts_for_layout(parts: dict[str, float], several) -> dict[str, float]:
+    """One learner device's parts, with several policies' extra bytes counted among its activations' (the
+    layout section's total is the same as the plan's)."""
+    return parts if not several.extra else {**parts, "activations": parts["activations"] + several.extra}
 
 
 @dataclass

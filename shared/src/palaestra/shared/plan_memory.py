@@ -9,16 +9,17 @@ What one learner device holds (P parameters, N = ``learner.world_size``,
 sharded parts divided by N under ``fsdp``, whole under ``ddp``):
 
 - weights, gradients, AdamW's two moments: 4 + 4 + 8 = 16 bytes per parameter with
-  fp32 master weights (mixed precision, or fp32 throughout on CPU); 2 + 2 + 4 with bf16 weights;
+  fp32 master weights (mixed precision, or fp32 throughout on CPU); 2 + 2 + 4 with bf16 weights; the moments
+  none with ``learner.optimizer_offload`` (rl/optim_offload.py: in CPU memory);
 - under fsdp: the all-gathered compute-dtype copy of the root (embeddings, lm_head) and of
   two decoder layers (the current one and the prefetched next), plus one layer's unsharded
   fp32 gradient before its reduce-scatter; under ddp with bf16 compute: autocast's weight copies;
 - under fsdp: the output layer's (the root's: embeddings, lm_head) unsharded gradient, in the compute
   dtype: the first logit chunk's backward creates it and the root's reduce-scatter frees it only once the
   whole backward is done, so it is held through the backward pass (c x root parameters);
-- the frozen reference model (``loss.kl_coef`` > 0, no LoRA) in float32, sharded like the weights: the
-  ranks load it with ``dtype=torch.float32`` (rl/distributed_rank.py) and the in-process learner deep-copies
-  its float32 model (rl/trainer.py); only its forward runs in the compute dtype;
+- the frozen reference model (``loss.kl_coef`` > 0, no LoRA) in the compute dtype (bf16 on a GPU, float32 on
+  CPU: rl/policy.py `reference_dtype`), sharded like the weights: the ranks load it in that dtype
+  (rl/distributed_rank.py) and the in-process learner casts its model's parameters one by one (`reference_copy`);
 - activations of one micro-batch (T tokens). Per token and decoder layer, what autograd keeps in
   a Qwen/Llama layer (the two RMSNorms' fp32 input and compute-dtype output, kept twice as the
   projections' 2-D inputs; q/k norms; rotated q and k, v, the attention output and its 2-D copy;
@@ -42,12 +43,12 @@ policy's weights, gradients, AdamW moments and reference are held together, the 
 logits, masks) of the largest once (`policies_memory`); LoRA adapters on one base model count the base once.
 A policy with ``learner.world_size`` > 1 (the run's or its own) has a sharded learner of its own: its ranks
 on devices of their own (the learner device's figure is the largest policy's rank), its GPUs counted apart,
-and its float32 copy (two while the references are made) on the trainer's device.
+and its float32 copy (with a reference: its compute-dtype copy too while it is made) on the trainer's device.
 
 With ``learner.world_size`` > 1 and ``llm.device`` on a GPU, the trainer's process keeps a
 float32 copy of the weights there (rollouts in process, evaluation, checkpoints): one more GPU.
-With a reference model it peaks at two float32 copies: it deep-copies its model as the reference
-(saved for the ranks, then dropped once they start).
+With a reference model it peaks at that copy and the reference in the compute dtype (bf16), made parameter by
+parameter (saved for the ranks, then dropped once they start): `trainer_weight_bytes`.
 
 A vLLM worker's GPU: vLLM takes ``gpu_memory_utilization`` of it; its KV cache is that
 budget less the bf16 weights (split by tensor parallelism) and `VLLM_OVERHEAD_GB` of
@@ -83,6 +84,8 @@ class ModelArch:
     vocab: int
     tied_embeddings: bool
     qk_norm: bool = False
+    context: int = 0
+    """``max_position_embeddings``: a vLLM engine's ``max_model_len``, which its KV cache must hold (0: unknown)."""
 
     def layer_params(self) -> int:
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -101,10 +104,13 @@ class ModelArch:
 
 KNOWN_ARCHITECTURES: dict[str, ModelArch] = {
     # Qwen3-4B (base and Instruct-2507 share it): config.json of the hub repos; 4.02B parameters
-    "Qwen/Qwen3-4B": ModelArch(36, 2560, 9728, 32, 8, 128, 151936, tied_embeddings=True, qk_norm=True),
-    "Qwen/Qwen3-4B-Instruct-2507": ModelArch(36, 2560, 9728, 32, 8, 128, 151936, tied_embeddings=True, qk_norm=True),
+    # (contexts: 40,960 and 262,144 positions)
+    "Qwen/Qwen3-4B": ModelArch(36, 2560, 9728, 32, 8, 128, 151936, tied_embeddings=True, qk_norm=True, context=40960),
+    "Qwen/Qwen3-4B-Instruct-2507": ModelArch(
+        36, 2560, 9728, 32, 8, 128, 151936, tied_embeddings=True, qk_norm=True, context=262144
+    ),
     # SmolLM2-135M-Instruct (the embedded smollm2-135m): 134.5M parameters
-    "smollm2-135m": ModelArch(30, 576, 1536, 9, 3, 64, 49152, tied_embeddings=True),
+    "smollm2-135m": ModelArch(30, 576, 1536, 9, 3, 64, 49152, tied_embeddings=True, context=8192),
 }
 
 
@@ -124,6 +130,7 @@ def arch_from_hf_config(config: dict) -> ModelArch:
         vocab=config["vocab_size"],
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         qk_norm=str(config.get("model_type", "")).startswith("qwen3"),
+        context=int(config.get("max_position_embeddings") or 0),
     )
 
 
@@ -164,6 +171,8 @@ class LearnerShape:
     reference_model: bool
     longest_row: int = 0
     """The longest row of a micro-batch (the attention mask is rows x L x L); 0: the whole micro-batch."""
+    optimizer_offload: bool = False
+    """AdamW's moments in CPU memory (``learner.optimizer_offload``): none on the device."""
 
 
 def activation_bytes_per_token_layer(arch: ModelArch, c: int) -> int:
@@ -194,10 +203,10 @@ def learner_memory(arch: ModelArch, shape: LearnerShape, on_gpu: bool = True) ->
     return {
         "weights": shape.master_bytes * p / shard,
         "gradients": shape.master_bytes * p / shard,
-        "optimizer": optimizer_bytes * p / shard,
+        "optimizer": 0.0 if shape.optimizer_offload else optimizer_bytes * p / shard,
         "gathered": gathered,
         "output_grad": c * arch.root_params() if shape.strategy == "fsdp" and n > 1 else 0.0,
-        "reference": shape.master_bytes * p / shard if shape.reference_model else 0.0,
+        "reference": reference_bytes(shape) * p / shard if shape.reference_model else 0.0,
         "attention_mask": mask_elements + converted,
         "activations": checkpointed if shape.gradient_checkpointing else full,
         "activations_no_ckpt": full,
@@ -205,6 +214,12 @@ def learner_memory(arch: ModelArch, shape: LearnerShape, on_gpu: bool = True) ->
         "logits": (2 * c + 5 * 4) * chunk,
         "reserve": RUNTIME_RESERVE_GB * GB if on_gpu else 0.0,
     }
+
+
+def reference_bytes(shape: LearnerShape) -> int:
+    """Bytes per parameter of the frozen reference: the compute dtype's when narrower than the master weights'
+    (rl/policy.py `reference_dtype`: bf16 with bf16 compute), else the master weights'."""
+    return min(shape.compute_bytes, shape.master_bytes)
 
 
 def learner_shape(cfg, compute: int, master: int) -> LearnerShape:
@@ -222,6 +237,7 @@ def learner_shape(cfg, compute: int, master: int) -> LearnerShape:
         gradient_checkpointing=learner.gradient_checkpointing,
         reference_model=bool(cfg.loss.kl_coef) and not cfg.lora.enabled,
         longest_row=longest,
+        optimizer_offload=learner.optimizer_offload,
     )
 
 
@@ -269,10 +285,10 @@ def policies_memory(
         parts[n] = learner_memory(model_arch(c.llm.model)[0], learner_shape(c, compute, master), device(c))
     in_process = [parts[n] for n in own if n not in sharded]
     together = sum(held(p) for p in in_process) + max(map(transient, in_process), default=0.0)
-    copies = sum(  # the sharded policies' float32 copies in the trainer's process
-        trainer_weight_copies(learner_shape(own[n], compute, master).reference_model)
-        * 4
-        * model_arch(own[n].llm.model)[0].params()
+    copies = sum(  # the sharded policies' float32 copies (and references while made) in the trainer's process
+        trainer_weight_bytes(
+            model_arch(own[n].llm.model)[0].params(), learner_shape(own[n], compute, master).reference_model, compute
+        )
         for n in sharded
     )
     if not sharded:
@@ -306,14 +322,21 @@ def policies_memory(
     return out
 
 
-def trainer_weight_copies(reference_model: bool) -> int:
-    """float32 copies of the weights on the trainer's GPU at its peak (``learner.world_size`` > 1): its model,
-    and while it builds the reference (`Trainer.init_reference`, before the ranks take it over) a deep copy."""
-    return 2 if reference_model else 1
+def trainer_weight_bytes(params: int, reference_model: bool, compute_bytes: int) -> float:
+    """Bytes of weights on the trainer's GPU at its peak (``learner.world_size`` > 1): its float32 model, and
+    while it builds the reference (`Trainer.init_reference`, before the ranks take it over) a copy in the compute
+    dtype (rl/policy.py `reference_copy`: bf16 on a GPU, made parameter by parameter)."""
+    return 4 * params + (min(compute_bytes, 4) * params if reference_model else 0)
 
 
 def learner_total(parts: dict[str, float]) -> float:
     return sum(v for k, v in parts.items() if k not in ("activations_no_ckpt", "activations_ckpt"))
+
+
+def engine_tokens(arch: ModelArch, cfg) -> int:
+    """The tokens a vLLM engine's KV cache must hold to start: its ``max_model_len``, the model's context (the
+    backend sets no other), else the rollout's ``max_context_tokens`` where the context is unknown."""
+    return arch.context or cfg.rollout.max_context_tokens
 
 
 def vllm_memory(arch: ModelArch, gpu_gb: float, utilization: float, tensor_parallel: int) -> dict[str, float]:

@@ -63,6 +63,7 @@ class RehearsalContext:
         """The keys every RL trainer's rehearsal sets alike: the small model on CPU, the learner at `world_size`
         ranks of one CPU, one CPU rollout worker (vLLM where importable) in float32."""
         return {
+            "layout": "custom",  # the paper's named GPU layout (rl/layout.py) gives way to these keys
             "llm.model": self.model,
             "llm.device": "cpu",
             "learner.world_size": self.world_size,

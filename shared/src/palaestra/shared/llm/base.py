@@ -79,6 +79,9 @@ class LLMConfig:
     vllm_segment_tokens: int = field(default=16, metadata=value_check("palaestra.shared.config:check_positive"))
     """Interruptible generation on the vllm backend (llm/vllm_interrupt.py): tokens per segment, the points at
     which newer weights may land inside one generation (the transformers loop: every token)."""
+    sleep_mode: bool = False
+    """Build the engine with vLLM's sleep mode (``enable_sleep_mode``; vllm backend, GPU only: vLLM's CPU build
+    refuses it), so that it frees its GPU memory while a colocated learner updates (llm/sleep_mode.py)."""
     seed: int = 0
     """Seed for building the `tiny` model's random weights."""
     logprobs_mode: LogprobsMode = LogprobsMode.raw

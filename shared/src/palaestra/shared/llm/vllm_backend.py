@@ -24,6 +24,8 @@ worker's ``reload_weights``. vLLM starts its workers by spawn: a script that bui
   weights and drops ``weight_loader``, so a bare ``model.load_weights`` fails there). The prefix cache
   is reset afterwards, since cached KV blocks were computed with the old weights. One copy of the state
   dict per engine on the CPU: fine for small and medium models; large ones use ``nccl``;
+- sleep mode (``llm.sleep_mode``, the colocated layouts): `sleep` / `wake_up` (llm/sleep_mode.py
+  `SleepingEngine`); generating while asleep raises. Written against vLLM 0.32, untested without a GPU;
 - or over NCCL (``workers.weight_sync: nccl``, rollout/vllm_weight_sync.py): the engine is built
   with vLLM's weight-transfer engine (``weight_transfer_config``, idle until a trainer connects) and
   `init_weight_transfer` ... `finish_weight_update` are the engine's side of vLLM's handshake.
@@ -48,6 +50,7 @@ from typing import Any
 
 from palaestra.shared.llm.base import Completion, LLMClient, LLMConfig, LLMError, LogprobsMode, SamplingParams
 from palaestra.shared.llm.hf_decode import AtBoundary
+from palaestra.shared.llm.sleep_mode import SleepingEngine
 
 
 def engine_dtype(config: LLMConfig) -> str:
@@ -128,7 +131,7 @@ def write_peft_adapter(directory: Path, lora: dict, tensors: dict) -> None:
     )
 
 
-class VLLMClient(LLMClient):
+class VLLMClient(SleepingEngine, LLMClient):
     """`LLMClient` over an in-process `vllm.LLM` engine; with `lora` (adapters' settings, rl/config.py
     `LoraConfig` as a dict), one that serves up to `max_loras` LoRA adapters on its base model."""
 
@@ -141,6 +144,14 @@ class VLLMClient(LLMClient):
 
         self.config = config
         self._vllm = vllm
+        if config.sleep_mode:
+            from vllm.platforms import current_platform
+
+            if not current_platform.is_sleep_mode_available():  # vLLM's own check, one line here
+                raise LLMError(
+                    "llm.sleep_mode: vLLM's sleep mode needs a GPU (this vLLM runs on "
+                    f"{current_platform.device_type}); set layout=custom or workers.llm.sleep_mode=false"
+                )
         path = resolve_model_path(config.model, seed=config.seed)
         self.tokenizer = load_tokenizer(config.model, path)
         self.lora = lora
@@ -162,8 +173,11 @@ class VLLMClient(LLMClient):
             # vLLM's NCCL weight-transfer engine, idle until a trainer connects (workers.weight_sync: nccl); vLLM
             # 0.33 then turns off flashinfer's MoE expert-parallel kernels and two AMD decode runtimes, no dense model's
             weight_transfer_config={"backend": "nccl"},
+            # colocated with the learner (llm/sleep_mode.py): GPU only, vLLM's CPU build refuses it
+            enable_sleep_mode=config.sleep_mode,
             **multi_lora,
         )
+        self._sleep_engine = self.llm
         self.context_length = int(self.llm.llm_engine.model_config.max_model_len)
 
     @property
@@ -179,6 +193,7 @@ class VLLMClient(LLMClient):
     ) -> list[Completion]:
         """`adapter`: generate with that LoRA adapter (`adapter_client`); the base alone until it has weights.
         `at_boundary`: interruptible generation, newer weights loaded between segments (llm/vllm_interrupt.py)."""
+        self.check_awake()  # a sleeping engine's KV cache is gone (llm/sleep_mode.py)
         params = params or SamplingParams()
         ids = [self.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p) for p in prompts]
         for i, prompt in enumerate(ids):
@@ -199,6 +214,7 @@ class VLLMClient(LLMClient):
     ) -> list[Completion]:
         """One call for the requests of several LoRA adapters (vLLM's multi-LoRA batching): prompt i with adapter
         i (None: the base; an adapter without weights yet: the base too, as `generate`)."""
+        self.check_awake()
         requests = [self.adapters.get(a) if a is not None else None for a in adapters]
         return self._completions([list(p) for p in prompts], params, requests)
 

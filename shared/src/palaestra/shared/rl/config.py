@@ -13,6 +13,7 @@ from palaestra.shared.llm.base import LLMConfig, LogprobsMode
 from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.dynamic_sampling import DynamicSamplingConfig
+from palaestra.shared.rl.layout import Layout, apply_layout
 from palaestra.shared.rl.loss import LossConfig
 from palaestra.shared.rl.sft import SFTOptions
 from palaestra.shared.rollout.chat_tokens import ContextView
@@ -150,9 +151,21 @@ class LearnerConfig:
     compute_dtype: ComputeDType = ComputeDType.auto
     """auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16. The learner's weights stay float32
     (the master copy the optimizer updates); bfloat16 runs forward and backward under autocast."""
+    optimizer_offload: bool = field(
+        default=False, metadata=value_check("palaestra.shared.rl.config:check_optimizer_offload")
+    )
+    """Keep AdamW's state in CPU memory and step it there (rl/optim_offload.py; the in-process learner only,
+    world size 1): 8 bytes per parameter off the GPU for two host copies of the weights per optimizer step."""
 
 
 COMPUTE_DTYPES = tuple(ComputeDType)
+
+
+def check_optimizer_offload(value: bool, owner: LearnerConfig) -> str | None:
+    """The offloaded AdamW is the in-process learner's; the sharded ranks keep their own shards' state."""
+    if value and owner.world_size > 1:
+        return f"the in-process learner's only (learner.world_size 1); got world_size {owner.world_size}"
+    return None
 
 
 def check_learner_llm(llm: LLMConfig, owner: TrainConfig) -> str | None:
@@ -309,8 +322,13 @@ class TrainConfig(JobConfig):
     )
     """DAPO's dynamic sampling (rl/dynamic_sampling.py): drop the groups whose rewards are all equal and draw
     more tasks until the step has ``tasks_per_step`` mixed groups or ``max_extra_draws`` extra draws. Off."""
+    layout: Layout = Layout.custom
+    """A named GPU layout (rl/layout.py): custom (the config's own placement keys) | node8_split |
+    node8_colocated | gpu1_colocated; a named one sets the learner's, the workers' and the trainer's placement
+    (`palaestra plan` prints what each GPU holds)."""
 
     def __post_init__(self) -> None:
+        apply_layout(self)  # before the checks below: they read the placement it sets
         # resolved here, before the config is logged: what MLflow's config.yaml holds is what runs
         self.eval.inherit(self.rollout)
         if self.loss.reduction == "dr_grpo" and not self.loss.max_len:

@@ -65,7 +65,7 @@ import torch
 from palaestra.shared.rl.batch import TrainBatch
 from palaestra.shared.rl.config import TrainConfig
 from palaestra.shared.rl.distributed_rank import LearnerRank
-from palaestra.shared.rl.learner import ppo_update
+from palaestra.shared.rl.learner import ppo_update, releases_memory
 from palaestra.shared.rl.update import StepData
 
 
@@ -162,6 +162,8 @@ class DistributedLearner:
     def update(self, data: StepData) -> dict[str, float]:
         """The RL step's PPO epochs x minibatches on the ranks (`learner.ppo_update`), then the mirror refreshed."""
         metrics = ppo_update(self, data)
+        if releases_memory(self.cfg):  # colocated with sleeping vLLM engines: their memory back (rl/learner.py)
+            self._all(lambda r: r.release_memory.remote())
         if self.mirror is not None:  # the ranks' new weights, gathered once, into the driver's copy
             self.mirror.load_state_dict(self.state_dict())
         return metrics

@@ -20,9 +20,10 @@ import torch
 
 from palaestra.shared.rl.batch import TrainBatch
 from palaestra.shared.rl.config import TrainConfig, learner_dtypes
-from palaestra.shared.rl.learner import scoring_temperature
+from palaestra.shared.rl.learner import release_memory, scoring_temperature
 from palaestra.shared.rl.logprobs import token_logprobs_and_entropy
 from palaestra.shared.rl.optim import make_optimizer, set_learning_rate
+from palaestra.shared.rl.policy import reference_dtype
 from palaestra.shared.rl.update import Collectives, Forward, StepData, minibatch_step, score_rows
 
 
@@ -91,13 +92,15 @@ class LearnerRank:
         )
         self.strategy = learner.strategy
         self.bf16 = learner_dtypes(learner, llm, self.device.type) == "bfloat16"
+        self.compute = torch.bfloat16 if self.bf16 else torch.float32
         path = resolve_model_path(llm.model, seed=llm.seed)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         if initial_state is not None:
             model.load_state_dict(initial_state)
         ref = None
         if reference:
-            ref = AutoModelForCausalLM.from_pretrained(reference_dir or path, dtype=torch.float32)
+            # in the compute dtype (rl/policy.py `reference_dtype`): bf16 with bf16 compute, as the trainer's copy
+            ref = AutoModelForCausalLM.from_pretrained(reference_dir or path, dtype=reference_dtype(self.compute))
             if initial_state is not None and reference_dir is None:
                 ref.load_state_dict(initial_state)
             ref.requires_grad_(False).eval()
@@ -115,6 +118,8 @@ class LearnerRank:
             self.engine = DistributedDataParallel(self.root, device_ids=[0] if self.cuda else None)
         self.ref = self._shard(LogProbs(ref.to(self.device), shared)) if ref is not None else None
         self.optimizer = make_optimizer(self.root.parameters(), cfg.optim)
+        if self.cuda:  # the whole models moved here before sharding: their blocks back, for a colocated vLLM engine
+            torch.cuda.empty_cache()
         return sum(p.numel() for p in self.model.parameters())
 
     def _shard(self, root: LogProbs) -> LogProbs:
@@ -175,6 +180,10 @@ class LearnerRank:
 
     def set_learning_rate(self, lr: float) -> None:
         set_learning_rate(self.optimizer, lr)
+
+    def release_memory(self) -> None:
+        """The update's gradients and cached GPU blocks back (colocated layouts: rl/learner.py `release_memory`)."""
+        release_memory(self.optimizer, self.device)
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """The last update's gradient, whole, on CPU (a check of the sharded arithmetic)."""

@@ -79,6 +79,20 @@ def model_forward(model: torch.nn.Module, temperature: float, shared_prompt: boo
     return forward
 
 
+def releases_memory(cfg: TrainConfig) -> bool:
+    """Whether the learner hands its update's memory back after each update: when its GPU is shared with vLLM
+    engines that sleep through the update (the colocated layouts, rl/layout.py), which need it back to wake."""
+    return cfg.workers.num_workers > 0 and (cfg.workers.llm or cfg.llm).sleep_mode
+
+
+def release_memory(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Drop the last update's gradients and return PyTorch's cached GPU blocks to the driver, so that a colocated
+    vLLM engine can wake into them: what stays is the weights, AdamW's moments and the reference (plan_layout.py)."""
+    optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def ppo_update(learner: Learner, data: StepData) -> dict[str, float]:
     """``ppo_epochs`` passes over the step's rows in shuffled minibatches (a function of seed and step), one
     optimizer step each at its scheduled rate; the metrics averaged over the optimizer steps."""
@@ -143,7 +157,10 @@ class LocalLearner:
             return minibatch_step(forward, data, idx, self.optimizer, params, cfg.loss, tokens, max_norm, self.device)
 
     def update(self, data: StepData) -> dict[str, float]:
-        return ppo_update(self, data)
+        metrics = ppo_update(self, data)
+        if releases_memory(self.cfg):
+            release_memory(self.optimizer, self.device)
+        return metrics
 
     def _activate(self) -> None:
         if self.adapter is not None:

@@ -57,8 +57,8 @@ from palaestra.shared.llm.base import LLMClient, LLMConfig
 from palaestra.shared.llm.lora import AdapterClient, peft_config
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.config import TrainConfig
-from palaestra.shared.rl.optim import make_optimizer
-from palaestra.shared.rl.policy import load_policy, policy_state, think_token_ids
+from palaestra.shared.rl.optim_offload import optimizer_for
+from palaestra.shared.rl.policy import load_policy, policy_state, reference_copy, reference_dtype, think_token_ids
 from palaestra.shared.rl.policy_configs import DEFAULT, policy_config, shares_base
 from palaestra.shared.rollout.serving import AdapterServing, ModelServing, PolicyRoutes, Serving
 from palaestra.shared.rollout.trajectory import Trajectory
@@ -99,6 +99,10 @@ class TrainedPolicy:
     def learner_name(self) -> str:
         """How messages name its learner."""
         return f"policy {self.name}'s learner" if self.section else "the learner"
+
+    def reference_copy(self) -> torch.nn.Module:
+        """A frozen copy of its model as its KL reference, in the compute dtype (rl/policy.py `reference_copy`)."""
+        return reference_copy(self.model, reference_dtype(self.compute_dtype))
 
     def checkpoint_part(self) -> checkpoint.Part:
         return checkpoint.Part(self.section, self.model, self.optimizer, self.tokenizer, self.adapter)
@@ -185,7 +189,8 @@ def build_policies(cfg: TrainConfig) -> PolicySet:
         for name in names:
             pcfg = policy_config(cfg, name) if cfg.policies else cfg
             client, model, compute_dtype = load_policy(pcfg)  # float32 master weights
-            optimizer = make_optimizer((p for p in model.parameters() if p.requires_grad), pcfg.optim)
+            trained = (p for p in model.parameters() if p.requires_grad)
+            optimizer = optimizer_for(trained, pcfg.optim, pcfg.learner.optimizer_offload)  # rl/optim_offload.py
             agents = tuple(cfg.policies[name].agents) if cfg.policies else ()
             out.append(TrainedPolicy(name, pcfg, agents, client, model, compute_dtype, optimizer))
     for p in out:  # where each keeps its checkpoint and metrics, decided once here
@@ -210,7 +215,7 @@ def _adapters_on_one_base(cfg: TrainConfig) -> list[TrainedPolicy]:
     for name, adapter in adapters.items():
         pcfg = policy_config(cfg, name)
         own = [p for n, p in model.named_parameters() if "lora_" in n and f".{adapter}." in n]
-        optimizer = make_optimizer(own, pcfg.optim)
+        optimizer = optimizer_for(own, pcfg.optim, pcfg.learner.optimizer_offload)
         agents = tuple(cfg.policies[name].agents)
         client_ = AdapterClient(client, model, adapter)
         out.append(TrainedPolicy(name, pcfg, agents, client_, model, compute_dtype, optimizer, adapter=adapter))

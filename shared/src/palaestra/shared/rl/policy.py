@@ -7,11 +7,18 @@ the model's own activation checkpointing (``learner.gradient_checkpointing``,
 non-reentrant) and wraps it with LoRA adapters (``lora.enabled``).
 `policy_state` is the policy's weights under the plain model's names for the
 rollout workers; `think_token_ids` finds the ``<think>`` markers.
+
+The frozen KL reference (`reference_copy`) is kept in the compute dtype: bfloat16 with bf16 compute (on a GPU),
+float32 otherwise. Its forward runs under the same autocast as the policy's, whose matmuls round the float32
+weights to bf16 anyway, so a bf16 copy changes its log-probs only where autocast keeps float32 (norms,
+embeddings): within bf16 rounding. verl and TRL hold their references in bf16 too. It is made parameter by
+parameter (no second float32 copy at any time): the trainer's peak is one float32 model plus the bf16 copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 
 import torch
@@ -45,6 +52,20 @@ def load_policy(cfg: TrainConfig, adapter: str = "default") -> tuple[LLMClient, 
     if cfg.lora.enabled:
         model = with_lora(model, cfg.lora, adapter)
     return client, model, compute_dtype
+
+
+def reference_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the frozen reference is kept in: the compute dtype when it is narrower than float32."""
+    return compute_dtype if compute_dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def reference_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen copy of `model` with its parameters in `dtype` (buffers as they are), built without a whole
+    float32 copy first: each parameter is cast on its own, then the module tree is copied around the casts."""
+    memo: dict[int, object] = {
+        id(p): torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False) for p in model.parameters()
+    }
+    return copy.deepcopy(model, memo).eval().requires_grad_(False)
 
 
 def autocast(device: torch.device, compute_dtype: torch.dtype):

@@ -1,7 +1,7 @@
 """The policy-gradient trainer shared by egpo and mars (and any package that plugs in).
 
-A package adds parts by registry name (envs, task sources, rewards, advantage estimators, batch rules) and
-writes a `TrainConfig` (rl/config.py); it does not subclass the trainer. docs/extending.md lists the doors.
+A package adds parts by registry name (envs, task sources, rewards, advantage estimators, batch rules) and writes
+a `TrainConfig` (rl/config.py); it does not subclass the trainer (docs/extending.md).
 
 Lifecycle: ``Trainer(cfg, tracker, eval_hook, batch_rule)`` only builds the policy set (rl/policies.py: each
 policy's model with float32 master weights, optimizer, checkpoint section and metric names). `prepare` resumes
@@ -18,9 +18,7 @@ The loop (`Trainer.train_step`), top to bottom:
 4. the advantage pipeline (rl/advantages.py);
 5. the learner's PPO epochs over minibatches at the scheduled learning rate (rl/update.py, rl/optim.py);
 6. weight sync to the rollouts (the version is the learner's step count);
-7. metrics, then checkpoints every ``checkpoint_every`` steps.
-
-A single-policy run is a policy set of one. A non-finite loss stops the run, naming the last good checkpoint.
+7. metrics, then checkpoints every ``checkpoint_every`` steps (a non-finite loss stops, naming the last good one).
 
 Evaluation: the eval hook ``fn(trainer, step) -> metrics`` runs before training (``eval_before``), every ``eval_every``
 steps and at the end. The default (``eval_tasks`` > 0) is `evaluate`, on the training rollouts with ``eval``'s settings.
@@ -28,13 +26,11 @@ steps and at the end. The default (``eval_tasks`` > 0) is `evaluate`, on the tra
 Metrics (MLflow, per step): each policy's ``train/...`` (under ``policy/<name>/`` with several), ``train/reward_mean``
 over every trajectory, ``perf/rollout_s`` (the rollout's own wall time), ``perf/learner_wait_s`` (how long the
 learner waited for it: less when it ran ahead), ``perf/tokens_per_s`` (generated tokens per rollout second),
-``perf/step_s``, ``rollout/...`` and (dynamic sampling) ``batch/...`` counts. Small models on CPU want an RL
-learning rate far below the SFT one: experiments/shared/toy_rl.yaml.
+``perf/step_s``, ``rollout/...`` and (dynamic sampling) ``batch/...`` counts.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -46,6 +42,7 @@ import torch
 from tqdm import tqdm
 
 from palaestra.shared.config import check_fields
+from palaestra.shared.llm.sleep_mode import Colocation
 from palaestra.shared.rl import checkpoint
 from palaestra.shared.rl.advantages import AdvantageInput, EntropySpan, compute_advantages, reads_entropy
 from palaestra.shared.rl.async_rollouts import RolloutStream, background_engine, behaviour_data, check_admission
@@ -124,12 +121,12 @@ class Trainer:
         return metrics
 
     def init_reference(self) -> None:
-        """Freeze a copy of each model as its KL reference (saved once; a resumed run loads it).
+        """Freeze a copy of each model in its compute dtype as its KL reference (saved once; a resumed run loads it).
         With LoRA the reference is the model with its adapters off: nothing to keep."""
         for p in self.policies:
             if not self.cfg.loss.kl_coef or p.cfg.lora.enabled or p.ref_model is not None:
                 continue
-            p.ref_model = copy.deepcopy(p.model).eval().requires_grad_(False)
+            p.ref_model = p.reference_copy()  # in the compute dtype: bf16 with bf16 compute
             root = self.ckpt_dir / p.reference_dir
             if self.resumed:
                 checkpoint.load_reference(root, p.ref_model)
@@ -186,6 +183,7 @@ class Trainer:
         else:
             self.rollouts = LocalRollouts(policies.base_client, cfg.rollout, policies.client_of, policies.clients())
             self.rollouts.sync(None, self.step)
+        self.colocation = Colocation.over(self.rollouts)  # engines built with sleep mode sleep through updates
         seed = lambda step: cfg.seed * 100_003 + step  # noqa: E731
         # in-process rollouts ahead: their own copy of every policy (rl/async_rollouts.py)
         engine = lambda: background_engine(cfg, policies.weights(), self.step, policies.serving())  # noqa: E731
@@ -266,11 +264,12 @@ class Trainer:
         if not trajs:
             raise TrainingError(f"step {self.step}: no usable trajectories ({result.stats})")
         # 2.-5. per policy, on its own agents' trajectories
+        self.colocation.sleep()  # colocated layouts (rl/layout.py): the engines free the GPU for the update
         updated = update_policies(self.policies.split(trajs), self.update_policy)  # at once on ranks of their own
         self.policies.eval()
         self.step += 1
-        # 6. weight sync (version: the learner's step count)
-        self.stream.sync(self.policies.weights, self.step)
+        # 6. weight sync (version: the learner's step count); colocated: inside the engines' wake-up
+        self.colocation.wake(self.stream.sync, self.policies.weights, self.step)
         # 7. metrics: each policy's under its names, the reward over every trajectory
         metrics = {f"{p.metric_prefix}{k}": v for p, m in updated for k, v in m.items()}
         rollout_s = result.stats["rollout_s"]  # the rollout's own wall time (the slowest worker's)
