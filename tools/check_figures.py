@@ -11,9 +11,8 @@ mars's tic-tac-toe run, AED's attack and preference runs) are not here: run thei
     python tools/check_figures.py --only datagen-kept   # one or more entries by name
     python tools/check_figures.py --list                # the entries, their commands and costs; runs nothing
 
-Each run writes under a temporary directory (``--workdir`` to keep it) with its own MLflow store, so the
-checks leave nothing in ``outputs/`` or ``mlruns/``. A changed figure is not an error: the table is for a
-person to read before a change lands (exit status 1 only when a command fails or its figure cannot be read).
+Each run writes under a temporary directory (``--workdir`` to keep it) with its own MLflow store. A changed
+figure is not an error: the table is for a person to read (exit 1 only when a command or a reading fails).
 """
 
 from __future__ import annotations
