@@ -78,8 +78,7 @@ def kuhn_exploitability(client, run_id: str) -> str:
     return f"{values[0]:.3f} -> {values[-1]:.3f}"
 
 
-def kuhn_control(client, run_id: str) -> str:
-    """The RL-free control's exploitability (its one evaluation, after the SFT steps)."""
+def kuhn_control(client, run_id: str) -> str:  # the RL-free control's one evaluation, after its SFT steps
     return f"RL-free control {_history(client, run_id, 'eval/kuhn_poker/exploitability')[-1]:.3f}"
 
 
