@@ -40,7 +40,7 @@ def test_first_turn_targets_favour_tools_a_producer_can_feed(ticket_graph):
 
 def test_later_turns_prefer_a_target_an_earlier_call_can_feed(ticket_graph):
     """P(tool) is proportional to weight x 3 (some output can feed it) x 5 (a tool called before can feed it)."""
-    from palaestra.datagen.pipeline import weighted_tool
+    from palaestra.datagen.turnplan import weighted_tool
 
     tools = ticket_graph.tools("TicketAPI")
     after = {"create_ticket"}

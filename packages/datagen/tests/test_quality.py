@@ -86,7 +86,10 @@ def test_a_value_only_a_tool_returned_is_leaked_unless_the_answer_told_it():
     assert quality_figures([told])["leaked_values"] == 0
     assert "leaked_value" not in verify_row(told, get_env("MathAPI"))
     # a value said only in an earlier turn does not ground this one
-    again = _row([(*first, "The sum is 108.75."), ("Now multiply it by 3.0.", second[1], "Done.")])
+    again_calls = [("multiply", {"a": 108.75, "b": 8.25}, {"result": 897.1875})]
+    again = _row(
+        [(*first, "The sum is 108.75."), ("Now multiply it by the second number again.", again_calls, "Done.")]
+    )
     assert "borrowed_value" in verify_row(again, get_env("MathAPI")) or "ungrounded_argument" in verify_row(
         again, get_env("MathAPI")
     )

@@ -22,8 +22,9 @@ from pathlib import Path
 from palaestra.datagen.dataset import SampleWriter, read_rows
 from palaestra.datagen.envs import BFCL_CLASSES, get_env
 from palaestra.datagen.graph import ApiGraph
-from palaestra.datagen.pipeline import FED_BONUS, ItemConfig, RolesConfig, generate_item, make_roles
+from palaestra.datagen.pipeline import ItemConfig, RolesConfig, generate_item, make_roles
 from palaestra.datagen.run_stats import RunStats, audit_rows
+from palaestra.datagen.turnplan import FED_BONUS
 from palaestra.shared.config import ConfigError, JobConfig, value_check
 from palaestra.shared.jobs import format_headline, job
 from palaestra.shared.stats import wilson_interval

@@ -132,6 +132,14 @@ def join_goals(goals: list[str], rng: random.Random) -> str:
     return joiner.join(goals)
 
 
+def join_parallel(goals: list[str], rng: random.Random) -> str:
+    """Several independent goals in one request (a parallel turn): no order between them, so no "then"."""
+    joiner = rng.choice([" and ", ", and also ", "; also ", ", plus "])
+    if len(goals) > 2:
+        return ", ".join(goals[:-1]) + joiner + goals[-1]
+    return joiner.join(goals)
+
+
 REPORT_INTROS = [
     "All done.",
     "Done.",
