@@ -181,10 +181,15 @@ def candidates(
             if type_matches(v, kind) and (v, source) not in found:
                 found.append((v, source))
 
+    described = tokens(spec.get("description", "") or "")
     text_param = pname in TEXT_PARAMS or pname in FREE_TEXT_PARAMS
     if not text_param:  # free text is the user's to write; an echoed status message is not a value
         add(
-            [v for k, v in reversed(prior_outputs) if compatible_key(pname, spec, k) and _value_like(v)],
+            [
+                v
+                for k, v in reversed(prior_outputs)
+                if (names_match(pname, k) or key_described(k, described)) and _value_like(v)
+            ],
             "output",
         )
     hint = env.spec.hints().get(f"{tool}.{pname}") or env.spec.hints().get(pname)

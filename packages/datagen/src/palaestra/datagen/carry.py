@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from palaestra.datagen.argfill import FREE_TEXT_PARAMS, TEXT_PARAMS, compatible_key
+from palaestra.datagen.argfill import FREE_TEXT_PARAMS, TEXT_PARAMS, _value_like, compatible_key, records, superlative
 from palaestra.datagen.coherence import kind_problem
 from palaestra.datagen.sampler import TraceStep, _echo, _producer
 from palaestra.datagen.schema import parameters, type_matches
@@ -27,10 +27,15 @@ CARRY_TRIES = 5
 
 
 def carry_targets(
-    spec, outputs: Sequence[tuple[str, Any]], said: Sequence[dict], exclude: AbstractSet[str] = frozenset()
+    spec,
+    outputs: Sequence[tuple[str, Any]],
+    said: Sequence[dict],
+    exclude: AbstractSet[str] = frozenset(),
+    raw: Sequence[Any] = (),
 ) -> list[tuple[str, str, Any]]:
     """``(tool, parameter, value)`` for each tool of `spec` with a parameter that a value in `outputs` (earlier
-    turns' response entries) can feed, a value no earlier call was given (`said`: their arguments)."""
+    turns' response entries) can feed, or a record of `raw` (earlier turns' responses) that a numeric field
+    singles out (`argfill.superlative`), a value no earlier call was given (`said`: their arguments)."""
     given = TraceStep("", {f"{i}.{k}": v for i, a in enumerate(said) for k, v in a.items()}, None)
     out = []
     for tool in spec.tool_names:
@@ -44,9 +49,22 @@ def carry_targets(
                 value
                 for key, value in outputs
                 if compatible_key(param, pspec, key)
+                and _value_like(value)  # an id, a name, a figure: not a sentence that came back
                 and type_matches(value, pspec.get("type", "string"))
                 and _producer(value, list(outputs), param, pspec) is not None
                 and not _echo(value, given)
+                and not kind_problem(key, param, doc, tool)
+            ]
+            options += [
+                v
+                for r in raw
+                for rec in records(r)
+                for key, v in rec.items()
+                if compatible_key(param, pspec, key)
+                and _value_like(v)
+                and type_matches(v, pspec.get("type", "string"))
+                and superlative(v, r, param, pspec) is not None
+                and not _echo(v, given)
                 and not kind_problem(key, param, doc, tool)
             ]
             if options:

@@ -86,7 +86,8 @@ def sample_parallel(
         new_env, ex = try_call(env, pick, outputs, rng)
         if stats is not None and ex is not None:
             stats.record(name, pick, ex.ok)
-        if ex is None or not ex.ok or any(s.name == pick and s.arguments == ex.arguments for s in steps):
+        same_result = any(s.name == pick and _canon(s.output) == _canon(ex.output) for s in steps) if ex else False
+        if ex is None or not ex.ok or same_result:  # the same answer twice is one goal, not two
             if not same:
                 pool.remove(pick)
             continue

@@ -104,7 +104,7 @@ class ItemConfig:
     """Chance that a sample's last turn withholds a parameter."""
     p_miss_func: float = 0.15
     """Chance that a sample's last turn withholds the target function."""
-    p_parallel: float = 0.2
+    p_parallel: float = 0.3
     """Chance that a normal turn asks for several independent calls at once (one assistant message; BFCL's
     parallel and parallel_multiple categories, `parallel`)."""
     p_carry: float = 0.9
@@ -251,6 +251,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     advanced: list[dict] = []
     missed: list[dict] = []
     seen_outputs: list = []  # response entries of earlier turns (candidates; the only one there is carried over)
+    seen_raw: list = []  # earlier turns' responses, whole (a record there may be singled out by a criterion)
     seen_arguments: list[dict] = []  # arguments of earlier turns' calls (a value there is the user's)
 
     def tools_now(hidden: set[str]) -> list[dict]:
@@ -272,8 +273,9 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
             exclude = exclude | {withheld}
         fixed = target is not None and kind != "miss_func"
         trace, _ = turn_trace(env, graph, spec, target, t, kind, fixed, rng, sampler_stats, exclude,
-                              seen_outputs, seen_arguments, called, cfg, last)  # fmt: skip
+                              seen_outputs, seen_arguments, called, cfg, last, seen_raw)  # fmt: skip
         seen_outputs += [pair for s in trace.steps for pair in leaves(s.output, "result")]
+        seen_raw += [s.output for s in trace.steps]
         seen_arguments += [s.arguments for s in trace.steps]
         called |= {s.name for s in trace.steps}
         if not trace.steps:

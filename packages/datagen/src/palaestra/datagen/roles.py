@@ -144,6 +144,9 @@ class DeterministicQueryWriter:
             for param, key in step.prior_feeds.items():
                 ref = rng.choice(["the {k} you just got", "the same {k} as before", "that {k} from earlier"])
                 ref = ref.format(k=P.words(key))
+                sel = step.selectors.get(param)
+                if sel:  # one of the records an earlier answer listed: the criterion singles it out
+                    ref = f"the {P.words(key)} of the one with the {sel[1]} {P.words(sel[0])} from before"
                 name = P.param_phrase(param, spec_of(i, param))
                 details.append(ref if P.words(param) == P.words(key) else f"{name}: {ref}")
             goal = user_goal(step.name, rng)

@@ -144,6 +144,7 @@ def sample_trace(
     prior_outputs: Sequence[tuple[str, Any]] = (),
     prior_arguments: Sequence[dict] = (),
     carry: dict | None = None,
+    prior_raw: Sequence = (),
 ) -> tuple[Trace, ToolEnv]:
     """A trace of up to `length` executed calls toward `target`, and the environment after it.
 
@@ -152,7 +153,8 @@ def sample_trace(
     candidate there is carried over from that turn (`TraceStep.prior_feeds`), not stated, unless the user
     stated it in an earlier turn (`prior_arguments`: the arguments of earlier turns' calls). `carry`: parameter ->
     value, an earlier turn's result the target is to take (set in its call; no producer of this turn is called
-    first to shadow it).
+    first to shadow it). `prior_raw`: earlier turns' responses, whole: a value that is one of several records
+    there, singled out by a numeric field, is carried too, with that criterion (`TraceStep.selectors`).
     """
     name = env.spec.name
     start = env
@@ -241,6 +243,13 @@ def sample_trace(
                         step.feeds[param], step.feed_keys[param] = src, pick_by[0]
                         step.selectors[param] = list(pick_by[1:])
                         break
+                else:  # ... or of the records an earlier turn listed ("the one with the highest priority")
+                    for raw in reversed(prior_raw):
+                        pick_by = superlative(value, raw, param, props.get(param, {}))
+                        if pick_by is not None and not any(_echo(value, x) for x in [*steps, said_before]):
+                            step.prior_feeds[param] = pick_by[0]
+                            step.selectors[param] = list(pick_by[1:])
+                            break
         if consuming and steps[-1] is not None and len(steps) - 1 not in step.feeds.values():
             break  # it would not consume the last result: the goal ends where it is
         if step_breaks_coherence(step, steps, env.spec.doc(pick)):

@@ -65,7 +65,9 @@ def provenance(step, steps: list, messages: list[dict]) -> list[str]:
             parts.append(f"{name} {_v(value)} is the {key}{which} that {src} returned")
         elif param in step.prior_feeds:
             found = _source(value, messages)
-            key = P.words(step.prior_feeds[param])
+            sel = step.selectors.get(param)
+            which = f" of the record with the {sel[1]} {P.words(sel[0])}" if sel else ""
+            key = P.words(step.prior_feeds[param]) + which
             if found:
                 back = "the previous request" if found[1] <= 2 else f"{found[1] - 1} requests ago"
                 parts.append(f"{name} {_v(value)} is the {key} {found[0]} returned for {back}")
@@ -101,7 +103,13 @@ def step_thought(steps: list, i: int, plan: list[int], messages: list[dict], pur
     else:
         why = f"{goal} only works once this is done, so {step.name} comes first to {purpose}"
     facts = provenance(step, steps, messages)
+    if not step.arguments:
+        facts.append("it takes no arguments")
     text = why + "."
+    if step.changes_state and i < len(steps) - 1:
+        text += " It changes the state, and the request asks for that change."
+    elif step.changes_state:
+        text += " This call changes the state."
     if facts:
         text += " " + "; ".join(facts).capitalize() + "."
     left = len(plan) - plan.index(i) - 1 if i in plan else 0
@@ -135,8 +143,11 @@ def closing_thought(steps: list, results: list, parallel: bool = False, hidden: 
         return "Nothing was called."
     goal = steps[-1].name
     facts = [(k, v) for k, v in leaves(results[-1], "result") if not isinstance(v, dict)] if results else []
+    changed = sum(1 for s in steps if s.changes_state)
     if parallel:
         text = f"All {n} calls came back without an error"
+        if changed:
+            text += f" ({changed} of them changed the state, independently)"
     elif n == 1:
         text = f"{goal} came back without an error"
     else:

@@ -88,25 +88,29 @@ def plan_turns(item: dict, graph: ApiGraph, env_name: str, cfg: Any, rng: random
 
 def turn_trace(env, graph: ApiGraph, spec, target: str | None, t: int, kind: str, fixed: bool, rng, stats,
                exclude: set[str], seen_outputs: list, seen_arguments: list, called: set[str], p: Any,
-               last: bool):  # fmt: skip
-    """One turn's trace: parallel calls (`p.p_parallel`, a normal turn whose target is not fixed by a
-    miss_func plan), else directed toward the target, which in a later turn is preferably one that takes an
-    earlier turn's result (`carry`, `p.p_carry`) or else drawn by `weighted_tool`."""
-    if kind == "normal" and not (fixed and t > 0) and rng.random() < p.p_parallel:
-        made = sample_parallel(env, graph, rng, stats, exclude, seen_outputs, seen_arguments, target)
-        if made is not None:
-            return made
+               last: bool, seen_raw: list):  # fmt: skip
+    """One turn's trace: in a later turn, preferably one whose target takes an earlier turn's result (`carry`,
+    `p.p_carry`); else parallel calls (`p.p_parallel`, a normal turn whose target is not fixed by the plan);
+    else directed toward the target (drawn by `weighted_tool` where the plan left it open)."""
     if t > 0 and (target is None or fixed) and rng.random() < p.p_carry:
-        pool = [x for x in carry_targets(spec, seen_outputs, seen_arguments, exclude) if target in (None, x[0])]
+        pool = carry_targets(spec, seen_outputs, seen_arguments, exclude, seen_raw)
+        pool = [x for x in pool if target in (None, x[0])]
         for _ in range(CARRY_TRIES):  # a carried value can fail in its call: try another
             if not pool:
                 break
             pick = rng.choices(pool, weights=[graph.weight(spec.name, x[0]) for x in pool])[0]
             pool.remove(pick)
-            made = sample_trace(env, graph, pick[0], rng, draw_length(rng), stats, exclude, seen_outputs,
-                                seen_arguments, {pick[1]: pick[2]})  # fmt: skip
+            length = max(draw_length(rng), len(graph.prerequisites(spec.name, pick[0])) + 1)  # room to get there
+            made = sample_trace(env, graph, pick[0], rng, length, stats, exclude, seen_outputs,
+                                seen_arguments, {pick[1]: pick[2]}, seen_raw)  # fmt: skip
             if any(s.prior_feeds for s in made[0].steps):
                 return made
+    if kind == "normal" and not (fixed and t > 0) and rng.random() < p.p_parallel:
+        parallel = sample_parallel(env, graph, rng, stats, exclude, seen_outputs, seen_arguments, target)
+        if parallel is not None:
+            return parallel
     if target is None:
         target = weighted_tool(graph, spec.name, rng, exclude, called, producers=not last)
-    return sample_trace(env, graph, target, rng, draw_length(rng), stats, exclude, seen_outputs, seen_arguments)
+    return sample_trace(
+        env, graph, target, rng, draw_length(rng), stats, exclude, seen_outputs, seen_arguments, None, seen_raw
+    )
