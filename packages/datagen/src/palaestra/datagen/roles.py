@@ -154,11 +154,11 @@ class DeterministicQueryWriter:
                 goal += rng.choice([" ({d})", " with {d}", ", using {d}"]).format(d="; ".join(details))
             goals.append(goal)
         if trace.parallel:
-            text = rng.choice(P.OPENERS).format(g=P.join_parallel(goals, rng))
-        elif len(goals) >= 2 and rng.random() < 0.35:
+            text = rng.choice(P.openers(goals[0])).format(g=P.join_parallel(goals, rng))
+        elif len(goals) >= 2 and not P.addressed(goals[-1]) and rng.random() < 0.35:
             text = rng.choice(P.GOAL_FIRST).format(goal=goals[-1], pre=P.join_goals(goals[:-1], rng))
         else:
-            text = rng.choice(P.OPENERS).format(g=P.join_goals(goals, rng))
+            text = rng.choice(P.openers(goals[0])).format(g=P.join_goals(goals, rng))
         rest = [
             f"{P.param_phrase(p, spec_of(i, p))} is {P.value_text(v)}" for i in sorted(by_step) for p, v in by_step[i]
         ]
