@@ -246,3 +246,11 @@ def test_reasoning_follows_the_trace(exported):
     assert len(set(sentences)) == stats["hardness"]["distinct_reasoning_sentences"]
     carried = [b for b in blocks if "returned for" in b]
     assert carried and all(re.search(r"is the [\w ]+ \w+ returned for", b) for b in carried)
+    # every quoted value in the reasoning is one the conversation holds, exactly (case kept: 'CRH', not 'crh')
+    for r in records:
+        said = json.dumps([m["content"] for m in r["messages"] if m["role"] in ("user", "tool")])
+        said += json.dumps([c["function"]["arguments"] for m in r["messages"] for c in m.get("tool_calls") or []])
+        for m in r["messages"]:
+            for b in re.findall(r"<think>(.*?)</think>", m["content"], re.S):
+                for value in re.findall(r"(?<![A-Za-z])'([^']{2,40})'(?![A-Za-z])", b):
+                    assert value in said, (r["id"], value, b[:200])

@@ -20,6 +20,11 @@ from palaestra.datagen import phrasing as P
 ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth"]
 
 
+def _first_upper(text: str) -> str:
+    """The first letter upper case, the rest as is (`str.capitalize` would lower a value: 'CRH' -> 'crh')."""
+    return text[:1].upper() + text[1:]
+
+
 def _v(value: Any) -> str:
     text = P.value_text(value)
     return text if len(text) <= 40 else "a long value"
@@ -31,7 +36,7 @@ def _source(value: Any, messages: list[dict]) -> tuple[str, int] | None:
     for m in reversed(messages):
         if m["role"] == "user":
             users += 1
-        if m["role"] != "tool":
+        if m["role"] != "tool" or not users:  # this turn's own results are no earlier request's
             continue
         try:
             out = json.loads(m["content"])
@@ -69,7 +74,7 @@ def provenance(step, steps: list, messages: list[dict]) -> list[str]:
             which = f" of the record with the {sel[1]} {P.words(sel[0])}" if sel else ""
             key = P.words(step.prior_feeds[param]) + which
             if found:
-                back = "the previous request" if found[1] <= 2 else f"{found[1] - 1} requests ago"
+                back = "the previous request" if found[1] <= 1 else f"the request {found[1]} turns back"
                 parts.append(f"{name} {_v(value)} is the {key} {found[0]} returned for {back}")
             else:
                 parts.append(f"{name} {_v(value)} is the {key} an earlier request got back")
@@ -111,7 +116,7 @@ def step_thought(steps: list, i: int, plan: list[int], messages: list[dict], pur
     elif step.changes_state:
         text += " This call changes the state."
     if facts:
-        text += " " + "; ".join(facts).capitalize() + "."
+        text += " " + _first_upper("; ".join(facts)) + "."
     left = len(plan) - plan.index(i) - 1 if i in plan else 0
     if len(plan) > 1:
         text += f" Call {plan.index(i) + 1} of {len(plan)}" + (f", {left} to go." if left else ", the last.")
