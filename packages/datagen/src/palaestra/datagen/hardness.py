@@ -82,7 +82,7 @@ def hardness_figures(rows: list[dict]) -> dict:
     sentences: set[str] = set()
     frames: set[str] = set()
     for row in rows:
-        env = (row.get("provenance") or {}).get("env") or row.get("env")
+        env = str((row.get("provenance") or {}).get("env") or row.get("env"))  # a sample's row, or an export's
         docs = get_env(env).docs
         pasted = {f.lower() for d in docs for f in (short_description(d), imperative(d)) if len(f.split()) >= 3}
         messages = row["messages"]
