@@ -254,3 +254,43 @@ def test_reasoning_follows_the_trace(exported):
             for b in re.findall(r"<think>(.*?)</think>", m["content"], re.S):
                 for value in re.findall(r"(?<![A-Za-z])'([^']{2,40})'(?![A-Za-z])", b):
                     assert value in said, (r["id"], value, b[:200])
+
+
+def test_error_recovery_is_off_by_default_and_replays_when_on(exported, tmp_path):
+    """Flagged error-recovery turns (`recovery`): none in the default run; with ``p_error_recovery`` 1, flagged
+    turns whose first call fails (an error response BFCL's class also returns) and whose next calls are the
+    ground truth, every sample still grounded and coherent by replay."""
+    from palaestra.datagen.coherence import check_row
+    from palaestra.datagen.envs import get_env, is_error_response
+    from palaestra.datagen.generate import DataGenerationConfig, generate
+    from palaestra.datagen.grounding import verify_row
+    from palaestra.datagen.pipeline import ItemConfig
+    from palaestra.shared.tracking import Tracker
+
+    records, rows, stats = exported
+    assert not any(t.get("error_recovery") for r in rows for t in r["turns"])
+    assert stats["hardness"]["recovered_errors"] == 0
+    cfg = DataGenerationConfig(
+        num_samples=12, workers=0, envs=["GorillaFileSystem"], output_dir=str(tmp_path), seed=1,
+        item=ItemConfig(p_error_recovery=1.0), tracking=TrackingConfig(enabled=False), log_samples=False,
+    )  # fmt: skip
+    generate(cfg, Tracker(cfg.tracking))
+    made = [json.loads(line) for line in cfg.output_path.read_text().splitlines()]
+    flagged = [r for r in made if any(t.get("error_recovery") for t in r["turns"])]
+    assert flagged
+    for row in flagged:
+        spec = get_env(row["provenance"]["env"])
+        assert verify_row(row, spec) == [] and check_row(row, spec) == []
+        config = json.loads(row["initial_config"])
+        inst = _fresh(_bfcl_class(row), config)
+        msgs = row["messages"]
+        errors = 0
+        for i, m in enumerate(msgs):  # replay every call on BFCL's class: the same results, errors included
+            for k, (name, args) in enumerate(_calls(m)):
+                out = _run(inst, name, args)
+                assert out == json.loads(msgs[i + 1 + k]["content"]), (row["id"], name)
+                errors += is_error_response(out)
+        assert errors >= 1
+    assert json.loads((cfg.output_path.parent / "stats.json").read_text())["hardness"]["recovered_errors"] >= len(
+        flagged
+    )

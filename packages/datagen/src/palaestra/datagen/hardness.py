@@ -13,6 +13,8 @@
   ``samples_with_chain_3``: samples with a chain of three turns or more.
 - ``pasted_descriptions`` of ``user_messages``: user messages that contain a tool's own description (its
   first sentence, as is or as an instruction: `phrasing.short_description`, `phrasing.imperative`).
+- ``recovered_errors``: user turns where a tool result is an error response and the assistant calls again
+  after it (a flagged error-recovery trajectory, `recovery`; none unless ``p_error_recovery`` is set).
 - ``reasoning_sentences`` / ``distinct_reasoning_sentences`` / ``distinct_reasoning_frames``: the sentences
   of ``<think>`` blocks, how many differ, and how many sentence frames (`quality.frame`) they have.
 """
@@ -69,6 +71,24 @@ def _turns(messages: list[dict]) -> list[dict]:
     return turns
 
 
+def _recovered(messages: list[dict]) -> int:
+    """User turns with an error tool result that the assistant follows with another call."""
+    from palaestra.datagen.envs import is_error_response
+
+    count, failed, counted = 0, False, False
+    for m in messages:
+        if m["role"] == "user":
+            failed = counted = False
+        elif m["role"] == "tool":
+            try:
+                failed = failed or is_error_response(json.loads(m["content"]))
+            except (json.JSONDecodeError, TypeError):
+                continue
+        elif m["role"] == "assistant" and m.get("tool_calls") and failed and not counted:
+            count, counted = count + 1, True
+    return count
+
+
 def hardness_figures(rows: list[dict]) -> dict:
     """The figures of the module docstring over `rows`."""
     from palaestra.datagen.envs import get_env
@@ -78,7 +98,7 @@ def hardness_figures(rows: list[dict]) -> dict:
         ["parallel_messages", "parallel_calls", "parallel_same_function", "turns_with_calls", "calls",
          "single_call_turns", "multi_turn_turns", "dependent_turns", "later_turns", "dependent_later_turns",
          "samples_with_chain_3", "longest_dependent_chain", "user_messages", "pasted_descriptions",
-         "reasoning_sentences"], 0)  # fmt: skip
+         "reasoning_sentences", "recovered_errors"], 0)  # fmt: skip
     sentences: set[str] = set()
     frames: set[str] = set()
     for row in rows:
@@ -102,6 +122,7 @@ def hardness_figures(rows: list[dict]) -> dict:
             if m["role"] == "user":
                 n["user_messages"] += 1
                 n["pasted_descriptions"] += any(p in (m.get("content") or "").lower() for p in pasted)
+        n["recovered_errors"] += _recovered(messages)
         turns = _turns(messages)
         depth = [1] * len(turns)
         for t, turn in enumerate(turns):

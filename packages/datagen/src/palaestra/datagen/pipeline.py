@@ -107,6 +107,9 @@ class ItemConfig:
     p_parallel: float = 0.3
     """Chance that a normal turn asks for several independent calls at once (one assistant message; BFCL's
     parallel and parallel_multiple categories, `parallel`)."""
+    p_error_recovery: float = 0.0
+    """Chance that a sequential normal turn is a flagged error-recovery trajectory (`recovery`: a failing call
+    first, the error read, then the right calls; the turn says ``error_recovery``). Off by default."""
     p_carry: float = 0.9
     """Chance that a later turn's target is one that can take an earlier turn's result (`carry`), where any can."""
 
@@ -214,6 +217,8 @@ def turn_entry(task: TurnTask, trace, tool, omit: list[str], withheld: str | Non
         entry["missing_value"] = tool.inputs[omit[0]]["value"]
     if task.kind in ("miss_func", "func_added"):
         entry["missing"] = withheld
+    if task.mistake is not None:
+        entry["error_recovery"] = True
     return entry
 
 
@@ -292,6 +297,10 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         if query is None or not query.text.strip():
             return out(f"query_writer:{getattr(roles.query_writer, 'last_drop', None) or 'empty'}")
         tasks = turn_tasks(kind, query.text, trace, tool, spec, omit, withheld, tools_now, all_tools, exclude, rng)
+        if cfg.p_error_recovery > 0 and kind == "normal" and rng.random() < cfg.p_error_recovery:
+            from palaestra.datagen.recovery import mistake
+
+            tasks[0].mistake = mistake(env, trace, rng)
         for task in tasks:
             result = guided_chain(roles, env, history, task, cfg.k_max, rng, cfg.max_steps, chain_stats)
             if result is None:

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from palaestra.datagen import phrasing as P
+from palaestra.datagen.envs import is_error_response
 from palaestra.datagen.phrasing import short_description
+from palaestra.datagen.recovery import recovery_thought
 from palaestra.datagen.sampler import Trace
 from palaestra.datagen.schema import parameters, to_openai_tool
 from palaestra.datagen.thoughts import closing_thought, parallel_thought, step_thought
@@ -217,10 +219,19 @@ class DeterministicReasoner:
         plan = list(range(len(steps)))
         if try_index == 0 and turn.trace.hidden and rng.random() < self.naive_first_try:
             plan = [i for i in plan if i not in turn.trace.hidden]
+        mistake = getattr(turn, "mistake", None)
+        if mistake is not None:  # a flagged error-recovery turn: the wrong call first, then the trace
+            if done == 0:
+                return format_calls([mistake], thinking=f"{mistake.name} should do this; I call it.")
+            done -= 1
         if done >= len(plan):
             # the results the user asked for: the stated steps' (a hidden step's is only a means)
             stated = {s.name for j, s in enumerate(steps) if j not in turn.trace.hidden}
-            results = [r for name, r in _results_since_user(messages, named=True) if name in stated]
+            results = [
+                r
+                for name, r in _results_since_user(messages, named=True)
+                if name in stated and not is_error_response(r)
+            ]
             thinking = closing_thought(steps, results, turn.trace.parallel, turn.trace.hidden)
             return format_calls([], thinking=thinking, content=P.report(results, rng))
         if turn.trace.parallel:  # independent calls: all in one message
@@ -231,7 +242,13 @@ class DeterministicReasoner:
         doc = spec_doc.get(step.name)
         purpose = P.imperative(doc) if doc else "continue"
         thinking = step_thought(steps, i, plan, messages, purpose)
+        if mistake is not None and done == 0:
+            thinking = recovery_thought(mistake, _last_tool_text(messages)) + " " + thinking
         return format_calls([ToolCall(step.name, step.arguments)], thinking=thinking)
+
+
+def _last_tool_text(messages: list[dict]) -> str:
+    return next((m["content"] for m in reversed(messages) if m["role"] == "tool"), "")
 
 
 def _results_since_user(messages: list[dict], named: bool = False) -> list:
