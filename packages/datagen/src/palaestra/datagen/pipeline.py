@@ -281,7 +281,10 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
                               seen_outputs, seen_arguments, called, cfg, last, seen_raw)  # fmt: skip
         seen_outputs += [pair for s in trace.steps for pair in leaves(s.output, "result")]
         seen_raw += [s.output for s in trace.steps]
-        seen_arguments += [s.arguments for s in trace.steps]
+        # what the user said: a value carried into a call (fed, or from an earlier turn) is no value the user stated
+        seen_arguments += [
+            {k: v for k, v in s.arguments.items() if k not in s.feeds and k not in s.prior_feeds} for s in trace.steps
+        ]
         called |= {s.name for s in trace.steps}
         if not trace.steps:
             return out("empty_trace")
