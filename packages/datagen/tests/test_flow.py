@@ -40,7 +40,7 @@ def test_first_turn_targets_favour_tools_a_producer_can_feed(ticket_graph):
 
 def test_later_turns_prefer_a_target_an_earlier_call_can_feed(ticket_graph):
     """P(tool) is proportional to weight x 3 (some output can feed it) x 5 (a tool called before can feed it)."""
-    from palaestra.datagen.pipeline import weighted_tool
+    from palaestra.datagen.turnplan import weighted_tool
 
     tools = ticket_graph.tools("TicketAPI")
     after = {"create_ticket"}
@@ -85,7 +85,8 @@ def _distinct(v) -> bool:
 
 
 def test_flow_share_of_the_deterministic_run(deterministic_run):
-    """Of the traces (turns with calls), the share where a call takes a distinctive value an earlier step of the
+    """Of the sequential traces (turns with calls, not in one message), the share where a call takes a distinctive
+    value an earlier step of the
     same turn returned and the turn's request does not say: 0.23 on this fixture (0.17 before dependent goals
     were favoured); counted from the rows' own traces, not by `quality`."""
     path, _ = deterministic_run
@@ -93,10 +94,13 @@ def test_flow_share_of_the_deterministic_run(deterministic_run):
     for line in path.read_text().splitlines():
         row = json.loads(line)
         recorded = iter(json.loads(row["provenance"]["trace"]))
+        batches = [[c["function"]["name"] for c in m["tool_calls"]] for m in row["messages"] if m.get("tool_calls")]
         for turn in row["turns"]:
             if not turn["ground_truth"]:
                 continue
             steps = next(recorded)["steps"]
+            if len(steps) > 1 and [f"{s['name']}" for s in steps] in batches:
+                continue  # parallel calls (one message): independent goals, no flow between them by design
             traces += 1
             returned: list = []
             flow = False
@@ -109,4 +113,7 @@ def test_flow_share_of_the_deterministic_run(deterministic_run):
     assert traces > 150
     # 0.23 before issue 39; 0.14 since a value read from a call that changed the state is refused (create a
     # ticket, then close it: a change the user did not ask for) and flows only go into arguments of their kind
-    assert flows / traces >= 0.12, (flows, traces)
+    # 0.12 on this fixture since a later turn preferably takes an earlier turn's value (issue 39: `carry`) rather
+    # than an in-turn producer's: in-turn flows 18% -> 14% of the sequential traces of deterministic.yaml,
+    # cross-turn ones 12 -> 79 traces
+    assert flows / traces >= 0.10, (flows, traces)

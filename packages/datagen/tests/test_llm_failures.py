@@ -158,7 +158,7 @@ def test_prose_answers_are_dropped_under_the_reasoners_name(tmp_path):
         output_dir=str(tmp_path),
         tracking=TrackingConfig(enabled=False),
         roles=roles,
-        item=ItemConfig(max_turns=1, p_miss_param=0.0, p_miss_func=0.0),
+        item=ItemConfig(max_turns=1, p_miss_param=0.0, p_miss_func=0.0, p_parallel=0.0),
         log_samples=False,
     )
     try:

@@ -126,7 +126,8 @@ class ScriptedTeacher(BaseHTTPRequestHandler):
         if self.slips and k % 3 == 1 and len(plan) >= 2 and not hinted and latest["role"] == "user":
             plan = plan[1:]  # a capable model's slip on a first try: the critic's hint fixes it
         if done >= len(plan):
-            results = "; ".join(m["content"] for m in messages[anchor:] if m["role"] == "tool")
+            # the results as they came, keys in words ("login status": a flag is reported by its name)
+            results = "; ".join(m["content"].replace("_", " ") for m in messages[anchor:] if m["role"] == "tool")
             return {"thinking": "All steps are done.", "content": f"All done. Results: {results}"}  # reports them
         name, args = plan[done]
         call = {"id": f"c{done}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
@@ -275,7 +276,7 @@ def test_plan_counts_the_requests_a_scripted_run_makes(tmp_path, capsys):
     roles = RolesConfig(
         tool_maker="llm", query_writer="llm", reasoner="llm", critic="llm", judge="llm", naive_first_try=0.0, llm=llm
     )
-    item = ItemConfig(max_turns=1, p_miss_param=0.0, p_miss_func=0.0)
+    item = ItemConfig(max_turns=1, p_miss_param=0.0, p_miss_func=0.0, p_parallel=0.0)
     envs = ["TicketAPI", "TradingBot", "MessageAPI"]
     cfg = DataGenerationConfig(
         num_samples=12, workers=0, items_per_task=4, envs=envs, output_dir=str(tmp_path), roles=roles, item=item,
@@ -331,7 +332,7 @@ def test_a_model_per_role(tmp_path, teacher):
             roles=RolesConfig(
                 tool_maker="llm", query_writer="llm", reasoner="llm", critic="llm", llm=main, models={"critic": critic}
             ),
-            item=ItemConfig(max_turns=1, p_miss_param=0.0, p_miss_func=0.0),
+            item=ItemConfig(max_turns=1, p_miss_param=0.0, p_miss_func=0.0, p_parallel=0.0),
             log_samples=False,
         )
         generate(cfg, Tracker(cfg.tracking))

@@ -14,6 +14,7 @@ import json
 
 from palaestra.datagen.envs import get_env
 from palaestra.datagen.grounding import stated, verify_row
+from palaestra.datagen.hardness import hardness_figures
 from palaestra.datagen.quality import frame, quality_figures, sentence_frames, third_person_verbs, ungrammatical
 
 
@@ -86,7 +87,10 @@ def test_a_value_only_a_tool_returned_is_leaked_unless_the_answer_told_it():
     assert quality_figures([told])["leaked_values"] == 0
     assert "leaked_value" not in verify_row(told, get_env("MathAPI"))
     # a value said only in an earlier turn does not ground this one
-    again = _row([(*first, "The sum is 108.75."), ("Now multiply it by 3.0.", second[1], "Done.")])
+    again_calls = [("multiply", {"a": 108.75, "b": 8.25}, {"result": 897.1875})]
+    again = _row(
+        [(*first, "The sum is 108.75."), ("Now multiply it by the second number again.", again_calls, "Done.")]
+    )
     assert "borrowed_value" in verify_row(again, get_env("MathAPI")) or "ungrounded_argument" in verify_row(
         again, get_env("MathAPI")
     )
@@ -140,7 +144,11 @@ def test_deterministic_run_teaches_goals_in_words(deterministic_run):
     assert q["leaked_values"] == 0  # old: 107
     assert q["borrowed_values"] <= 0.01 * q["steps"]  # old: 236 in 3,152 steps
     assert q["steps_after_target"] == 0  # old: 56% of the steps
-    assert q["flow_share"] >= 0.12  # old: 0.13 at 400 items; 0.14 here since goal coherence (issue 39)
+    # old: 0.13 at 400 items; 0.14 here since goal coherence (issue 39); over the sequential traces since parallel
+    # turns (one message of independent calls, no flow between them by design: `hardness`)
+    parallel = hardness_figures(rows)["parallel_messages"]
+    assert q["traces_with_flow"] / (q["traces"] - parallel) >= 0.10  # carried values instead (test_flow)
+    assert q["traces_with_cross_turn_flow"] >= 0.07 * q["traces"]  # before issue 39's carry: 12 of 765 (1.6%)
     assert q["raw_parameter_names"] == 0
     assert q["closing_replies_reporting_results"] >= 0.6 * q["closing_replies"]  # old: 0
     assert q["closing_replies_naming_tools"] <= 0.1 * q["closing_replies"]  # old: all 807

@@ -65,8 +65,14 @@ def key_described(key: str, described: set[str]) -> bool:
     return bool(k) and k <= described and len(key) > 3
 
 
+NUMERIC = {"number", "integer", "float"}
+
+
 def compatible_key(param: str, pspec: dict, key: str) -> bool:
-    """Whether a response key can feed `param`: by name, or named in the parameter's description."""
+    """Whether a response key can feed `param`: by name, or named in the parameter's description, or a bare
+    computed ``result`` into a numeric parameter ("now multiply that result by 3": MathAPI's chains)."""
+    if key == "result" and pspec.get("type") in NUMERIC:
+        return True
     return names_match(param, key) or key_described(key, tokens(pspec.get("description", "") or ""))
 
 
@@ -221,7 +227,9 @@ def propose_arguments(
         options = candidates(env, tool, pname, prior_outputs, rng, args)
         if not options:
             continue
-        best = [o for o in options if o[1] == "output"] if prefer_outputs else []
+        # an earlier result feeds one parameter of a call, not several (multiply(a=r, b=r) is no chain)
+        taken = list(args.values())
+        best = [o for o in options if o[1] == "output" and o[0] not in taken] if prefer_outputs else []
         pspec = parameters(doc)[pname]
         singled = [o for o in best if any(superlative(o[0], out, pname, pspec) for out in raw_outputs)]
         if singled and rng.random() < 0.5:

@@ -22,6 +22,7 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from palaestra.datagen.envs import Execution, ToolEnv
 from palaestra.datagen.grounding import asked_names
@@ -44,6 +45,8 @@ class TurnTask:
     (func_added)."""
     schema: dict | None = None
     """func_added: the schema of the function that becomes available (shown in the system message)."""
+    mistake: Any = None
+    """A failing first call the reasoner makes and recovers from (`recovery`; a ``ToolCall``), or None."""
 
     @property
     def expects_calls(self) -> bool:

@@ -15,6 +15,11 @@ as ``coherence_<problem>`` and ``stats.json`` counts them. The checks:
 - ``empty_range``: a ``min_X`` / ``max_X`` pair of arguments with min >= max.
 - ``unreported_result``: a turn's closing reply states none of what a requested step returned (a long
   text may be quoted in part), or says there was nothing to report while something came back.
+- ``dependent_parallel``: a parallel turn (calls in one message, every one a stated goal) whose calls are not
+  independent: one alone returns something else than in the batch, or the reverse order differs
+  (`parallel.independent`).
+- ``broken_dependency``: a value recorded as carried (``feeds``: from a step of this turn at ``feed_keys``;
+  ``prior_feeds``: from an earlier turn at that key) is not what the replayed source returned there.
 
 These are heuristics over names and replays, not a proof of intent.
 """
@@ -38,6 +43,8 @@ PROBLEMS = (
     "kind_mismatch",
     "empty_range",
     "unreported_result",
+    "dependent_parallel",
+    "broken_dependency",
 )
 """Every problem `check_row` can report, in the order it checks them."""
 
@@ -172,19 +179,30 @@ def check_row(row: dict, spec) -> list[str]:
     env = _env(row, spec)
     traces = json.loads(row["provenance"]["trace"])
     replies = _closing_replies(row)
+    earlier: list[tuple[str, Any]] = []  # replayed response entries of earlier turns
     for t, trace in enumerate(traces):
         steps = trace["steps"]
         if not steps:
             continue
         hidden = _hidden(steps)
-        needed = needed_steps(env, steps) if len(steps) > 1 else {0}
+        if trace.get("parallel"):
+            from palaestra.datagen.parallel import independent
+
+            needed = set(range(len(steps)))  # every call is a stated goal
+            if hidden or not independent(env, [(s["name"], s["arguments"]) for s in steps]):
+                found.add("dependent_parallel")
+        else:
+            needed = needed_steps(env, steps) if len(steps) > 1 else {0}
         for i in range(len(steps) - 1):
             if i not in needed:
                 found.add("unneeded_step" if i in hidden else "unneeded_prerequisite")
+        replayed: list[Any] = []
         for i, s in enumerate(steps):
             doc = spec.doc(s["name"])
             before = env.copy()
-            env.execute(s["name"], s["arguments"])
+            if _broken(s, replayed, earlier):
+                found.add("broken_dependency")
+            replayed.append(env.execute(s["name"], s["arguments"]).output)
             if i in hidden and not before.same_state(env):
                 found.add("unrequested_state_change")
             keys = {**{p: s["feed_keys"].get(p, p) for p in s["feeds"]}, **s.get("prior_feeds", {})}
@@ -195,6 +213,7 @@ def check_row(row: dict, spec) -> list[str]:
                     found.add("kind_mismatch")  # card_number='Visa'
             if empty_range(s["arguments"]):
                 found.add("empty_range")
+        earlier += [pair for out in replayed for pair in leaves(out, "result")]
         reply = replies[t] if t < len(replies) else ""
         wanted = [steps[i]["output"] for i in range(len(steps)) if i not in hidden]
         verdicts = [reported(o, reply) for o in wanted if not is_error_response(o)]
@@ -203,6 +222,21 @@ def check_row(row: dict, spec) -> list[str]:
         ):
             found.add("unreported_result")
     return [p for p in PROBLEMS if p in found]
+
+
+def _broken(step: dict, replayed: list, earlier: list[tuple[str, Any]]) -> bool:
+    """Whether a carried value of `step` is not what its replayed source returned (see the docstring)."""
+    for param, src in step["feeds"].items():
+        key = step.get("feed_keys", {}).get(param, param)
+        value = step["arguments"].get(param)
+        pairs = leaves(replayed[src], "result") if src < len(replayed) else []
+        if not any(v == value or (isinstance(v, list) and value in v) for k, v in pairs if k == key):
+            return True
+    for param, key in step.get("prior_feeds", {}).items():
+        value = step["arguments"].get(param)
+        if not any(v == value for k, v in earlier if k == key):
+            return True
+    return False
 
 
 # -- used by the sampler, so that it builds coherent traces rather than have them dropped

@@ -1,7 +1,7 @@
 """The load of a ``datagen.generate`` run before it runs: LLM requests and tokens per role (`palaestra plan`).
 
 A probe generates the run's first ``PROBE_ITEMS`` work items (the same items, seeds and initial states the run
-draws, the graph's counts merged batch by batch as the run merges them) with the deterministic roles standing
+draws, on the graph as the run starts, as the run samples them) with the deterministic roles standing
 in for the LLM ones, and counts per LLM role what that role would have sent in their place: one request per
 tool-maker, query-writer and judge call, one per reasoner step (each assistant message), one per critic hint.
 Prompt sizes are the LLM roles' own messages (`llm_roles.tool_maker_messages`, ..., `judge.judge_messages`)
@@ -142,17 +142,13 @@ def estimate_load(cfg, probe_items: int = PROBE_ITEMS, graph=None) -> dict:
             if cfg.graph
             else build_graph(cfg.envs, cfg.seed)
         )
-    graph = ApiGraph.from_dict(graph.to_dict())  # the probe merges counts into its own copy
+    graph = ApiGraph.from_dict(graph.to_dict())  # the probe samples on its own copy
     items = plan_items(cfg, graph)[: max(0, min(probe_items, cfg.num_samples))]
     tally = Tally()
     roles = stand_in_roles(cfg.roles, tally)
-    batch = cfg.items_per_task * max(1, 2 * cfg.workers)  # the run merges the graph's counts per batch of chunks
     kept = 0
-    for b in range(0, len(items), batch):
-        results = [generate_item(it, graph, roles, cfg.item) for it in items[b : b + batch]]
-        for r in results:
-            kept += r["sample"] is not None
-            graph.merge_stats(r["stats"]["sampler"])
+    for it in items:  # on the graph as the run starts, as the run samples (`generate.run_generation`)
+        kept += generate_item(it, graph, roles, cfg.item)["sample"] is not None
     scale = cfg.num_samples / len(items) if items else 0.0
     by_role = {
         role: {

@@ -22,8 +22,9 @@ from pathlib import Path
 from palaestra.datagen.dataset import SampleWriter, read_rows
 from palaestra.datagen.envs import BFCL_CLASSES, get_env
 from palaestra.datagen.graph import ApiGraph
-from palaestra.datagen.pipeline import FED_BONUS, ItemConfig, RolesConfig, generate_item, make_roles
+from palaestra.datagen.pipeline import ItemConfig, RolesConfig, generate_item, make_roles
 from palaestra.datagen.run_stats import RunStats, audit_rows
+from palaestra.datagen.turnplan import FED_BONUS
 from palaestra.shared.config import ConfigError, JobConfig, value_check
 from palaestra.shared.jobs import format_headline, job
 from palaestra.shared.stats import wilson_interval
@@ -133,10 +134,13 @@ def run_generation(cfg: DataGenerationConfig, graph: ApiGraph, tracker: Tracker,
         todo = [it for it in items if it["id"] not in writer.done]
         stats.resumed = len(items) - len(todo)
         chunks = [todo[i : i + cfg.items_per_task] for i in range(0, len(todo), cfg.items_per_task)]
+        # every item samples on the graph as the run found it: the flows it observes (merged below, saved with
+        # the graph) do not steer later items, so a resumed run makes the same samples as an uninterrupted one
+        frozen = graph.to_dict()
         payloads = [
             {
                 "items": c,
-                "graph": graph.to_dict(),
+                "graph": frozen,
                 "roles": cfg.roles,
                 "item_cfg": cfg.item,
                 "items_at_once": cfg.items_at_once,

@@ -223,11 +223,13 @@ class ApiGraph:
         return fig
 
 
-def try_call(env: ToolEnv, tool: str, outputs: list, rng: random.Random, attempts: int = 6, raw_outputs=()):
-    """Execute `tool` with up to `attempts` proposed assignments on forks; return (env', execution) or (env, last)."""
+def try_call(env: ToolEnv, tool: str, outputs: list, rng: random.Random, attempts: int = 6, raw_outputs=(), fixed=None):
+    """Execute `tool` with up to `attempts` proposed assignments on forks; return (env', execution) or (env, last).
+    `fixed`: parameter -> value set in every assignment (a value carried over from an earlier turn)."""
     last = None
     for _ in range(attempts):
         args, _ = propose_arguments(env, tool, outputs, rng, raw_outputs=raw_outputs)
+        args.update(fixed or {})
         fork = env.copy()
         result = fork.execute(tool, args)
         if result.ok:

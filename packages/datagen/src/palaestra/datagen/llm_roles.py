@@ -99,6 +99,8 @@ def query_writer_messages(tool: AdvancedTool, trace, spec, noise: str, omit: Seq
     last = len(trace.steps) - 1
     goal = imperative(spec.doc(trace.steps[-1].name)) if trace.steps else tool.description
     before = [f"- {imperative(spec.doc(s.name))}" for i, s in enumerate(trace.steps) if i not in hidden and i < last]
+    if getattr(trace, "parallel", False):  # independent goals asked at once: each is a goal, none comes first
+        goal, before = " and, independently, ".join(imperative(spec.doc(s.name)) for s in trace.steps), []
     looked_up = [words(s.feed_keys.get(p, p)) for s in trace.steps for p in s.feeds]
     looked_up += [f"{words(k)} (an earlier answer's)" for s in trace.steps for k in s.prior_feeds.values()]
     content = prompt(

@@ -101,6 +101,24 @@ OPENERS = [
     "My task today is to {g}. Please take care of it.",
     "Go ahead and {g}.",
 ]
+SELF_OPENERS = {
+    "Can you help me {g}?",
+    "I want to {g}. Can you do that for me?",
+    "My task today is to {g}. Please take care of it.",
+}
+"""Openers where the user does the goal: they do not fit a goal said to the assistant ("show me ...")."""
+
+
+def openers(goal: str) -> list[str]:
+    """The openers that fit `goal`: none of `SELF_OPENERS` for "show me ...", "tell me ..." and the like."""
+    return [o for o in OPENERS if o not in SELF_OPENERS] if addressed(goal) else OPENERS
+
+
+def addressed(goal: str) -> bool:
+    """Whether the goal is said to the assistant about the user ("show me ...", "tell me ...", "sign me in")."""
+    return bool(re.match(r"\w+ me\b", goal))
+
+
 GOAL_FIRST = [
     "My goal is to {goal}. To get there, {pre} first.",
     "I want to {goal}; before that, {pre}.",
@@ -129,6 +147,14 @@ def join_goals(goals: list[str], rng: random.Random) -> str:
     joiner = rng.choice(JOINERS)
     if rng.random() < 0.3:
         return "first " + joiner.join(goals[:-1]) + rng.choice([", and finally ", "; finally, "]) + goals[-1]
+    return joiner.join(goals)
+
+
+def join_parallel(goals: list[str], rng: random.Random) -> str:
+    """Several independent goals in one request (a parallel turn): no order between them, so no "then"."""
+    joiner = rng.choice([" and ", ", and also ", "; also ", ", plus "])
+    if len(goals) > 2:
+        return ", ".join(goals[:-1]) + joiner + goals[-1]
     return joiner.join(goals)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
@@ -28,15 +27,12 @@ from palaestra.datagen.chain import TurnTask, guided_chain
 from palaestra.datagen.envs import ToolEnv, get_env
 from palaestra.datagen.graph import ApiGraph
 from palaestra.datagen.role_registry import STAGES, RoleContext, build, choice, role_names
-from palaestra.datagen.sampler import SamplerStats, draw_length, sample_trace
+from palaestra.datagen.sampler import SamplerStats
 from palaestra.datagen.schema import parameters
+from palaestra.datagen.turnplan import plan_turns, turn_trace
 from palaestra.shared.config import value_check
 from palaestra.shared.llm.base import LLMConfig, SamplingParams
 
-FED_BONUS = 3.0
-"""Later turns' targets: weight of a tool that another tool's output can feed, relative to one none can."""
-DEPENDENT_BONUS = 5.0
-"""Later turns' targets: weight, on top, of a tool that a tool called in an earlier turn can feed."""
 ANSWERS = ["The {w} is {v}.", "It's {v}.", "Use {v}.", "Sorry, I forgot: the {w} is {v}.", "{v}, please."]
 """The user's answer when the assistant asked for a missing value (a miss_param turn)."""
 
@@ -108,6 +104,14 @@ class ItemConfig:
     """Chance that a sample's last turn withholds a parameter."""
     p_miss_func: float = 0.15
     """Chance that a sample's last turn withholds the target function."""
+    p_parallel: float = 0.3
+    """Chance that a normal turn asks for several independent calls at once (one assistant message; BFCL's
+    parallel and parallel_multiple categories, `parallel`)."""
+    p_error_recovery: float = 0.0
+    """Chance that a sequential normal turn is a flagged error-recovery trajectory (`recovery`: a failing call
+    first, the error read, then the right calls; the turn says ``error_recovery``). Off by default."""
+    p_carry: float = 0.9
+    """Chance that a later turn's target is one that can take an earlier turn's result (`carry`), where any can."""
 
 
 @cache
@@ -138,54 +142,6 @@ def make_roles(cfg: RolesConfig, counter=None) -> tuple[R.Roles, Any]:
     stages = {r: build(r, ctx) for r in STAGES}
     filters = [f for f in (build(r, ctx) for r in role_names("filter")) if f is not None]
     return R.Roles(**stages, filters=filters), counter
-
-
-def weighted_tool(
-    graph: ApiGraph,
-    env: str,
-    rng: random.Random,
-    exclude: AbstractSet[str] = frozenset(),
-    after: AbstractSet[str] = frozenset(),
-) -> str:
-    """A tool by node weight; one that an output-to-input mapping can feed weighs `FED_BONUS` times more (a goal
-    whose steps feed each other), and one that a tool in `after` (called in an earlier turn) can feed
-    `DEPENDENT_BONUS` times more again (a turn that can take an earlier turn's result: FunReason-MT's dependent
-    turns)."""
-    tools = [t for t in graph.tools(env) if t not in exclude]
-    sources = {t: graph.feeders(env, t) for t in tools}
-    weights = [
-        graph.weight(env, t) * (FED_BONUS if sources[t] else 1.0) * (DEPENDENT_BONUS if sources[t] & after else 1.0)
-        for t in tools
-    ]
-    return rng.choices(tools, weights=weights)[0]
-
-
-@dataclass
-class TurnPlan:
-    """An item's user turns: each turn's target tool (None: drawn after the earlier turns, `weighted_tool` with
-    their calls), the last turn's kind, the function a miss_func turn withholds."""
-
-    targets: list[str | None]
-    last_kind: str
-    withheld: str | None
-
-
-def plan_turns(item: dict, graph: ApiGraph, env_name: str, cfg: ItemConfig, rng: random.Random) -> TurnPlan:
-    """How many turns, what kind the last one is (normal, miss_func, miss_param), the first turn's target and
-    the function a miss_func turn withholds (its target; the other turns' targets are drawn as they come)."""
-    n_turns = rng.randint(cfg.min_turns, cfg.max_turns)
-    last_kind = "normal"
-    roll = rng.random()
-    if roll < cfg.p_miss_func:
-        last_kind = "miss_func"
-    elif roll < cfg.p_miss_func + cfg.p_miss_param:
-        last_kind = "miss_param"
-    targets: list[str | None] = [item["target"]] + [None] * (n_turns - 1)
-    if last_kind == "miss_func" and n_turns > 1:
-        targets[-1] = weighted_tool(graph, env_name, rng)
-        if targets[-1] == targets[0]:
-            last_kind = "normal"  # the withheld function must not be needed before its turn
-    return TurnPlan(targets, last_kind, targets[-1] if last_kind == "miss_func" else None)
 
 
 class UsageMark:
@@ -261,17 +217,20 @@ def turn_entry(task: TurnTask, trace, tool, omit: list[str], withheld: str | Non
         entry["missing_value"] = tool.inputs[omit[0]]["value"]
     if task.kind in ("miss_func", "func_added"):
         entry["missing"] = withheld
+    if task.mistake is not None:
+        entry["error_recovery"] = True
     return entry
 
 
 def trace_record(trace) -> dict:
     """The row's record of one turn's sampled trace."""
     keys = ("name", "arguments", "output", "feeds", "feed_keys", "prior_feeds", "selectors")
-    return {
+    record = {
         "target": trace.target,
         "target_hit": trace.target_hit,
         "steps": [{k: getattr(s, k) for k in keys} for s in trace.steps],
     }
+    return record | ({"parallel": True} if trace.parallel else {})
 
 
 def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, counter=None) -> dict:
@@ -297,6 +256,7 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
     advanced: list[dict] = []
     missed: list[dict] = []
     seen_outputs: list = []  # response entries of earlier turns (candidates; the only one there is carried over)
+    seen_raw: list = []  # earlier turns' responses, whole (a record there may be singled out by a criterion)
     seen_arguments: list[dict] = []  # arguments of earlier turns' calls (a value there is the user's)
 
     def tools_now(hidden: set[str]) -> list[dict]:
@@ -311,16 +271,20 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
 
     called: set[str] = set()  # tools earlier turns called (a later turn preferably takes one's result)
     for t, target in enumerate(plan.targets):
-        if target is None:
-            target = weighted_tool(graph, spec.name, rng, {withheld} if withheld else set(), called)
         last = t == len(plan.targets) - 1
         kind = plan.last_kind if last else "normal"
         exclude = {withheld} if withheld and not last else set()
-        trace, _ = sample_trace(
-            env, graph, target, rng, draw_length(rng), sampler_stats, exclude, seen_outputs, seen_arguments
-        )
+        if target is None and withheld:
+            exclude = exclude | {withheld}
+        fixed = target is not None and kind != "miss_func"
+        trace, _ = turn_trace(env, graph, spec, target, t, kind, fixed, rng, sampler_stats, exclude,
+                              seen_outputs, seen_arguments, called, cfg, last, seen_raw)  # fmt: skip
         seen_outputs += [pair for s in trace.steps for pair in leaves(s.output, "result")]
-        seen_arguments += [s.arguments for s in trace.steps]
+        seen_raw += [s.output for s in trace.steps]
+        # what the user said: a value carried into a call (fed, or from an earlier turn) is no value the user stated
+        seen_arguments += [
+            {k: v for k, v in s.arguments.items() if k not in s.feeds and k not in s.prior_feeds} for s in trace.steps
+        ]
         called |= {s.name for s in trace.steps}
         if not trace.steps:
             return out("empty_trace")
@@ -336,6 +300,10 @@ def generate_item(item: dict, graph: ApiGraph, roles: R.Roles, cfg: ItemConfig, 
         if query is None or not query.text.strip():
             return out(f"query_writer:{getattr(roles.query_writer, 'last_drop', None) or 'empty'}")
         tasks = turn_tasks(kind, query.text, trace, tool, spec, omit, withheld, tools_now, all_tools, exclude, rng)
+        if cfg.p_error_recovery > 0 and kind == "normal" and rng.random() < cfg.p_error_recovery:
+            from palaestra.datagen.recovery import mistake
+
+            tasks[0].mistake = mistake(env, trace, rng)
         for task in tasks:
             result = guided_chain(roles, env, history, task, cfg.k_max, rng, cfg.max_steps, chain_stats)
             if result is None:

@@ -222,6 +222,7 @@ def quality_figures(rows: list[dict]) -> dict:
             n["traces"] += 1
             n["steps"] += len(steps)
             first = next((i for i, s in enumerate(steps) if s["name"] == trace.get("target")), len(steps) - 1)
+            first = len(steps) - 1 if trace.get("parallel") else first  # parallel calls: every one a goal
             n["steps_after_target"] += len(steps) - 1 - first
             flow = cross = False
             uses: dict[str, int] = {}

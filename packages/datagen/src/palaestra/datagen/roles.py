@@ -26,10 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from palaestra.datagen import phrasing as P
-from palaestra.datagen.argfill import leaves
+from palaestra.datagen.envs import is_error_response
 from palaestra.datagen.phrasing import short_description
+from palaestra.datagen.recovery import recovery_thought
 from palaestra.datagen.sampler import Trace
 from palaestra.datagen.schema import parameters, to_openai_tool
+from palaestra.datagen.thoughts import closing_thought, parallel_thought, step_thought
+from palaestra.datagen.userwords import user_goal
 from palaestra.shared.toolcall import ToolCall, format_calls
 
 
@@ -143,16 +146,21 @@ class DeterministicQueryWriter:
             for param, key in step.prior_feeds.items():
                 ref = rng.choice(["the {k} you just got", "the same {k} as before", "that {k} from earlier"])
                 ref = ref.format(k=P.words(key))
+                sel = step.selectors.get(param)
+                if sel:  # one of the records an earlier answer listed: the criterion singles it out
+                    ref = f"the {P.words(key)} of the one with the {sel[1]} {P.words(sel[0])} from before"
                 name = P.param_phrase(param, spec_of(i, param))
                 details.append(ref if P.words(param) == P.words(key) else f"{name}: {ref}")
-            goal = P.imperative(spec.doc(step.name))
+            goal = user_goal(step.name, rng)
             if details:
                 goal += rng.choice([" ({d})", " with {d}", ", using {d}"]).format(d="; ".join(details))
             goals.append(goal)
-        if len(goals) >= 2 and rng.random() < 0.35:
+        if trace.parallel:
+            text = rng.choice(P.openers(goals[0])).format(g=P.join_parallel(goals, rng))
+        elif len(goals) >= 2 and not P.addressed(goals[-1]) and rng.random() < 0.35:
             text = rng.choice(P.GOAL_FIRST).format(goal=goals[-1], pre=P.join_goals(goals[:-1], rng))
         else:
-            text = rng.choice(P.OPENERS).format(g=P.join_goals(goals, rng))
+            text = rng.choice(P.openers(goals[0])).format(g=P.join_goals(goals, rng))
         rest = [
             f"{P.param_phrase(p, spec_of(i, p))} is {P.value_text(v)}" for i in sorted(by_step) for p, v in by_step[i]
         ]
@@ -161,26 +169,6 @@ class DeterministicQueryWriter:
         if rng.random() < 0.5:
             text += " " + rng.choice(P.NOISE)
         return Query(text, list(omit))
-
-
-LEADS = ["Next: {n} ({p}).", "Now I call {n} to {p}.", "The next step is {n}, to {p}.", "I'll use {n} to {p}."]
-CONSUMES = [
-    "{c} needs the {p}, which is the {k} that {n} returns",
-    "{n} gives the {k} that {c} takes as its {p}",
-    "I need the {k} from {n} for the {p} of {c}",
-]
-FEEDS = [
-    "the {p} is the {k}{w} from {s}",
-    "I take the {p} from the {k}{w} that {s} returned",
-    "{s} already returned the {k}{w}; that is the {p}",
-]
-GIVEN = ["the request gives the {ps}", "the user stated the {ps}", "the {ps} come from the request"]
-FINISHED = [
-    "Every step the request needs is done.",
-    "That completes the request; I'll report the results.",
-    "The goal is reached, so I summarize what came back.",
-    "All calls succeeded. Time to answer with the results.",
-]
 
 
 class DeterministicReasoner:
@@ -231,56 +219,36 @@ class DeterministicReasoner:
         plan = list(range(len(steps)))
         if try_index == 0 and turn.trace.hidden and rng.random() < self.naive_first_try:
             plan = [i for i in plan if i not in turn.trace.hidden]
+        mistake = getattr(turn, "mistake", None)
+        if mistake is not None:  # a flagged error-recovery turn: the wrong call first, then the trace
+            if done == 0:
+                return format_calls([mistake], thinking=f"{mistake.name} should do this; I call it.")
+            done -= 1
         if done >= len(plan):
             # the results the user asked for: the stated steps' (a hidden step's is only a means)
             stated = {s.name for j, s in enumerate(steps) if j not in turn.trace.hidden}
-            results = [r for name, r in _results_since_user(messages, named=True) if name in stated]
-            return format_calls([], thinking=_closing_thought(steps, results, rng), content=P.report(results, rng))
+            results = [
+                r
+                for name, r in _results_since_user(messages, named=True)
+                if name in stated and not is_error_response(r)
+            ]
+            thinking = closing_thought(steps, results, turn.trace.parallel, turn.trace.hidden)
+            return format_calls([], thinking=thinking, content=P.report(results, rng))
+        if turn.trace.parallel:  # independent calls: all in one message
+            calls = [ToolCall(s.name, s.arguments) for s in steps]
+            return format_calls(calls, thinking=parallel_thought(steps, messages))
         i = plan[done]
         step = steps[i]
-        why = []
-        consumers = [(j, p) for j, s in enumerate(steps) for p, src in s.feeds.items() if src == i and j in plan]
-        for j, param in consumers:
-            key = P.words(steps[j].feed_keys.get(param, param))
-            why.append(rng.choice(CONSUMES).format(c=steps[j].name, p=P.words(param), k=key, n=step.name))
-        for param, src in step.feeds.items():
-            sel = step.selectors.get(param)
-            which = f" of the record with the {sel[1]} {P.words(sel[0])}" if sel else ""
-            key = P.words(step.feed_keys.get(param, param))
-            fed = rng.choice(FEEDS).format(p=P.words(param), k=key, w=which, s=steps[src].name)
-            why.append(fed + _value_note(step.arguments.get(param)))
-        for param, key in step.prior_feeds.items():
-            note = _value_note(step.arguments.get(param))
-            why.append(f"the {P.words(param)} is the {P.words(key)} an earlier turn returned{note}")
-        given = [p for p in step.arguments if p not in step.feeds and p not in step.prior_feeds]
-        if given and not consumers:
-            said = ", ".join(P.words(p) + _value_note(step.arguments[p]) for p in given)
-            why.append(rng.choice(GIVEN).format(ps=said))
-        if not consumers and i < len(steps) - 1:  # a stated step before the goal: it enables the goal
-            why.append(f"{steps[-1].name} depends on it, so it comes first")
         doc = spec_doc.get(step.name)
         purpose = P.imperative(doc) if doc else "continue"
-        lead = rng.choice(LEADS).format(n=step.name, p=purpose)
-        return format_calls(
-            [ToolCall(step.name, step.arguments)], thinking=lead + (f" {'; '.join(why).capitalize()}." if why else "")
-        )
+        thinking = step_thought(steps, i, plan, messages, purpose)
+        if mistake is not None and done == 0:
+            thinking = recovery_thought(mistake, _last_tool_text(messages)) + " " + thinking
+        return format_calls([ToolCall(step.name, step.arguments)], thinking=thinking)
 
 
-def _value_note(value: Any) -> str:
-    """`` ('USR003')``: a short value in a reasoning sentence (nothing for a long one)."""
-    text = P.value_text(value)
-    return f" ({text})" if value is not None and len(text) <= 40 else ""
-
-
-def _closing_thought(steps: list, results: list, rng: random.Random) -> str:
-    """The reasoning before the closing answer, from this trace's facts: how many calls, which one the goal
-    was, what it returned first."""
-    goal = steps[-1].name if steps else "the last call"
-    facts = [(k, v) for k, v in leaves(results[-1], "result") if not isinstance(v, dict)] if results else []
-    first = f"; {goal} returned {P.words(facts[0][0]) or 'the result'}{_value_note(facts[0][1])}" if facts else ""
-    n = len(steps)
-    head = f"{n} call{'s' if n > 1 else ''} done" if n else "Done"
-    return f"{head}{first}. {rng.choice(FINISHED)}"
+def _last_tool_text(messages: list[dict]) -> str:
+    return next((m["content"] for m in reversed(messages) if m["role"] == "tool"), "")
 
 
 def _results_since_user(messages: list[dict], named: bool = False) -> list:

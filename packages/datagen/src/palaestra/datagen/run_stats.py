@@ -13,7 +13,8 @@ dropped under the threshold or without a score, samples per score), throughput.
 on every kept row (``ungrounded_kept``), error responses among ground-truth
 steps (``error_response_steps``), the goal-coherence check on every kept row (``incoherent_kept``, by
 problem; ``coherence`` counts the samples checked and dropped at generation time), and what the data
-teaches (``quality``: `quality.quality_figures`).
+teaches (``quality``: `quality.quality_figures`) and how hard it is in BFCL's terms (``hardness``: parallel
+calls, cross-turn dependence, calls per turn, pasted descriptions, reasoning sentences; `hardness`).
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def audit_rows(rows: list[dict]) -> dict:
     from palaestra.datagen.contamination import ContaminationIndex
     from palaestra.datagen.envs import get_env, is_error_response
     from palaestra.datagen.grounding import verify_row
+    from palaestra.datagen.hardness import hardness_figures
     from palaestra.datagen.quality import quality_figures
 
     ungrounded = 0
@@ -176,4 +178,5 @@ def audit_rows(rows: list[dict]) -> dict:
         "error_response_steps": error_steps,
         "incoherent_kept": incoherent,
         "quality": quality_figures(rows),
+        "hardness": hardness_figures(rows),
     }

@@ -82,6 +82,8 @@ class Trace:
     target: str
     steps: list[TraceStep]
     target_hit: bool
+    parallel: bool = False
+    """Independent calls made in one assistant message (`parallel`): every step is a stated goal."""
 
     @property
     def hidden(self) -> list[int]:
@@ -141,13 +143,18 @@ def sample_trace(
     exclude: AbstractSet[str] = frozenset(),
     prior_outputs: Sequence[tuple[str, Any]] = (),
     prior_arguments: Sequence[dict] = (),
+    carry: dict | None = None,
+    prior_raw: Sequence = (),
 ) -> tuple[Trace, ToolEnv]:
     """A trace of up to `length` executed calls toward `target`, and the environment after it.
 
     `prior_outputs`: response entries of earlier turns of the same sample. They count as candidates
     (a value there is not unique if an earlier turn returned another one); a value that is the only
     candidate there is carried over from that turn (`TraceStep.prior_feeds`), not stated, unless the user
-    stated it in an earlier turn (`prior_arguments`: the arguments of earlier turns' calls).
+    stated it in an earlier turn (`prior_arguments`: the arguments of earlier turns' calls). `carry`: parameter ->
+    value, an earlier turn's result the target is to take (set in its call; no producer of this turn is called
+    first to shadow it). `prior_raw`: earlier turns' responses, whole: a value that is one of several records
+    there, singled out by a numeric field, is carried too, with that criterion (`TraceStep.selectors`).
     """
     name = env.spec.name
     start = env
@@ -172,7 +179,7 @@ def sample_trace(
         if not legal:
             break
         producers = [] if hit or target not in legal else _producers(graph, name, target, legal, called, steps)
-        producers = [p for p in producers if p not in tried] if len(tried) < 2 else []
+        producers = [p for p in producers if p not in tried] if len(tried) < 2 and not carry else []
         if producers and len(steps) < 7 and rng.random() < P_PRODUCER_FIRST:
             # its result will feed the target (a hidden intermediate step); edges the student fails on weigh more
             pick = rng.choices(producers, weights=[graph.edge_weight(name, p, target) for p in producers])[0]
@@ -205,7 +212,8 @@ def sample_trace(
                 for t in pool
             ]
             pick = rng.choices(pool, weights=weights)[0]
-        new_env, ex = try_call(env, pick, outputs, rng, raw_outputs=[s.output for s in steps])
+        fixed = carry if carry and pick == target else None
+        new_env, ex = try_call(env, pick, outputs, rng, raw_outputs=[s.output for s in steps], fixed=fixed)
         if stats is not None:
             stats.record(name, pick, ex.ok)
         if not ex.ok:
@@ -235,6 +243,13 @@ def sample_trace(
                         step.feeds[param], step.feed_keys[param] = src, pick_by[0]
                         step.selectors[param] = list(pick_by[1:])
                         break
+                else:  # ... or of the records an earlier turn listed ("the one with the highest priority")
+                    for raw in reversed(prior_raw):
+                        pick_by = superlative(value, raw, param, props.get(param, {}))
+                        if pick_by is not None and not any(_echo(value, x) for x in [*steps, said_before]):
+                            step.prior_feeds[param] = pick_by[0]
+                            step.selectors[param] = list(pick_by[1:])
+                            break
         if consuming and steps[-1] is not None and len(steps) - 1 not in step.feeds.values():
             break  # it would not consume the last result: the goal ends where it is
         if step_breaks_coherence(step, steps, env.spec.doc(pick)):
