@@ -14,6 +14,7 @@ from palaestra.shared.llm.lora import LoraConfig
 from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.dynamic_sampling import DynamicSamplingConfig
 from palaestra.shared.rl.loss import LossConfig
+from palaestra.shared.rl.pilot import PilotConfig
 from palaestra.shared.rl.sft import SFTOptions
 from palaestra.shared.rollout.engine import RolloutConfig
 from palaestra.shared.rollout.vllm_weight_sync import WeightSync
@@ -43,6 +44,13 @@ class TaskSampling(StrEnum):
 
     replacement = "replacement"
     epochs = "epochs"
+
+
+class EpochMixture(StrEnum):
+    """Each env's share of an epoch under ``task_sampling: epochs`` (rl/task_sampling.py)."""
+
+    counts = "counts"
+    weights = "weights"
 
 
 class ScheduleUnit(StrEnum):
@@ -304,6 +312,16 @@ class TrainConfig(JobConfig):
     )
     """DAPO's dynamic sampling (rl/dynamic_sampling.py): drop the groups whose rewards are all equal and draw
     more tasks until the step has ``tasks_per_step`` mixed groups or ``max_extra_draws`` extra draws. Off."""
+    epoch_mixture: EpochMixture = field(
+        default=EpochMixture.counts, metadata=value_check("palaestra.shared.rl.task_sampling:check_epoch_mixture")
+    )
+    """With ``task_sampling: epochs``: counts (an env's share of an epoch is its task count's; unequal env weights
+    are refused) | weights (its share is its weight's, within 1/N; rl/task_sampling.py)."""
+    pilot: PilotConfig = field(
+        default_factory=PilotConfig, metadata=value_check("palaestra.shared.rl.pilot:check_pilot")
+    )
+    """A pilot pass before training (rl/pilot.py): the starting policy plays each candidate task ``samples``
+    times and only the tasks with mixed rewards are trained on. Off."""
 
     def __post_init__(self) -> None:
         # resolved here, before the config is logged: what MLflow's config.yaml holds is what runs
