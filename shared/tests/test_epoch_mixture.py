@@ -98,7 +98,12 @@ def test_each_step_logs_the_batch_share_per_source(tmp_path, dynamic):
             share = Counter(groups.values())
             assert metrics["batch/source_share/task.0"] == pytest.approx(share["src0"] / len(groups))
             assert metrics["batch/source_share/task.1"] == pytest.approx(share["src1"] / len(groups))
-    # one env: no share is logged (it would always be 1)
+            rewards = {g: [t.total_reward for t in trained[-1] if t.group_id == g] for g in groups}
+            mixed = sum(max(r) > min(r) for r in rewards.values()) / len(rewards)
+            assert metrics["batch/mixed_groups_share"] == pytest.approx(mixed)
+            solved = sum(max(r) >= 1 for r in rewards.values()) / len(rewards)
+            assert metrics["batch/pass_at_k"] == pytest.approx(solved)
+    # one env: no source share is logged (it would always be 1)
     single = small_train_config(tmp_path / "one", "exact_answer", steps=1)
     with Trainer(single) as trainer:
         assert not any(k.startswith("batch/source_share") for k in trainer.train_step())

@@ -165,3 +165,19 @@ def test_candidates_are_a_seeded_subset():
     some = pilot.candidate_tasks([5, 3], 4, seed=1)
     assert len(some) == 4 and set(some) < set(every) and some == sorted(some)
     assert some == pilot.candidate_tasks([5, 3], 4, seed=1) and some != pilot.candidate_tasks([5, 3], 4, seed=2)
+
+
+def test_a_fixed_pilot_seed_shares_one_cache_across_the_runs_seeds(tmp_path, monkeypatch):
+    kept, _, _ = expected()
+    cache = str(tmp_path / "shared.jsonl")
+    first = _config(tmp_path / "a", seed=0, cache=cache)
+    _run(first, monkeypatch)[0].close()
+    other = _config(tmp_path / "b", seed=0, cache=cache)
+    other.seed = 5  # another run seed of the matrix, the same pilot seed: nothing played again
+    trainer, metrics, played = _run(other, monkeypatch)
+    trainer.close()
+    assert played == [] and trainer.tasks.pools == [sorted(kept)]
+    unfixed = _config(tmp_path / "c", cache=cache)
+    unfixed.seed = 5  # without pilot.seed the run's seed decides: the cache is not this run's
+    with pytest.raises(PilotError, match="other settings"):
+        _run(unfixed, monkeypatch)

@@ -14,7 +14,8 @@ Sampling") over-samples and filters out the prompts whose accuracy is 1 or 0; ve
   ones (first drawn first), so the step keeps its size and the run goes on (verl raises instead);
 - metrics per step: ``batch/groups_drawn``, ``batch/groups_dropped`` (all-equal groups seen),
   ``batch/groups_dropped_share``, ``batch/draws`` (the first included) and ``batch/groups_padded``; with
-  several envs, on or off, ``batch/source_share/<env>``: each env's share of the batch's groups (rl/task_sampling.py).
+  several envs, on or off, ``batch/source_share/<env>``: each env's share of the batch's groups (rl/task_sampling.py);
+  on or off, ``batch/mixed_groups_share`` and ``batch/pass_at_k`` of the batch (`DynamicSampler.batch_metrics`).
 
 Extra draw ``j`` of step ``s`` is a function of (seed, s, j) only, so a resumed run draws the same tasks: with
 ``task_sampling: replacement`` envs by weight and reset seeds as `episodes.draw_tasks`; with ``epochs`` tasks
@@ -131,7 +132,7 @@ class DynamicSampler:
         ``batch/...`` metrics ({} when off)."""
         first = batch_rule.select(step, played)
         if not self.opts.enabled:
-            return first, self.shares(step, first, batch_rule, [])
+            return first, self.batch_metrics(step, first, batch_rule, [])
         want, tol = self.cfg.tasks_per_step, self.opts.tolerance
         kept: list[str] = []
         dropped: list[str] = []
@@ -169,13 +170,23 @@ class DynamicSampler:
             "batch/groups_padded": float(len(padded)),
         }
         batch = RolloutResult(trajs, merge_stats([r.stats for r in results]))
-        return batch, metrics | self.shares(step, batch, batch_rule, extra)
+        return batch, metrics | self.batch_metrics(step, batch, batch_rule, extra)
 
-    def shares(self, step: int, batch: RolloutResult, batch_rule: Any, extra: list[EpisodeSpec]) -> dict[str, float]:
-        """Each env's share of the batch's tasks (``batch/source_share/<env>``; {} with one env)."""
+    def batch_metrics(
+        self, step: int, batch: RolloutResult, batch_rule: Any, extra: list[EpisodeSpec]
+    ) -> dict[str, float]:
+        """What the batch's groups carry, on or off: ``batch/mixed_groups_share`` (groups with mixed rewards: a
+        non-zero advantage), ``batch/pass_at_k`` (groups where some usable trajectory has total reward >= 1: pass@k
+        at k = group size, for a 0/1 reward) and each env's share of them (``batch/source_share/<env>``)."""
         from palaestra.shared.rl.task_sampling import source_shares
 
+        groups = group_rewards(batch)
+        rewards = [[r for agent in g.values() for r in agent] for g in groups.values()]
+        out = {
+            "batch/mixed_groups_share": sum(is_mixed(g, self.opts.tolerance) for g in groups.values())
+            / max(len(groups), 1),
+            "batch/pass_at_k": sum(any(r >= 1 for r in g) for g in rewards) / max(len(groups), 1),
+        }
         if len(self.cfg.envs) < 2:
-            return {}
-        groups = {t.group_id for t in batch.trajectories}
-        return source_shares(self.cfg, [*batch_rule.draw(step), *extra], groups)
+            return out
+        return out | source_shares(self.cfg, [*batch_rule.draw(step), *extra], set(groups))

@@ -64,6 +64,9 @@ class PilotConfig:
     """Tasks per rollout call: the cache's and the progress line's unit."""
     cache: str = ""
     """The cache file (JSON lines; empty: ``<output_dir>/pilot.jsonl``)."""
+    seed: int | None = None
+    """The candidates' draw and the rollouts' seed (None: the run's ``seed``). Set it, with one ``cache``, to give
+    every run of a seed matrix the same pilot-filtered tasks (played once)."""
 
 
 class PilotError(ValueError):
@@ -102,7 +105,7 @@ def fingerprint(cfg: TrainConfig, counts: list[int]) -> str:
         "envs": [dataclasses.asdict(e) for e in cfg.envs],
         "counts": counts,
         "rollout": dataclasses.asdict(cfg.rollout),
-        "seed": cfg.seed,
+        "seed": pilot_seed(cfg),
         "pilot": [opts.samples, opts.candidates, opts.chunk_tasks],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -129,6 +132,11 @@ def read_cache(path: Path, stamp: str) -> dict[int, list[dict[str, Any]]]:
     return chunks
 
 
+def pilot_seed(cfg: TrainConfig) -> int:
+    """``pilot.seed``, or the run's seed."""
+    return cfg.seed if cfg.pilot.seed is None else cfg.pilot.seed
+
+
 def chunk_seed(seed: int, chunk: int) -> int:
     """The rollout seed of chunk `chunk`, apart from the step and evaluation seeds (a 31-bit hash)."""
     return int(hashlib.sha256(f"pilot/{seed}/{chunk}".encode()).hexdigest()[:8], 16) % 2**31
@@ -144,7 +152,7 @@ def play_chunk(cfg: TrainConfig, rollouts: Any, picks: list[tuple[int, int]], ch
         make = functools.partial(make_env, env.name, dict(env.kwargs))
         specs.append(EpisodeSpec(make, index, f"pilot-{e}-{index}"))
     rollout = dataclasses.replace(cfg.rollout, group_size=cfg.pilot.samples)
-    groups = group_rewards(rollouts.run(specs, chunk_seed(cfg.seed, chunk), rollout))
+    groups = group_rewards(rollouts.run(specs, chunk_seed(pilot_seed(cfg), chunk), rollout))
     return [{"env": e, "task": index, "rewards": dict(groups.get(f"pilot-{e}-{index}", {}))} for e, index in picks]
 
 
@@ -169,7 +177,7 @@ def run_pilot(trainer: Trainer) -> dict[str, float]:
         return {}
     t0 = time.perf_counter()
     counts = trainer.tasks.task_counts or [task_count(make_env(e.name, dict(e.kwargs))) for e in cfg.envs]
-    picks = candidate_tasks(counts, opts.candidates, cfg.seed)
+    picks = candidate_tasks(counts, opts.candidates, pilot_seed(cfg))
     chunks = [picks[c : c + opts.chunk_tasks] for c in range(0, len(picks), opts.chunk_tasks)]
     path = Path(opts.cache or Path(cfg.output_dir) / "pilot.jsonl")
     stamp = fingerprint(cfg, counts)
