@@ -98,6 +98,8 @@ def test_the_kept_tasks_are_the_mixed_ones_and_training_draws_only_them(tmp_path
         trainer.train_step()  # a step trains on them
     cache = (tmp_path / "out" / "pilot.jsonl").read_text().splitlines()
     assert len(cache) == 1 + 3 and "fingerprint" in json.loads(cache[0])
+    rows = [t for line in cache[1:] for t in json.loads(line)["tasks"]]
+    assert all(0 < t["tokens"] <= 4 * 5 for t in rows)  # a group's response tokens: 4 samples of <= 5 tokens
 
 
 def test_the_cache_resumes_at_the_first_unplayed_chunk_and_refuses_other_settings(tmp_path, monkeypatch):

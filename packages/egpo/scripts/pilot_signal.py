@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--update-cpu-s", type=float, default=0.0, help="CPU seconds of one update step (estimate)")
+    parser.add_argument("--report-only", action="store_true", help="no pass: report what the cache holds")
+    parser.add_argument("--cpu-s", type=float, default=0.0, help="with --report-only: the pass's CPU seconds")
     args = parser.parse_args()
     import torch
 
@@ -46,19 +48,23 @@ def main() -> None:
 
     data = read_yaml(args.config)
     matrix = data.pop("matrix", None) or {}
+    planned = int((data.get("pilot") or {}).get("candidates", 0))  # the config's own, before any override
     cfg = load_config(data, [*args.overrides, "tracking.enabled=false"])
     torch.set_num_threads(max(cfg.torch_threads, 1))
     path = Path(cfg.pilot.cache or Path(cfg.output_dir) / "pilot.jsonl")
     before = sum(len(c) for c in cached_chunks(path).values())
     wall, cpu = time.perf_counter(), time.process_time()
-    trainer = Trainer(cfg)
-    try:
-        trainer.prepare()
-    except PilotError as e:
-        print(f"pilot: {e}")
-    finally:
-        trainer.close()
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if args.report_only:
+        before = 0
+    else:
+        trainer = Trainer(cfg)
+        try:
+            trainer.prepare()
+        except PilotError as e:
+            print(f"pilot: {e}")
+        finally:
+            trainer.close()
+    wall, cpu = time.perf_counter() - wall, args.cpu_s or time.process_time() - cpu
     chunks = cached_chunks(path)
     tasks = [t for c in sorted(chunks) for t in chunks[c]]
     verdicts = Counter(verdict(t["rewards"], cfg.pilot.tolerance) for t in tasks)
@@ -69,6 +75,8 @@ def main() -> None:
     print(f"mixed share {mixed}/{n} = {mixed / max(n, 1):.3f} [95% Wilson {lo:.3f}, {hi:.3f}]")
     rewards = [r for t in tasks for agent in t["rewards"].values() for r in agent]
     print(f"reward mean {sum(rewards) / max(len(rewards), 1):.3f} over {len(rewards)} samples")
+    tokens = sum(t.get("tokens", 0) for t in tasks)
+    print(f"response tokens {tokens}: {tokens / max(n * k, 1):.1f} per sample")
     played = n - before
     print(f"this process: {cpu:.0f} CPU-s, {wall:.0f} s wall, {played} tasks played (model load, env build included)")
     per_sample = cpu / max(played * k, 1)
@@ -76,7 +84,7 @@ def main() -> None:
     runs = math.prod(len(v) for v in (matrix.get("axes") or {"": [0]}).values())
     train = runs * cfg.steps * cfg.tasks_per_step * cfg.rollout.group_size
     evals = runs * sum((cfg.eval.limits or {}).values())
-    pilot = (cfg.pilot.candidates or n) * k
+    pilot = (planned or n) * k
     total = pilot + train + evals
     update = runs * cfg.steps * args.update_cpu_s
     print(

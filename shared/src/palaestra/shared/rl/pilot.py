@@ -32,6 +32,7 @@ import json
 import logging
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,7 +144,8 @@ def chunk_seed(seed: int, chunk: int) -> int:
 
 
 def play_chunk(cfg: TrainConfig, rollouts: Any, picks: list[tuple[int, int]], chunk: int) -> list[dict[str, Any]]:
-    """Play `picks` ``samples`` times each; per task its env, index and each agent's usable rewards."""
+    """Play `picks` ``samples`` times each; per task its env, index, each agent's usable rewards and the response
+    tokens of its group (what the pass cost)."""
     from palaestra.shared.rl.episodes import make_env
 
     specs = []
@@ -152,8 +154,15 @@ def play_chunk(cfg: TrainConfig, rollouts: Any, picks: list[tuple[int, int]], ch
         make = functools.partial(make_env, env.name, dict(env.kwargs))
         specs.append(EpisodeSpec(make, index, f"pilot-{e}-{index}"))
     rollout = dataclasses.replace(cfg.rollout, group_size=cfg.pilot.samples)
-    groups = group_rewards(rollouts.run(specs, chunk_seed(pilot_seed(cfg), chunk), rollout))
-    return [{"env": e, "task": index, "rewards": dict(groups.get(f"pilot-{e}-{index}", {}))} for e, index in picks]
+    result = rollouts.run(specs, chunk_seed(pilot_seed(cfg), chunk), rollout)
+    groups, tokens = group_rewards(result), Counter[str]()
+    for t in result.trajectories:
+        tokens[t.group_id] += t.num_response_tokens
+    return [
+        {"env": e, "task": index, "rewards": dict(groups.get(g, {})), "tokens": tokens[g]}
+        for e, index in picks
+        for g in [f"pilot-{e}-{index}"]
+    ]
 
 
 def verdict(rewards: dict[str, list[float]], tolerance: float) -> str:
