@@ -43,6 +43,7 @@ def main() -> None:
     import torch
 
     import palaestra.egpo.plugins  # noqa: F401  (egpo's task source and rewards)
+    from palaestra.shared.rl.config import TrainConfig
     from palaestra.shared.rl.pilot import PilotError, verdict
     from palaestra.shared.rl.trainer import Trainer
 
@@ -50,6 +51,7 @@ def main() -> None:
     matrix = data.pop("matrix", None) or {}
     planned = int((data.get("pilot") or {}).get("candidates", 0))  # the config's own, before any override
     cfg = load_config(data, [*args.overrides, "tracking.enabled=false"])
+    assert isinstance(cfg, TrainConfig), f"{args.config}: not a training config ({type(cfg).__name__})"
     torch.set_num_threads(max(cfg.torch_threads, 1))
     path = Path(cfg.pilot.cache or Path(cfg.output_dir) / "pilot.jsonl")
     before = sum(len(c) for c in cached_chunks(path).values())
@@ -83,7 +85,7 @@ def main() -> None:
     print(f"CPU-s per played task {cpu / max(played, 1):.1f}, per sample {per_sample:.2f} (an upper bound)")
     runs = math.prod(len(v) for v in (matrix.get("axes") or {"": [0]}).values())
     train = runs * cfg.steps * cfg.tasks_per_step * cfg.rollout.group_size
-    evals = runs * sum((cfg.eval.limits or {}).values())
+    evals = runs * sum((getattr(cfg.eval, "limits", None) or {}).values())  # egpo's BFCL entries
     pilot = (planned or n) * k
     total = pilot + train + evals
     update = runs * cfg.steps * args.update_cpu_s
