@@ -21,15 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from palaestra.shared.jobs import load_config, read_yaml
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of k successes in n."""
-    if not n:
-        return 0.0, 1.0
-    p = k / n
-    mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n)
+from palaestra.shared.stats import wilson_interval
 
 
 def main() -> None:
@@ -71,7 +63,7 @@ def main() -> None:
     tasks = [t for c in sorted(chunks) for t in chunks[c]]
     verdicts = Counter(verdict(t["rewards"], cfg.pilot.tolerance) for t in tasks)
     n, mixed = len(tasks), verdicts["mixed"]
-    lo, hi = wilson(mixed, n)
+    lo, hi = wilson_interval(mixed, n)
     k = cfg.pilot.samples
     print(f"pilot {path}: {n} tasks x {k} samples: {dict(verdicts)}")
     print(f"mixed share {mixed}/{n} = {mixed / max(n, 1):.3f} [95% Wilson {lo:.3f}, {hi:.3f}]")
