@@ -15,6 +15,7 @@ from palaestra.shared.rl.advantages import AdvantageStep
 from palaestra.shared.rl.dynamic_sampling import DynamicSamplingConfig
 from palaestra.shared.rl.layout import Layout, apply_layout
 from palaestra.shared.rl.loss import LossConfig
+from palaestra.shared.rl.pilot import PilotConfig
 from palaestra.shared.rl.sft import SFTOptions
 from palaestra.shared.rollout.chat_tokens import ContextView
 from palaestra.shared.rollout.engine import RolloutConfig
@@ -45,6 +46,13 @@ class TaskSampling(StrEnum):
 
     replacement = "replacement"
     epochs = "epochs"
+
+
+class EpochMixture(StrEnum):
+    """Each env's share of an epoch under ``task_sampling: epochs`` (rl/task_sampling.py)."""
+
+    counts = "counts"
+    weights = "weights"
 
 
 class ScheduleUnit(StrEnum):
@@ -326,6 +334,16 @@ class TrainConfig(JobConfig):
     """A named GPU layout (rl/layout.py): custom (the config's own placement keys) | node8_split |
     node8_colocated | gpu1_colocated; a named one sets the learner's, the workers' and the trainer's placement
     (`palaestra plan` prints what each GPU holds)."""
+    epoch_mixture: EpochMixture = field(
+        default=EpochMixture.counts, metadata=value_check("palaestra.shared.rl.task_sampling:check_epoch_mixture")
+    )
+    """With ``task_sampling: epochs``: counts (an env's share of an epoch is its task count's; unequal env weights
+    are refused) | weights (its share is its weight's, within 1/N; rl/task_sampling.py)."""
+    pilot: PilotConfig = field(
+        default_factory=PilotConfig, metadata=value_check("palaestra.shared.rl.pilot:check_pilot")
+    )
+    """A pilot pass before training (rl/pilot.py): the starting policy plays each candidate task ``samples``
+    times and only the tasks with mixed rewards are trained on. Off."""
 
     def __post_init__(self) -> None:
         apply_layout(self)  # before the checks below: they read the placement it sets

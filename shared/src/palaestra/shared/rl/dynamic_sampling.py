@@ -13,12 +13,15 @@ Sampling") over-samples and filters out the prompts whose accuracy is 1 or 0; ve
 - at the cap a one-line warning is logged and the batch is filled up to ``tasks_per_step`` groups with dropped
   ones (first drawn first), so the step keeps its size and the run goes on (verl raises instead);
 - metrics per step: ``batch/groups_drawn``, ``batch/groups_dropped`` (all-equal groups seen),
-  ``batch/groups_dropped_share``, ``batch/draws`` (the first included) and ``batch/groups_padded``.
+  ``batch/groups_dropped_share``, ``batch/draws`` (the first included) and ``batch/groups_padded``; with
+  several envs, on or off, ``batch/source_share/<env>``: each env's share of the batch's groups (rl/task_sampling.py);
+  on or off, ``batch/mixed_groups_share`` and ``batch/pass_at_k`` of the batch (`DynamicSampler.batch_metrics`).
 
 Extra draw ``j`` of step ``s`` is a function of (seed, s, j) only, so a resumed run draws the same tasks: with
 ``task_sampling: replacement`` envs by weight and reset seeds as `episodes.draw_tasks`; with ``epochs`` tasks
-drawn uniformly from all tasks (they do not advance the epoch order). Refused at resolve time: ``group_size`` 1
-(a group of one is never mixed), ``rollout.max_staleness`` > 0 and several ``policies`` (not supported).
+drawn uniformly from all tasks (they do not advance the epoch order; with ``epoch_mixture: weights``, or
+after a pilot pass, an env by weight and one of its tasks: `TaskSampler.random_tasks`). Refused at resolve
+time: ``group_size`` 1 (a group of one is never mixed), ``rollout.max_staleness`` > 0 and several ``policies``.
 Off by default: the step is then exactly the one without this module.
 """
 
@@ -110,21 +113,16 @@ class DynamicSampler:
 
         cfg = self.cfg
         rng = random.Random(f"dynamic-sampling/{cfg.seed}/{step}/{draw}")
+        name = lambda i: f"{step}-x{draw}-{i}"  # noqa: E731
+        if cfg.task_sampling == TaskSampling.epochs or self.tasks.filtered:  # the sampler's pools
+            return self.tasks.specs(self.tasks.random_tasks(rng, cfg.tasks_per_step), name)
         picks: list[tuple[Any, int]] = []
-        if cfg.task_sampling == TaskSampling.epochs:
-            counts, total = self.tasks.task_counts, self.tasks.num_tasks
-            for k in rng.sample(range(total), min(cfg.tasks_per_step, total)):
-                env_index = 0
-                while k >= counts[env_index]:
-                    k, env_index = k - counts[env_index], env_index + 1
-                picks.append((cfg.envs[env_index], k))
-        else:
-            weights = [e.weight for e in cfg.envs]
-            for _ in range(cfg.tasks_per_step):
-                env = rng.choices(cfg.envs, weights=weights)[0]
-                picks.append((env, rng.randrange(cfg.task_seeds) if cfg.task_seeds else rng.randrange(2**31)))
+        weights = [e.weight for e in cfg.envs]
+        for _ in range(cfg.tasks_per_step):
+            env = rng.choices(cfg.envs, weights=weights)[0]
+            picks.append((env, rng.randrange(cfg.task_seeds) if cfg.task_seeds else rng.randrange(2**31)))
         return [
-            EpisodeSpec(functools.partial(make_env, env.name, dict(env.kwargs)), seed, f"{step}-x{draw}-{i}")
+            EpisodeSpec(functools.partial(make_env, env.name, dict(env.kwargs)), seed, name(i))
             for i, (env, seed) in enumerate(picks)
         ]
 
@@ -134,18 +132,20 @@ class DynamicSampler:
         ``batch/...`` metrics ({} when off)."""
         first = batch_rule.select(step, played)
         if not self.opts.enabled:
-            return first, {}
+            return first, self.batch_metrics(step, first, batch_rule, [])
         want, tol = self.cfg.tasks_per_step, self.opts.tolerance
         kept: list[str] = []
         dropped: list[str] = []
-        results, draws = [first], 1
+        results, draws, extra = [first], 1, []
         while True:
             for gid, agents in group_rewards(results[-1]).items():
                 (kept if is_mixed(agents, tol) else dropped).append(gid)
             if len(kept) >= want or draws > self.opts.max_extra_draws:
                 break
             seed = (self.cfg.seed * 100_003 + step) * 64 + draws  # apart from the step's own and the eval seeds
-            results.append(batch_rule.select(step, rollouts.run(self.extra_tasks(step, draws), seed=seed)))
+            specs = self.extra_tasks(step, draws)
+            extra += specs
+            results.append(batch_rule.select(step, rollouts.run(specs, seed=seed)))
             draws += 1
         chosen = kept[:want]
         padded = dropped[: max(0, want - len(chosen))]
@@ -169,4 +169,24 @@ class DynamicSampler:
             "batch/draws": float(draws),
             "batch/groups_padded": float(len(padded)),
         }
-        return RolloutResult(trajs, merge_stats([r.stats for r in results])), metrics
+        batch = RolloutResult(trajs, merge_stats([r.stats for r in results]))
+        return batch, metrics | self.batch_metrics(step, batch, batch_rule, extra)
+
+    def batch_metrics(
+        self, step: int, batch: RolloutResult, batch_rule: Any, extra: list[EpisodeSpec]
+    ) -> dict[str, float]:
+        """What the batch's groups carry, on or off: ``batch/mixed_groups_share`` (groups with mixed rewards: a
+        non-zero advantage), ``batch/pass_at_k`` (groups where some usable trajectory has total reward >= 1: pass@k
+        at k = group size, for a 0/1 reward) and each env's share of them (``batch/source_share/<env>``)."""
+        from palaestra.shared.rl.task_sampling import source_shares
+
+        groups = group_rewards(batch)
+        rewards = [[r for agent in g.values() for r in agent] for g in groups.values()]
+        out = {
+            "batch/mixed_groups_share": sum(is_mixed(g, self.opts.tolerance) for g in groups.values())
+            / max(len(groups), 1),
+            "batch/pass_at_k": sum(any(r >= 1 for r in g) for g in rewards) / max(len(groups), 1),
+        }
+        if len(self.cfg.envs) < 2:
+            return out
+        return out | source_shares(self.cfg, [*batch_rule.draw(step), *extra], set(groups))

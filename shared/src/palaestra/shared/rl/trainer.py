@@ -7,7 +7,7 @@ Lifecycle: ``Trainer(cfg, tracker, eval_hook, batch_rule)`` only builds the poli
 policy's model with float32 master weights, optimizer, checkpoint section and metric names). `prepare` resumes
 (``resume: true``) or runs the SFT warm start (rl/sft.py), keeps each frozen reference (``loss.kl_coef`` > 0),
 starts each policy's learner (rl/learner.py; sharded with ``learner.world_size`` > 1, rl/distributed.py) and the
-rollouts. `train` may be called again to go on; `close` (or ``with Trainer(...) as trainer:``) stops them.
+rollouts, then the ``pilot`` pass (rl/pilot.py). `train` may be called again; `close` (or a ``with``) stops them.
 
 The loop (`Trainer.train_step`), top to bottom:
 
@@ -22,7 +22,6 @@ The loop (`Trainer.train_step`), top to bottom:
 
 Evaluation: the eval hook ``fn(trainer, step) -> metrics`` runs before training (``eval_before``), every ``eval_every``
 steps and at the end. The default (``eval_tasks`` > 0) is `evaluate`, on the training rollouts with ``eval``'s settings.
-
 Metrics (MLflow, per step): each policy's ``train/...`` (under ``policy/<name>/`` with several), ``train/reward_mean``
 over every trajectory, ``perf/rollout_s`` (the rollout's own wall time), ``perf/learner_wait_s`` (how long the
 learner waited for it: less when it ran ahead), ``perf/tokens_per_s`` (generated tokens per rollout second),
@@ -53,6 +52,7 @@ from palaestra.shared.rl.dynamic_sampling import DynamicSampler
 from palaestra.shared.rl.episodes import eval_specs, reward_summary
 from palaestra.shared.rl.learner import LocalLearner
 from palaestra.shared.rl.optim import optimizer_steps, step_learning_rate
+from palaestra.shared.rl.pilot import run_pilot
 from palaestra.shared.rl.policies import PolicySet, TrainedPolicy, build_policies, update_policies
 from palaestra.shared.rl.sft import run_sft
 from palaestra.shared.rl.task_sampling import TaskSampler
@@ -162,7 +162,7 @@ class Trainer:
         if self.rollouts is not None:
             return
         cfg, policies = self.cfg, self.policies
-        k, steps = cfg.rollout.max_staleness, self.total_steps
+        k = cfg.rollout.max_staleness
         fixed = k > 0 and cfg.rollout.version_schedule == "fixed"  # rl/async_rollouts.py
         check_admission(cfg)
         if cfg.workers.num_workers > 0:
@@ -184,11 +184,12 @@ class Trainer:
             self.rollouts = LocalRollouts(policies.base_client, cfg.rollout, policies.client_of, policies.clients())
             self.rollouts.sync(None, self.step)
         self.colocation = Colocation.over(self.rollouts)  # engines built with sleep mode sleep through updates
+        run_pilot(self)  # pilot pass (rl/pilot.py; off by default): may narrow the tasks, so the steps are after it
         seed = lambda step: cfg.seed * 100_003 + step  # noqa: E731
         # in-process rollouts ahead: their own copy of every policy (rl/async_rollouts.py)
         engine = lambda: background_engine(cfg, policies.weights(), self.step, policies.serving())  # noqa: E731
         ahead = (cfg.rollout.version_schedule, cfg.rollout.max_inflight)
-        self.stream = RolloutStream(self.rollouts, k, self.draw_tasks, seed, engine, steps, *ahead)
+        self.stream = RolloutStream(self.rollouts, k, self.draw_tasks, seed, engine, self.total_steps, *ahead)
         if self.resumed:  # the rollouts in flight at the checkpoint
             self.stream.restore(checkpoint.latest(self.ckpt_dir))
 
