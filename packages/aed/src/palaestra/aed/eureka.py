@@ -188,8 +188,8 @@ def describe_outcome(entry: dict[str, Any]) -> str:
 
 def sample_record(entry: dict[str, Any]) -> dict[str, Any]:
     """A candidate's outcome in one line of the samples file: no code or answer, only what became of it."""
-    keys = ("round", "sample", "seed", "outcome", "reason", "fitness", "target_rate", "asr", "target_rate_ci")
-    keys += ("llm_cpu_s", "cpu_s")  # CPU-seconds: the round's generation per sample; checking and training it
+    keys = ["round", "sample", "seed", "outcome", "reason", "fitness", "target_rate", "asr", "target_rate_ci"]
+    keys += ["llm_cpu_s", "cpu_s"]  # CPU-seconds: the round's generation per sample; checking and training it
     record = {k: entry[k] for k in keys if k in entry}
     record.update(answer_chars=len(entry["response"] or ""), code_lines=len(entry["code"].splitlines()))
     return record
