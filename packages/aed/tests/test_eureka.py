@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from palaestra.aed.adversary import AdversarySpec, TrainSettings
-from palaestra.aed.eureka import design_reward, extract_code
+from palaestra.aed.attack_task import sample_logger
+from palaestra.aed.eureka import OUTCOMES, design_reward, extract_code
 from palaestra.shared.llm.base import Completion, LLMClient
 
 SPEC = AdversarySpec("highway", "rear_end", overrides={"vehicles_count": 6}, max_steps=4)
@@ -27,6 +31,22 @@ class ScriptedLLM(LLMClient):
         self.seen.append(conversations[0])
         text = self.replies.pop(0)
         return [Completion(text, [], None, [], "stop") for _ in conversations]
+
+
+class FakeTracker:
+    """Records what `attack_task.sample_logger` sends to MLflow (the artifact's file is read back at once)."""
+
+    def __init__(self):
+        self.artifacts, self.metrics, self.tags = [], [], {}
+
+    def log_artifact(self, path, where=None):
+        self.artifacts.append((str(path), where))
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.append((dict(metrics), step))
+
+    def set_tags(self, tags):
+        self.tags.update(tags)
 
 
 def test_extract_code():
@@ -53,11 +73,32 @@ def test_every_samples_outcome_is_logged_with_its_reason(capsys):
     crashing = "```python\ndef reward(state):\n    return state['no_such_key']\n```"
     replies = ["no code at all", HOSTILE, crashing, VALID]
     logged: list[dict] = []
+    tracker = FakeTracker()
     out = design_reward(
-        ScriptedLLM(replies), SPEC, TINY, rounds=1, samples=4, eval_episodes=1, log=lambda m, step: logged.append(m)
+        ScriptedLLM(replies),
+        SPEC,
+        TINY,
+        rounds=1,
+        samples=4,
+        eval_episodes=1,
+        log=lambda m, step: logged.append(m),
+        on_sample=sample_logger(SPEC, tracker),
     )
     outcomes = [h["outcome"] for h in out["history"]]
     assert outcomes == ["unparsed", "refused", "sandbox_failed", "trained"]
+    # the samples file, re-logged after every sample, and the per-sample metrics and tags
+    assert [Path(p).name for p, where in tracker.artifacts] == ["highway_rear_end_samples.jsonl"] * 4
+    lines = [json.loads(line) for line in Path(tracker.artifacts[-1][0]).read_text().splitlines()]
+    assert [line["outcome"] for line in lines] == outcomes and "code" not in lines[0]
+    assert "Import is not allowed" in lines[1]["reason"] and lines[3]["fitness"] == out["history"][3]["fitness"]
+    assert [line["seed"] for line in lines] == [0, 1, 2, 3] and lines[0]["code_lines"] == 1
+    assert lines[3]["cpu_s"] > lines[0]["cpu_s"] >= 0 and lines[0]["llm_cpu_s"] >= 0  # training costs most
+    steps = [step for _, step in tracker.metrics]
+    assert steps == [0, 1, 2, 3]
+    key = "aed/highway/rear_end/eureka/sample_outcome"
+    assert [m[key] for m, _ in tracker.metrics] == [float(OUTCOMES.index(o)) for o in outcomes]
+    assert [m["aed/highway/rear_end/eureka/sample_fitness"] for m, _ in tracker.metrics][:3] == [-1.0] * 3
+    assert "refused (rejected: Import is not allowed" in tracker.tags["aed.eureka.highway.rear_end.r1s2"]
     assert "Import is not allowed" in out["history"][1]["reason"] and "KeyError" in out["history"][2]["reason"]
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[aed] eureka")]
     assert len(lines) == 4 and "round 1 sample 2: refused (rejected: Import is not allowed" in lines[1]

@@ -15,26 +15,12 @@ import time
 import pytest
 
 from palaestra.aed.allowlist import RewardCodeError, static_check
-from palaestra.aed.sandbox import MAX_NAME, SandboxedReward, reply_problem
+from palaestra.aed.sandbox import MAX_NAME, SandboxedReward, reply_problem, run_once
 
 STATE = {"rel": {"dist": 4.0}, "t": 0.0}
 CHECKED: dict = {}
 RUNTIME = {"check": False}
 OS_ONLY = {"check": False, "_unsafe_full_builtins": True, "_unsafe_preimport": ("os",), "_unsafe_no_audit": True}
-
-
-def outcome(code: str, **kwargs):
-    """The reward's value on STATE, or the RewardCodeError's reason."""
-    try:
-        fn = SandboxedReward(code, **kwargs)
-    except RewardCodeError as err:
-        return err.reason
-    try:
-        return fn(STATE)
-    except RewardCodeError as err:
-        return err.reason
-    finally:
-        fn.close()
 
 
 # the issue's program: `math` rebound to a generator whose frame leads to the caller's frames and their globals
@@ -113,26 +99,26 @@ def test_static_check_allows_string_methods_and_plain_names():
 
 @pytest.mark.parametrize("code", [FRAME_WALK_ASSIGN, FRAME_WALK_COMPREHENSION, FORMAT_FRAME])
 def test_frame_walks_are_refused_at_run_time_without_the_static_check(code):
-    assert "cannot be rebound" in outcome(code, **CHECKED) or "'.format'" in outcome(code, **CHECKED)
-    reason = outcome(code, **RUNTIME)
+    assert "cannot be rebound" in run_once(code, STATE, **CHECKED) or "'.format'" in run_once(code, STATE, **CHECKED)
+    reason = run_once(code, STATE, **RUNTIME)
     assert "raised PermissionError: sandbox: 'object.__getattr__' is not allowed" in reason, reason
 
 
 def test_frames_below_the_reward_hold_no_module_globals():
     """With the audit hook off too, the walk reaches the caller frames: their globals hold no os/sys/ctypes (the
     old worker called the reward from its module, whose globals held all of them)."""
-    assert outcome(FRAME_WALK_ASSIGN, **OS_ONLY) == 0.0
+    assert run_once(FRAME_WALK_ASSIGN, STATE, **OS_ONLY) == 0.0
     chain = "def reward(state):\n    math = (x for x in [0])\n    return 1.0\n"
-    assert outcome(chain, **OS_ONLY) == 1.0  # the program itself runs there
+    assert run_once(chain, STATE, **OS_ONLY) == 1.0  # the program itself runs there
 
 
 def test_format_string_fields_without_the_static_check():
     """A format string reads attributes and items but calls nothing: without the static check it yields a repr
     (here its length), frame attributes inside it are refused by the audit hook (FORMAT_FRAME, above), and with
     the hook off too the frames it reaches hold no module globals."""
-    value = outcome(FORMAT_FIELD, **RUNTIME)
+    value = run_once(FORMAT_FIELD, STATE, **RUNTIME)
     assert isinstance(value, float) and value == float(len(str(dict.__mro__)))
-    assert outcome(FORMAT_FRAME, **OS_ONLY) == 0.0
+    assert run_once(FORMAT_FRAME, STATE, **OS_ONLY) == 0.0
 
 
 def forger(payload: str, how: str) -> str:
@@ -180,7 +166,7 @@ def test_forged_replies_are_refused_by_the_parent(payload, reason):
 def test_raw_writes_to_the_parent_are_refused_at_run_time():
     """With the static check off, os.write reached through object's subclasses is refused (no audit event covers
     it: the worker replaces it before the code runs), so no forged line reaches the parent."""
-    reason = outcome(forger('{"ok": 1e308}\n', "subclasses"), **RUNTIME)
+    reason = run_once(forger('{"ok": 1e308}\n', "subclasses"), STATE, **RUNTIME)
     assert "raised PermissionError: sandbox: 'os.write' is not allowed" in reason, reason
 
 
@@ -193,12 +179,12 @@ def test_reply_check_is_the_parents_own():
 
 @pytest.mark.parametrize("settings", [CHECKED, RUNTIME, OS_ONLY], ids=["checked", "runtime", "os_only"])
 def test_huge_integers_and_many_components_are_reward_code_errors(settings):
-    assert "integer too large for a float" in outcome("def reward(state):\n    return 10 ** 400\n", **settings)
-    assert "outside" in outcome("def reward(state):\n    return -(10 ** 7)\n", **settings)
+    assert "integer too large for a float" in run_once("def reward(state):\n    return 10 ** 400\n", STATE, **settings)
+    assert "outside" in run_once("def reward(state):\n    return -(10 ** 7)\n", STATE, **settings)
     many = "def reward(state):\n    return dict([(str(i), 0.0) for i in range(40)])\n"
-    assert "40 reward components (at most 32)" in outcome(many, **settings)
+    assert "40 reward components (at most 32)" in run_once(many, STATE, **settings)
     long_name = "def reward(state):\n    return dict([('n' * 100000, 1.0)])\n"
-    assert f"at most {MAX_NAME} characters" in outcome(long_name, **settings)
+    assert f"at most {MAX_NAME} characters" in run_once(long_name, STATE, **settings)
 
 
 def killer(target: str, how: str = "import") -> str:
@@ -217,12 +203,12 @@ def test_a_reward_cannot_kill_another_sandbox_or_its_caller(target):
     os_layer = other.isolation["pidns"] or other.isolation["own_uid"]
     pid = {"other": other.proc.pid, "caller": os.getpid(), "everyone": -1}[target]
     code = killer(str(pid))
-    assert "Import is not allowed" in outcome(code, **CHECKED)
-    assert "ImportError: __import__ not found" in outcome(code, **RUNTIME)  # restricted builtins
-    reason = outcome(killer(str(pid), "subclasses"), **RUNTIME)
+    assert "Import is not allowed" in run_once(code, STATE, **CHECKED)
+    assert "ImportError: __import__ not found" in run_once(code, STATE, **RUNTIME)  # restricted builtins
+    reason = run_once(killer(str(pid), "subclasses"), STATE, **RUNTIME)
     assert "raised PermissionError: sandbox: 'os.kill' is not allowed" in reason, reason  # the audit hook
     if os_layer:  # only the OS: the PID namespace (or a uid of its own) holds
-        reason = outcome(code, **OS_ONLY)
+        reason = run_once(code, STATE, **OS_ONLY)
         if target != "everyone":
             assert "raised ProcessLookupError" in reason or "raised PermissionError" in reason, reason
     assert other(STATE) == 2.0  # the other sandbox lives on (and so does this test process)
@@ -240,7 +226,7 @@ def test_signals_are_reported_truthfully():
     assert "killed by SIGKILL" in err.value.reason and "not one of its own limits" in err.value.reason
     assert "CPU time limit" not in err.value.reason
     spin = "def reward(state):\n    while True:\n        pass\n"
-    reason = outcome(spin, cpu_s=1, timeout_s=10)
+    reason = run_once(spin, STATE, cpu_s=1, timeout_s=10)
     assert "killed by its CPU time limit (1 s, SIG" in reason, reason  # SIGKILL at the hard limit as PID 1
 
 
@@ -273,7 +259,15 @@ def test_missing_isolation_layers_are_logged_and_warned(caplog):
     from palaestra.aed import sandbox
 
     caplog.set_level("INFO", logger="palaestra.aed.sandbox")
-    full = {"netns": True, "pidns": True, "chroot": True, "jail": True, "no_caps": True, "audit": True}
+    full = {
+        "netns": True,
+        "pidns": True,
+        "chroot": True,
+        "jail": True,
+        "no_caps": True,
+        "no_ctypes": True,
+        "audit": True,
+    }
     full |= {"uid": 200_123, "own_uid": True}
     assert sandbox.report_isolation(full, "test") == []
     assert "test isolation: {'netns': True" in caplog.text

@@ -23,27 +23,13 @@ from pathlib import Path
 import pytest
 
 from palaestra.aed.allowlist import RewardCodeError
-from palaestra.aed.sandbox import SandboxedReward, reply_problem
+from palaestra.aed.sandbox import SandboxedReward, reply_problem, run_once
 
 STATE = {"t": 0.0}
 OS_ONLY = {"check": False, "_unsafe_full_builtins": True, "_unsafe_preimport": ("os",), "_unsafe_no_audit": True}
 RUNTIME = {"check": False}
 NOBODY = 65534
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def outcome(code: str, **kwargs):
-    """The reward's value on STATE, or the RewardCodeError's reason."""
-    try:
-        fn = SandboxedReward(code, **kwargs)
-    except RewardCodeError as err:
-        return err.reason
-    try:
-        return fn(STATE)
-    except RewardCodeError as err:
-        return err.reason
-    finally:
-        fn.close()
 
 
 # -- the parent's reply check: whatever the worker prints, only a RewardCodeError comes out ----------------------
@@ -152,7 +138,7 @@ def caller_folder():
 
 
 def test_the_jail_holds_without_the_upper_layers(caller_folder):
-    got = outcome(escape_code(caller_folder), **OS_ONLY)
+    got = run_once(escape_code(caller_folder), STATE, **OS_ONLY)
     assert got == {}, got
     assert Path(caller_folder, "victim.ckpt").read_text() == "weights"
     assert sorted(os.listdir(caller_folder)) == ["victim.ckpt"]
@@ -304,12 +290,12 @@ NO_AUDIT = {"check": False, "_unsafe_full_builtins": True, "_unsafe_no_audit": T
 
 def test_ctypes_cannot_be_imported_once_isolation_is_set_up():
     for name in ("ctypes", "_ctypes"):
-        reason = outcome(f"import {name}\ndef reward(state):\n    return 1.0\n", **NO_AUDIT)
+        reason = run_once(f"import {name}\ndef reward(state):\n    return 1.0\n", STATE, **NO_AUDIT)
         assert "failed to load: ModuleNotFoundError: import of" in reason, reason
-    reason = outcome(COPY_CTYPES, **NO_AUDIT)  # the import machinery's copy of the loaded C module
+    reason = run_once(COPY_CTYPES, STATE, **NO_AUDIT)  # the import machinery's copy of the loaded C module
     assert "sandbox: '_imp.create_dynamic' is not allowed" in reason, reason
     control = "import ctypes\ndef reward(state):\n    return float(ctypes.CDLL(None).getpid())\n"
-    assert outcome(control, **NO_AUDIT, _unsafe_preimport=("ctypes",)) == 1.0  # PID 1 of its namespace
+    assert run_once(control, STATE, **NO_AUDIT, _unsafe_preimport=("ctypes",)) == 1.0  # PID 1 of its namespace
 
 
 # -- the audit hook and the calls it cannot see (static check off, restricted builtins) -------------------------
@@ -331,32 +317,34 @@ WALK = "math.__loader__.create_module.__globals__"
 )
 def test_the_audit_layer_refuses_what_the_loader_walk_reaches(call, refusal):
     code = f"def reward(state):\n    {call}\n    return 1.0\n"
-    reason = outcome(code, **RUNTIME)
+    reason = run_once(code, STATE, **RUNTIME)
     assert refusal in reason, reason
     if "AttributeError" not in refusal:  # the control: with the layer off the same call goes through
-        assert refusal not in str(outcome(code, **NO_AUDIT, _unsafe_preimport=("ctypes",)))
+        assert refusal not in str(run_once(code, STATE, **NO_AUDIT, _unsafe_preimport=("ctypes",)))
 
 
 CFUNC = "[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_CData'][0].__subclasses__()"
+RAW_CALL = (  # _ctypes's static types outlive ctypes; no audit event covers a call at a raw address
+    "def reward(state):\n"
+    f"    types = dict([(c.__name__, c) for c in {CFUNC}])\n"
+    "    f = ().__class__.__class__('F', (types['CFuncPtr'],), dict([('_flags_', 1)]))\n"
+    "    return float(f(4096)())\n"
+)
 
 
-def test_a_call_at_a_raw_address_kills_only_the_sandbox():
-    """Python 3.11's _ctypes types are static: they stay reachable through object's subclasses after ctypes has
-    left sys.modules, and no audit event covers a call at a raw address. The layers below hold: the crash is a
-    RewardCodeError of the parent's, and the next sandbox runs."""
-    code = (
-        "def reward(state):\n"
-        f"    types = dict([(c.__name__, c) for c in {CFUNC}])\n"
-        "    f = ().__class__.__class__('F', (types['CFuncPtr'],), dict([('_flags_', 1)]))\n"
-        "    return float(f(4096)())\n"
-    )
-    assert "killed by SIGSEGV" in outcome(code, **RUNTIME)
-    assert outcome("def reward(state):\n    return 2.0\n") == 2.0
+def test_a_call_at_a_raw_address_finds_only_inert_types():
+    """Without the audit hook and the static check a new function-pointer type is inert ("abstract class");
+    with ctypes kept (the control) the same call crashes the worker, and only the worker."""
+    assert run_once(RAW_CALL, STATE, **NO_AUDIT) == "raised TypeError: abstract class"
+    assert "killed by SIGSEGV" in run_once(RAW_CALL, STATE, **NO_AUDIT, _unsafe_preimport=("ctypes",))
+    assert run_once("def reward(state):\n    return 2.0\n", STATE) == 2.0
 
 
 def test_no_ctypes_and_the_audit_layer_hold_for_an_unprivileged_caller():
     got = run_as_nobody("import ctypes\ndef reward(state):\n    return 1.0\n", NO_AUDIT)
     assert "ModuleNotFoundError: import of ctypes" in got["value"], got
+    got = run_as_nobody(RAW_CALL, NO_AUDIT)
+    assert got["value"] == "raised TypeError: abstract class" and got["isolation"]["no_ctypes"], got
     code = f"def reward(state):\n    {WALK}['sys'].modules['posix'].setsid()\n    return 1.0\n"
     got = run_as_nobody(code, RUNTIME)
     assert "'os.setsid' is not allowed" in got["value"] and got["isolation"]["no_caps"], got

@@ -171,6 +171,7 @@ def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:
     from palaestra.shared.llm import make_client
 
     settings = replace(cfg.train, timesteps=cfg.eureka.timesteps)
+    on_sample = sample_logger(spec, tracker)
     try:
         client = make_client(cfg.llm)
         result = design_reward(
@@ -184,6 +185,7 @@ def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:
             temperature=cfg.eureka.temperature,
             max_tokens=cfg.eureka.max_tokens,
             log=log,
+            on_sample=on_sample,
         )
     except Exception as err:  # an unreachable LLM is a failed design, not a failed run
         result = {"code": None, "fallback": True, "history": [], "reason": f"LLM reward design failed: {err}"}
@@ -199,6 +201,31 @@ def _design(cfg, spec, tracker: Tracker, log) -> dict[str, Any]:
         return {"reward_source": "expert_fallback", "fallback_reason": result["reason"]}
     tracker.set_tags({f"aed.{spec.accident_type}.reward": f"llm round {result['round'] + 1}"})
     return {"reward_source": "llm", "reward_code": result["code"], "eureka_fitness": result["fitness"]}
+
+
+def sample_logger(spec, tracker: Tracker):
+    """Each Eureka candidate as it is decided: a line of ``eureka/<type>_samples.jsonl`` (re-logged every time, so
+    a run stopped midway keeps what it drew), and in MLflow ``.../eureka/sample_outcome`` (its index in
+    `eureka.OUTCOMES`) and ``.../eureka/sample_fitness`` (-1 unless trained) at step = its number in the run, and
+    the tag ``aed.eureka.<scenario>.<type>.r<round>s<sample>`` with its outcome and reason or score."""
+    import json
+
+    from palaestra.aed.eureka import OUTCOMES, describe_outcome, sample_record
+
+    path = scratch_dir() / f"{spec.scenario}_{spec.accident_type}_samples.jsonl"
+    prefix, count = f"aed/{spec.scenario}/{spec.accident_type}/eureka", [0]
+
+    def on_sample(entry: dict[str, Any]) -> None:
+        with path.open("a") as out:
+            out.write(json.dumps(sample_record(entry)) + "\n")
+        tracker.log_artifact(path, "eureka")
+        metrics = {"sample_outcome": OUTCOMES.index(entry["outcome"]), "sample_fitness": entry["fitness"]}
+        tracker.log_metrics({f"{prefix}/{k}": float(v) for k, v in metrics.items()}, count[0])
+        where = f"aed.eureka.{spec.scenario}.{spec.accident_type}.r{entry['round'] + 1}s{entry['sample'] + 1}"
+        tracker.set_tags({where: describe_outcome(entry)[:500]})
+        count[0] += 1
+
+    return on_sample
 
 
 def _preference(cfg, spec, model, stats, ev_before, tracker: Tracker) -> dict[str, Any]:

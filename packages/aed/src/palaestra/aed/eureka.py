@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -71,10 +72,12 @@ def design_reward(
     max_tokens: int = 768,
     log=None,
     log_every: int | None = None,
+    on_sample=None,
 ) -> dict[str, Any]:
     """Run the Eureka loop; return ``{"code", "fitness", "round", "history", "fallback", "reason"}``.
 
-    ``log_every``: timesteps between the reflection's statistics (default: a tenth of the candidate's training)."""
+    ``log_every``: timesteps between the reflection's statistics (default: a tenth of the candidate's training).
+    ``on_sample``: called with each candidate's history entry as soon as its outcome is known."""
     from palaestra.shared.llm import SamplingParams
 
     probes = probe_states(spec, seed=seed)
@@ -84,9 +87,12 @@ def design_reward(
     best: dict | None = None
     for r in range(rounds):
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=False)
+        start = time.process_time()
         outs = draw_samples(client, conversation, params, samples, seed, r)
+        llm_cpu_s = (time.process_time() - start) / max(1, len(outs))  # this process's: an in-process model's cost
         round_best: dict | None = None
         for k, out in enumerate(outs):
+            start = time.process_time()
             code = extract_code(out.text)
             entry: dict[str, Any] = {"round": r, "sample": k, "code": code, "response": out.text}
             outcome, reason = screen(code, probes)
@@ -117,8 +123,11 @@ def design_reward(
                     entry["fitness"] = -1.0
             else:
                 entry.update(status="failed", outcome=outcome, reason=reason, fitness=-1.0)
+            entry.update(seed=sample_seed(seed, r, k), llm_cpu_s=llm_cpu_s, cpu_s=time.process_time() - start)
             print(f"[aed] eureka {spec.scenario}/{spec.accident_type} {describe_outcome(entry)}", flush=True)
             history.append(entry)
+            if on_sample is not None:
+                on_sample(entry)
             if round_best is None or entry["fitness"] > round_best["fitness"]:
                 round_best = entry
         if log is not None:
@@ -175,6 +184,15 @@ def describe_outcome(entry: dict[str, Any]) -> str:
     if entry["outcome"] == "trained":
         return f"{where}, fitness {entry['fitness']:.3f} (target-type rate {entry['target_rate']:.2f})"
     return f"{where} ({entry['reason']})"
+
+
+def sample_record(entry: dict[str, Any]) -> dict[str, Any]:
+    """A candidate's outcome in one line of the samples file: no code or answer, only what became of it."""
+    keys = ["round", "sample", "seed", "outcome", "reason", "fitness", "target_rate", "asr", "target_rate_ci"]
+    keys += ["llm_cpu_s", "cpu_s"]  # CPU-seconds: the round's generation per sample; checking and training it
+    record = {k: entry[k] for k in keys if k in entry}
+    record.update(answer_chars=len(entry["response"] or ""), code_lines=len(entry["code"].splitlines()))
+    return record
 
 
 def sample_seed(seed: int, round_index: int, sample: int) -> int:

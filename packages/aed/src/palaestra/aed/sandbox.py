@@ -10,7 +10,7 @@
    read-only tmpfs of its own (no file of the caller's), a uid of its own
    when started as root, no capabilities left (also in the user namespace
    of the non-root path), rlimits (memory, CPU, no files, no fork), no
-   ``ctypes`` once isolated, an audit hook refusing every audited event once
+   ``ctypes`` once isolated (its classes collected, new ones inert), an audit hook refusing every audited event once
    the code runs (imports, files, sockets, signals, frames) plus the calls
    no event covers (``setsid``, raw writes, ``pipe``, ``memfd_create``), and
    a caller whose globals hold nothing. `close` kills the PID namespace's
@@ -58,7 +58,7 @@ MAX_REPLY = 8192
 """Longest reply line (bytes) the parent reads from a sandbox."""
 UID_BASE = 200_000
 """Started as root, a sandbox runs as uid ``UID_BASE + its pid``: no two share a uid, none is the caller's."""
-LAYERS = ("netns", "pidns", "chroot", "jail", "no_caps", "audit")
+LAYERS = ("netns", "pidns", "chroot", "jail", "no_caps", "no_ctypes", "audit")
 """Isolation layers every sandbox should get (plus ``own_uid`` when started as root)."""
 WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
 log = logging.getLogger(__name__)
@@ -137,7 +137,8 @@ class SandboxedReward:
             raise RewardCodeError("malformed isolation report from the sandbox (process killed)")
         self.isolation: dict[str, Any] = iso
         """What the sandbox got: ``netns``, ``pidns`` (own network and PID namespaces), ``chroot`` (empty root),
-        ``uid`` and ``own_uid`` (a uid of its own), ``audit`` (the audit hook); sent before the code ran."""
+        ``uid`` and ``own_uid`` (a uid of its own), ``no_ctypes`` (ctypes gone, its types inert), ``audit``
+        (the audit hook); sent before the code ran."""
         report_isolation(iso)
         self._init = namespace_init(self.proc.pid) if iso["pidns"] else None
         ready = self._receive(max(timeout_s, 5.0), "loading")
@@ -339,20 +340,30 @@ def namespace_init(pid: int) -> int | None:
         return None
 
 
-def check_reward(code: str, probe_states: list[dict], **kwargs) -> str | None:
-    """None if `code` passes the static check and returns floats on `probe_states`; else the reason."""
+def run_on(code: str, states: list[dict], **kwargs) -> list[Any] | str:
+    """`code`'s values on `states` in one sandbox, or the reason (``RewardCodeError``) of the first failure."""
     try:
         fn = SandboxedReward(code, **kwargs)
     except RewardCodeError as err:
         return err.reason
     try:
-        for state in probe_states:
-            fn(state)
+        return [fn(state) for state in states]
     except RewardCodeError as err:
         return err.reason
     finally:
         fn.close()
-    return None
+
+
+def run_once(code: str, state: dict, **kwargs) -> Any:
+    """`code`'s value on `state` in a sandbox of its own, or the reason (a str) it failed."""
+    got = run_on(code, [state], **kwargs)
+    return got if isinstance(got, str) else got[0]
+
+
+def check_reward(code: str, probe_states: list[dict], **kwargs) -> str | None:
+    """None if `code` passes the static check and returns floats on `probe_states`; else the reason."""
+    got = run_on(code, probe_states, **kwargs)
+    return got if isinstance(got, str) else None
 
 
 def probe_isolation() -> dict[str, Any]:

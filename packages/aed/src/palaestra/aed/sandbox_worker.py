@@ -15,8 +15,9 @@
    pid``: no two sandboxes share one). Then every capability goes (bounding,
    ambient, effective, permitted; no new privileges): the user namespace of
    the non-root path kept them all, enough to chroot out of the jail.
-   ``ctypes`` leaves ``sys.modules`` and the import machinery's doors that
-   copy a loaded C module are closed (`drop_ctypes`).
+   ``ctypes`` leaves ``sys.modules``, its classes are collected, its
+   metaclasses make only inert types (`inert_ctypes`) and the import
+   machinery's doors that copy a loaded C module are closed (`drop_ctypes`).
 3. ``setrlimit``: address space, CPU seconds, file size 0, 3 open files, no
    new processes. Then the report of what was granted (``isolation``) goes out
    before any reward code has run, so the code cannot forge it.
@@ -63,7 +64,7 @@ def isolate(jail: str, uid_base: int) -> dict:
     libc = ctypes.CDLL(None, use_errno=True)
     root = os.getuid() == 0
     user = 0 if root else CLONE_NEWUSER
-    iso: dict = dict.fromkeys(("netns", "pidns", "chroot", "jail", "no_caps", "own_uid", "audit"), False)
+    iso: dict = dict.fromkeys(("netns", "pidns", "chroot", "jail", "no_caps", "own_uid", "no_ctypes", "audit"), False)
     iso["uid"] = os.getuid()
     tries = ((CLONE_NEWNET | CLONE_NEWPID, ("netns", "pidns")), (CLONE_NEWNET, ("netns",)), (CLONE_NEWPID, ("pidns",)))
     mountns = False  # with a mount namespace first; where the kernel refuses one, the others alone
@@ -100,10 +101,11 @@ def isolate(jail: str, uid_base: int) -> dict:
         os.setgid(uid)
         os.setuid(uid)  # clears the permitted and effective sets
         iso["own_uid"] = True
-    header = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)
-    caps = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable (two 32-bit words each): all empty
-    libc.capset(header, caps)
-    got = (ctypes.c_uint32 * 6)(*([0xFFFFFFFF] * 6))
+    # plain bytes, not ctypes arrays: _ctypes caches every array type and keeps its item type (c_uint32,
+    # which reads and writes any address) alive for good
+    header = CAPABILITY_VERSION_3.to_bytes(4, sys.byteorder) + bytes(4)
+    libc.capset(header, bytes(24))  # effective, permitted, inheritable (two 32-bit words each): all empty
+    got = bytes(bytearray(b"\xff" * 24))  # a fresh object that capget fills
     iso["no_caps"] = libc.capget(header, got) == 0 and not any(got)
     iso["uid"] = os.getuid()
     if iso["pidns"]:  # dies with the process that relays its status (set after setuid, which clears it)
@@ -159,17 +161,82 @@ def refuser(name: str):
     )
 
 
-def drop_ctypes() -> None:
-    """No ``ctypes`` once isolation is set up: its modules leave ``sys.modules`` and cannot be loaded again
-    (the jail holds no file, and the import machinery cannot copy a loaded C module)."""
-    import _imp
+TYPE_SLOTS = {"tp_flags": 168, "tp_base": 256, "tp_new": 312}
+"""Byte offsets in CPython's ``PyTypeObject`` (3.11-3.13, 64-bit), checked against each type's flags and base."""
+HEAPTYPE = 1 << 9
 
-    for name in [n for n in sys.modules if n.split(".")[0] in ("ctypes", "_ctypes")]:
-        del sys.modules[name]
+
+def inert_ctypes(ctypes, _ctypes) -> bool:
+    """From now on the metaclasses of `_ctypes`'s static types make plain types (their ``tp_new`` is ``type``'s):
+    such a class has no storage info, so it reads, writes and calls nothing ("abstract class"). The static types
+    stay reachable after ctypes has gone (``().__class__.__base__.__subclasses__()``); a subclass of one made the
+    usual way reads any address (``from_address``) or calls one. False, and nothing changed, where the layout of
+    a type object is not the one expected."""
+    bases = (_ctypes._SimpleCData, _ctypes.CFuncPtr, _ctypes._Pointer, _ctypes.Array, _ctypes.Structure)
+    metas = list(dict.fromkeys(type(t) for t in (*bases, _ctypes.Union)))
+
+    def slot(t, name):
+        return ctypes.c_size_t.from_address(id(t) + TYPE_SLOTS[name])
+
+    for t in (type, *metas):
+        if sys.maxsize != 2**63 - 1 or slot(t, "tp_flags").value != t.__flags__:
+            return False
+        if slot(t, "tp_base").value != id(t.__base__) or t.__flags__ & HEAPTYPE:
+            return False
+    for meta in metas:
+        slot(meta, "tp_new").value = slot(type, "tp_new").value
+    return True
+
+
+def ctypes_classes() -> list:
+    """The classes of ctypes left: any class made by its Python modules, and any ``_CData`` subclass that is not
+    one of `_ctypes`'s static types (each is a door to raw memory)."""
+    seen, todo = set(), [object]
+    found = []
+    while todo:
+        cls = todo.pop()
+        if id(cls) in seen:
+            continue
+        seen.add(id(cls))
+        todo.extend(type.__subclasses__(cls))
+        cdata = cls.__flags__ & HEAPTYPE and any(b.__module__ == "_ctypes" for b in cls.__mro__[1:])
+        if cdata or str(cls.__module__).split(".")[0] == "ctypes":
+            found.append(cls)
+    return found
+
+
+def drop_ctypes() -> bool:
+    """No ``ctypes`` once isolation is set up: its modules leave ``sys.modules`` and cannot be loaded again
+    (the jail holds no file, and the import machinery cannot copy a loaded C module); its classes are
+    collected (their methods' globals were the whole module) and new ones are inert. True if none is left."""
+    import _ctypes
+    import _imp
+    import ctypes
+    import gc
+
+    inert = inert_ctypes(ctypes, _ctypes)
+    _ctypes._pointer_type_cache.clear()  # type: ignore[attr-defined]  # the types POINTER() made
+    for cls in ctypes_classes():  # _ctypes holds some (c_void_p, py_object: the function types' arguments)
+        for key, value in list(vars(cls).items()):  # where gc cannot see: no method may lead to the module
+            if isinstance(value, types.FunctionType):
+                delattr(cls, key)
+    del ctypes, _ctypes
+    for name in [n for n in sys.modules if n.split(".")[0] in ("ctypes", "_ctypes", "gc")]:
+        del sys.modules[name]  # gc too: gc.get_objects() would hand out the _ctypes module
     sys.modules["ctypes"] = sys.modules["_ctypes"] = None  # type: ignore[assignment]  # import: refused
+    while gc.collect():  # the function types go first, then the types their arguments held
+        pass
     for name in REFUSED_IMP:
         if hasattr(_imp, name):
             setattr(_imp, name, refuser(f"_imp.{name}"))
+    return inert and not [c for c in ctypes_classes() if door(c)]
+
+
+def door(cls) -> bool:
+    """Whether a class of ctypes leads anywhere: it derives from a `_ctypes` type (raw memory), or holds a method
+    (whose globals are ctypes')."""
+    functions = any(isinstance(v, types.FunctionType) for v in vars(cls).values())
+    return functions or any(b.__module__ == "_ctypes" for b in cls.__mro__[1:])
 
 
 def seal_runtime() -> None:
@@ -248,8 +315,7 @@ def main() -> tuple:
     for name in preimport:  # tests only: modules an attacker wants, loaded first
         __import__(name)
     iso = isolate(jail, uid_base)
-    if "ctypes" not in preimport:
-        drop_ctypes()
+    iso["no_ctypes"] = "ctypes" not in preimport and drop_ctypes()
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
