@@ -4,6 +4,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from palaestra.shared.jobs import load_config
 from palaestra.shared.pipeline import stage_configs
 
@@ -62,3 +64,28 @@ def test_the_mars_mas_stage_reads_the_train_stages_last_checkpoint(tmp_path):
     checkpoint = Path(train.output_dir) / "checkpoints" / f"step_{train.steps:06d}"  # the trainer's layout
     assert train.steps == 200 and Path(mas.trained_llm.model) == checkpoint
     assert mas.llm.model == train.llm.model == "Qwen/Qwen3-4B"  # the base beside it is the model it started from
+
+
+@pytest.mark.parametrize("config", ["datagen/llm_served.yaml", "aed/paper.yaml"])
+def test_the_served_llm_configs_plan_their_one_gpu_layout(config):
+    """The teacher (datagen) and the reward designer and judge (AED) run on a served model: `palaestra plan`
+    gives its one-GPU layout, weights + KV cache within vLLM's share of each GPU size (a closed form here)."""
+    from palaestra.shared.plan import plan_config
+    from palaestra.shared.plan_memory import VLLM_OVERHEAD_GB
+
+    report, _ = plan_config(load_config(ROOT / "experiments" / config))
+    lines = report[report.index("served LLM Qwen/Qwen3-4B-Instruct-2507: one GPU") :].splitlines()
+    weights = 4.02 * 2  # the hub config's 4.02B parameters in bf16, GB
+    for gb, line in zip((80, 141), lines[1:3]):
+        assert line.startswith(f"  {gb} GB GPU: weights {weights:.2f} + KV cache ") and line.endswith("fits")
+        kv = float(line.split("KV cache ")[1].split(" GB")[0])
+        assert kv == pytest.approx(0.9 * gb - weights - VLLM_OVERHEAD_GB, abs=0.01)  # vLLM's 0.9, less its own
+
+
+def test_a_served_model_of_unknown_shape_says_so_in_one_line():
+    from palaestra.shared.llm.base import LLMConfig
+    from palaestra.shared.plan_layout import served_plan_lines
+
+    assert served_plan_lines(LLMConfig(model="tiny")) == []  # in process: nothing served
+    (line,) = served_plan_lines(LLMConfig(backend="openai", model="someone/unknown-model"))
+    assert line.startswith("served LLM someone/unknown-model: no one-GPU figures (") and "\n" not in line

@@ -133,3 +133,14 @@ def served_lines(model: str, utilization: float = SERVE_UTILIZATION, context: in
             f"{'fits' if ok else 'DOES NOT FIT'}"
         )
     return lines
+
+
+def served_plan_lines(llm) -> list[str]:
+    """`served_lines` of a job's served model (``llm.backend: openai``, e.g. ``vllm serve``), for its `JOB_PLANS`
+    entry; a model whose architecture is not known offline gets one line saying so. Other backends: none."""
+    if llm.backend != "openai":
+        return []
+    try:
+        return served_lines(llm.model)
+    except ValueError as err:
+        return [f"served LLM {llm.model}: no one-GPU figures ({err})"]

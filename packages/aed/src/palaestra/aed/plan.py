@@ -130,7 +130,10 @@ def _is_llm(cfg, task: dict[str, Any]) -> bool:
 
 def attack_job_plan(cfg) -> JobPlan:
     """`JOB_PLANS` entry of ``aed.attack``: the task table, CPU-hours per type and the Ray placement."""
+    from palaestra.shared.plan_layout import served_plan_lines
+
     lines, hours = attack_plan(cfg)
+    lines += served_plan_lines(cfg.llm)  # the reward designer's and judge's one-GPU layout
     return JobPlan("\n".join(lines), cpu_hours=hours)
 
 

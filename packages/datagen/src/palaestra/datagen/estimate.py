@@ -174,6 +174,7 @@ def _n(x: float) -> str:
 def generate_plan(cfg):
     """`palaestra plan` for ``datagen.generate`` (`palaestra.shared.plan.JOB_PLANS`): the expected LLM load."""
     from palaestra.shared.plan import JobPlan
+    from palaestra.shared.plan_layout import served_plan_lines
 
     llm = [r for r in role_names() if choice(cfg.roles, r) == "llm"]
     head = f"datagen.generate: {cfg.num_samples:,} work items over {len(cfg.envs)} environment(s)"
@@ -206,4 +207,5 @@ def generate_plan(cfg):
         "assumes a model that answers as the deterministic roles do; a weaker one makes more tries, a reasoning "
         "model's thinking adds completion tokens (stats.json -> llm_per_kept_sample_by_role measures a run)"
     )
+    lines += served_plan_lines(cfg.roles.llm)  # the teacher's one-GPU layout
     return JobPlan("\n".join(lines))
