@@ -100,18 +100,27 @@ def _run(
         done = max((int(d.name.split("_")[1]) for d in checkpoints.glob("step_*")), default=0)
         started = time.time()
         proc = _start(tmp_path, name, schedule, seed)
-        target, delay = rng.randrange(min(done, STEPS - 3), STEPS - 2), rng.uniform(0.0, 0.4)  # 2+ steps to go
+        target, into = rng.randrange(min(done, STEPS - 3), STEPS - 2), rng.uniform(0.0, 0.8)  # 2+ steps to go
         record = records / f"step_{target}.json"
         deadline = time.monotonic() + 300
         while not (record.exists() and record.stat().st_mtime >= started) and proc.poll() is None:
             assert time.monotonic() < deadline, "the run made no progress"
             time.sleep(0.01)
-        time.sleep(delay)
+        time.sleep(into * _step_seconds(records, target, started))  # into the next step, whatever the machine's pace
         assert proc.poll() is None, f"the run ended before its kill at step {target}: {proc.communicate()[1][-2000:]}"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     _finish(_start(tmp_path, name, schedule, seed))
     return _records(tmp_path, name), torch.load(tmp_path / name / "final.pt")
+
+
+def _step_seconds(records: Path, step: int, started: float) -> float:
+    """How long this run's last step took (between its records of steps `step` - 1 and `step`; 0.1 s when
+    `step` is its first), at most 0.4 s: a kill that waits a fraction of it lands before the 2+ steps left end."""
+    now, before = records / f"step_{step}.json", records / f"step_{step - 1}.json"
+    if not (before.exists() and before.stat().st_mtime >= started):
+        return 0.1
+    return min(max(now.stat().st_mtime - before.stat().st_mtime, 0.0), 0.4)
 
 
 def _prompts(records: dict[int, list]) -> Counter:
